@@ -1,0 +1,1 @@
+"""layerzero: kernel orchestration."""

@@ -1,0 +1,1 @@
+"""omniscience: residual-stream probes."""
