@@ -1,0 +1,1 @@
+"""The engine: requests, scheduling, one pure-compute step at a time, detokenized outputs."""

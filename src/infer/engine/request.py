@@ -1,0 +1,59 @@
+"""A request's state machine and the per-step output it yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from infer.loader.detokenizer import IncrementalDetokenizer
+from infer.sampling.params import SamplingParams
+from infer.sampling.stop import StopChecker
+
+
+class RequestState(str, Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass
+class StepOutput:
+    """What one step produced for one request; exactly one per request has finished=True."""
+
+    request_id: str
+    token_id: int | None
+    text_delta: str
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int
+    detokenizer: IncrementalDetokenizer
+    stop_checker: StopChecker
+    state: RequestState = RequestState.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""  # output text, cut at a stop string once one is hit
+    emitted_chars: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (RequestState.FINISHED, RequestState.FAILED)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.sampling_params.max_tokens

@@ -1,0 +1,45 @@
+"""KV-cache sizing: bytes per token and the block layout for paged or contiguous mode."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from infer.kv.kv_manager import blocks_needed
+from infer.models.config import ModelConfig
+
+
+class KVLayout(NamedTuple):
+    num_blocks: int
+    block_size: int
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """2 (K and V) * layers * kv_heads * head_dim * bytes per element."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+
+
+def kv_layout(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    backend: str,
+    block_size: int,
+    max_seq_len: int,
+    max_batch_size: int,
+    num_blocks: int | None,
+    memory_bytes: float,
+) -> KVLayout:
+    """Contiguous = one max_seq_len block per slot; paged = as many blocks as the memory budget holds."""
+    if backend == "contiguous":
+        return KVLayout(num_blocks or max_batch_size, max_seq_len)
+    if num_blocks is None:
+        num_blocks = int(memory_bytes // (kv_bytes_per_token(cfg, dtype) * block_size))
+    minimum = blocks_needed(max_seq_len, block_size)
+    if num_blocks < minimum:
+        raise ValueError(
+            f"KV cache of {num_blocks} blocks cannot hold one max_seq_len={max_seq_len} sequence "
+            f"({minimum} blocks of {block_size}); raise kv_cache_memory_gb or lower max_seq_len"
+        )
+    return KVLayout(num_blocks, block_size)

@@ -1,0 +1,70 @@
+"""Build a model from an HF directory (config.json + safetensors) or a GGUF file, on a device and dtype."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from infer.loader.gguf_loader import iter_gguf_tensors, read_gguf_config
+from infer.loader.safetensors_loader import iter_safetensors
+from infer.loader.weights import load_weights
+from infer.models.base import CausalLM
+from infer.models.config import ModelConfig, config_from_hf
+from infer.models.registry import model_spec
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    config: ModelConfig
+    source: Path
+
+
+def is_gguf(path: Path) -> bool:
+    return path.suffix == ".gguf"
+
+
+def read_config(path: Path) -> ModelConfig:
+    """The typed config of an HF directory or a GGUF file."""
+    if is_gguf(path):
+        return config_from_hf(read_gguf_config(path))
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
+    return config_from_hf(json.loads(config_file.read_text()))
+
+
+def checkpoint_tensors(path: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    if is_gguf(path):
+        return ((name, t.to(dtype)) for name, t in iter_gguf_tensors(path))
+    return iter_safetensors(path, dtype)
+
+
+def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int) -> CausalLM:
+    """An uninitialised model of the registered class for cfg.model_type."""
+    cls = model_spec(cfg.model_type).model_cls
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(cfg, max_positions)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", max_positions: int = 8192
+) -> LoadedModel:
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    cfg = read_config(path)
+    model = build_model(cfg, dtype, device, max_positions)
+    with torch.no_grad():
+        load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype), cfg.tie_word_embeddings)
+    return LoadedModel(model=model, config=cfg, source=path)

@@ -1,0 +1,71 @@
+"""The decoder-only skeleton every family shares: embed, blocks, final norm, tied or separate LM head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import layerzero as lz
+from infer.models.config import ModelConfig
+from infer.models.forward_batch import ForwardBatch
+from infer.models.layers import RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
+
+
+class Block(nn.Module):
+    """A transformer block; families define the norm arrangement. `rope_kind` picks global or local rope."""
+
+    rope_kind: str = "global"
+
+    def weight_map(self) -> WeightMap:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class CausalLM(nn.Module):
+    """Runs packed tokens through the blocks; `compute_logits` maps chosen rows to float32 logits."""
+
+    block_cls: type[Block]
+    norm_offset: float = 0.0
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = empty_param(cfg.vocab_size, cfg.hidden_size)
+        self.blocks = nn.ModuleList(self.block_cls(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.norm_offset)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else empty_param(cfg.vocab_size, cfg.hidden_size)
+        positions = min(cfg.max_position_embeddings, max_positions)
+        self.ropes = nn.ModuleDict({"global": RotaryEmbedding(cfg.rope, cfg.head_dim, positions)})
+        if cfg.rope_local is not None:
+            self.ropes["local"] = RotaryEmbedding(cfg.rope_local, cfg.head_dim, positions)
+
+    def weight_map(self) -> WeightMap:
+        """HF checkpoint tensor name -> where it lands in this module."""
+        out: WeightMap = {
+            "model.embed_tokens.weight": WeightSlot("embed"),
+            "model.norm.weight": WeightSlot("final_norm.weight"),
+        }
+        if not self.config.tie_word_embeddings:
+            out["lm_head.weight"] = WeightSlot("lm_head")
+        for i, block in enumerate(self.blocks):
+            out |= prefixed(block.weight_map(), f"model.layers.{i}.", f"blocks.{i}.")
+        return out
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return lz.embedding(input_ids, self.embed)
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """input_ids [T] -> final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        tables = {kind: rope(batch.positions) for kind, rope in self.ropes.items()}
+        for block in self.blocks:
+            cos, sin = tables[block.rope_kind]
+            x = block(x, cos, sin, batch)
+        return self.final_norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = lz.linear(hidden, self.lm_head).float()
+        cap = self.config.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits

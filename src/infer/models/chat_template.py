@@ -1,0 +1,82 @@
+"""Chat templates per model family: turn a conversation into the exact prompt text the model was tuned on."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+ROLES = ("system", "user", "assistant")  # every bundled template handles exactly these (no tool turns)
+
+
+class ChatTemplateError(ValueError):
+    """A template name or conversation that cannot be rendered; the message names the template or message index."""
+
+
+def available_templates() -> list[str]:
+    """Names of the bundled templates (the `.jinja` files in TEMPLATE_DIR), sorted, for errors and CLI choices."""
+    return sorted(path.stem for path in TEMPLATE_DIR.glob("*.jinja"))
+
+
+def _raise_exception(message: str) -> NoReturn:
+    """Let a template reject a conversation it cannot format; the name follows Hugging Face templates."""
+    raise ChatTemplateError(message)
+
+
+@cache
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The one sandboxed environment: templates are data and get no reach into Python; strict so typos fail loudly."""
+    env = ImmutableSandboxedEnvironment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )
+    env.globals["raise_exception"] = _raise_exception
+    return env
+
+
+@cache
+def load_template(name: str) -> jinja2.Template:
+    """The compiled template `name` (file `<name>.jinja` in TEMPLATE_DIR), compiled once per process."""
+    available = available_templates()
+    if name not in available:
+        raise ChatTemplateError(
+            f"unknown chat template {name!r}: no {name}.jinja in {TEMPLATE_DIR} (available: {', '.join(available)})"
+        )
+    return _environment().get_template(f"{name}.jinja")
+
+
+def _validate(messages: list[dict[str, str]]) -> None:
+    """Accept only a non-empty list of dicts with a supported `role` and a str `content`; name the bad index."""
+    if not isinstance(messages, list) or not messages:
+        raise ChatTemplateError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ChatTemplateError(f"message {index} is a {type(message).__name__}, not a dict")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ChatTemplateError(f"message {index} has role {role!r}; supported roles: {', '.join(ROLES)}")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise ChatTemplateError(f"message {index} ({role}) needs str content, got {type(content).__name__}")
+
+
+def render_chat(
+    name: str,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    **extra: Any,
+) -> str:
+    """Render `messages` with template `name`; `extra` reaches the template (llama3 `date_string`, qwen3 `enable_thinking`)."""
+    template = load_template(name)
+    _validate(messages)
+    return template.render(
+        messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, **extra
+    )

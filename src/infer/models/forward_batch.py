@@ -1,0 +1,52 @@
+"""The plain attention-metadata object a model receives: no engine, scheduler or server types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class ForwardBatch:
+    """Packed tokens of one step.
+
+    Prefill: each sequence's new tokens, starting at position 0, attend among themselves
+    (cu_seqlens_q delimits them). Decode: one token per sequence attends over the paged cache.
+    With kv_caches=None the forward is a pure recomputation (no cache read or write).
+    """
+
+    is_prefill: bool
+    positions: torch.Tensor  # [T] int64
+    cu_seqlens_q: torch.Tensor  # [B+1] int32
+    max_seqlen_q: int
+    context_lens: torch.Tensor  # [B] int32: tokens in cache after this step
+    max_context_len: int
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
+    slot_mapping: torch.Tensor | None = None  # [T] int64
+    kv_caches: list[KVCache] | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+    @property
+    def last_token_indices(self) -> torch.Tensor:
+        """Row of each sequence's last new token in the packed batch (where logits are read)."""
+        return self.cu_seqlens_q[1:].long() - 1
+
+    @classmethod
+    def for_prompts(cls, lengths: list[int], device: torch.device | str = "cpu") -> "ForwardBatch":
+        """A cache-free prefill batch of whole prompts (tests, debugging, full recomputation)."""
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
+        return cls(
+            is_prefill=True,
+            positions=positions,
+            cu_seqlens_q=cu,
+            max_seqlen_q=max(lengths),
+            context_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
+            max_context_len=max(lengths),
+        )

@@ -1,0 +1,175 @@
+"""Shared transformer layers: RMSNorm, rotary tables, GQA attention over a paged cache, gated MLP."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+import layerzero as lz
+from infer.models.config import ModelConfig, RopeConfig
+from infer.models.forward_batch import ForwardBatch
+
+
+class WeightSlot(NamedTuple):
+    """Where one checkpoint tensor lands: a parameter, optionally a row range of a fused one."""
+
+    param: str
+    start: int = 0
+    rows: int | None = None
+
+
+WeightMap = dict[str, WeightSlot]
+
+
+def empty_param(*shape: int) -> nn.Parameter:
+    """Uninitialised inference parameter (weights always come from a checkpoint)."""
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def prefixed(weights: WeightMap, hf_prefix: str, our_prefix: str) -> WeightMap:
+    return {hf_prefix + k: WeightSlot(our_prefix + s.param, s.start, s.rows) for k, s in weights.items()}
+
+
+class HookPoint(nn.Module):
+    """Identity whose module name (e.g. `blocks.3.resid_post`) marks where probes and hooks attach."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, weight_offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = empty_param(dim)
+        self.eps = eps
+        self.weight_offset = weight_offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return lz.rms_norm(x, self.weight, self.eps, self.weight_offset)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return lz.fused_add_rms_norm(x, residual, self.weight, self.eps, self.weight_offset)
+
+
+def rope_inv_freq(cfg: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies with the checkpoint's scaling (default, linear, or Llama 3's banded rule)."""
+    inv_freq = 1.0 / cfg.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    if cfg.rope_type == "linear":
+        return inv_freq / cfg.factor
+    if cfg.rope_type != "llama3":
+        return inv_freq
+    old_ctx = cfg.original_max_position_embeddings
+    low_wavelen = old_ctx / cfg.low_freq_factor
+    high_wavelen = old_ctx / cfg.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / cfg.factor, inv_freq)
+    smooth = (old_ctx / wavelen - cfg.low_freq_factor) / (cfg.high_freq_factor - cfg.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / cfg.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed float32 cos/sin tables [max_positions, head_dim/2], gathered per token once per step."""
+
+    def __init__(self, cfg: RopeConfig, head_dim: int, max_positions: int) -> None:
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(cfg, head_dim))
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions], self.sin[positions]
+
+
+class Attention(nn.Module):
+    """GQA self-attention with a fused QKV projection, optional QK-norm, paged KV cache."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, qk_norm: bool, norm_offset: float = 0.0) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.scale = cfg.attn_scale
+        self.window = cfg.window(layer)
+        self.qkv_proj = empty_param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
+        self.qkv_bias = empty_param(self.q_size + 2 * self.kv_size) if cfg.attention_bias else None
+        self.o_proj = empty_param(cfg.hidden_size, self.q_size)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, norm_offset) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, norm_offset) if qk_norm else None
+
+    def weight_map(self) -> WeightMap:
+        q, kv = self.q_size, self.kv_size
+        out = {
+            "q_proj.weight": WeightSlot("qkv_proj", 0, q),
+            "k_proj.weight": WeightSlot("qkv_proj", q, kv),
+            "v_proj.weight": WeightSlot("qkv_proj", q + kv, kv),
+            "o_proj.weight": WeightSlot("o_proj"),
+        }
+        if self.qkv_bias is not None:
+            out |= {
+                "q_proj.bias": WeightSlot("qkv_bias", 0, q),
+                "k_proj.bias": WeightSlot("qkv_bias", q, kv),
+                "v_proj.bias": WeightSlot("qkv_bias", q + kv, kv),
+            }
+        if self.q_norm is not None:
+            out |= {"q_norm.weight": WeightSlot("q_norm.weight"), "k_norm.weight": WeightSlot("k_norm.weight")}
+        return out
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        tokens = x.shape[0]
+        qkv = lz.linear(x, self.qkv_proj, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = lz.rope(q, cos, sin), lz.rope(k, cos, sin)
+        o = self._attend(q, k, v, batch)
+        return lz.linear(o.reshape(tokens, self.q_size), self.o_proj)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        cache = batch.kv_caches[self.layer] if batch.kv_caches is not None else None
+        if cache is not None:
+            lz.store_kv_cache(k, v, cache[0], cache[1], batch.slot_mapping)
+        if batch.is_prefill:
+            cu = batch.cu_seqlens_q
+            return lz.varlen_attention(
+                q, k, v, cu, cu, batch.max_seqlen_q, batch.max_seqlen_q,
+                causal=True, scale=self.scale, sliding_window=self.window,
+            )
+        if cache is None:
+            raise ValueError("a decode step needs the KV cache (ForwardBatch.kv_caches is None)")
+        return lz.paged_attention(
+            q, cache[0], cache[1], batch.block_tables, batch.context_lens,
+            scale=self.scale, sliding_window=self.window, max_context_len=batch.max_context_len,
+        )
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused into one projection."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = empty_param(2 * cfg.intermediate_size, cfg.hidden_size)
+        self.down_proj = empty_param(cfg.hidden_size, cfg.intermediate_size)
+        self.act = cfg.hidden_act
+
+    def weight_map(self) -> WeightMap:
+        i = self.intermediate
+        return {
+            "gate_proj.weight": WeightSlot("gate_up_proj", 0, i),
+            "up_proj.weight": WeightSlot("gate_up_proj", i, i),
+            "down_proj.weight": WeightSlot("down_proj"),
+        }
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = lz.linear(x, self.gate_up_proj)
+        h = lz.silu_and_mul(gate_up) if self.act == "silu" else lz.gelu_and_mul(gate_up, "tanh")
+        return lz.linear(h, self.down_proj)

@@ -1,0 +1,34 @@
+"""model_type -> model class and the chat templates it may use (picked by the tokenizer's special tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infer.models.base import CausalLM
+from infer.models.gemma3 import Gemma3ForCausalLM
+from infer.models.llama import LlamaForCausalLM
+from infer.models.qwen3 import Qwen3ForCausalLM
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_cls: type[CausalLM]
+    # (template name, a special token whose presence in the vocabulary selects it), in order
+    chat_templates: tuple[tuple[str, str], ...]
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    "llama": ModelSpec(LlamaForCausalLM, (("llama3", "<|eot_id|>"), ("chatml", "<|im_start|>"))),
+    "qwen3": ModelSpec(Qwen3ForCausalLM, (("qwen3", "<|im_start|>"),)),
+    "gemma3_text": ModelSpec(Gemma3ForCausalLM, (("gemma3", "<start_of_turn>"),)),
+}
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+def model_spec(model_type: str) -> ModelSpec:
+    if model_type not in REGISTRY:
+        raise ValueError(f"model_type {model_type!r} is not supported (supported: {', '.join(REGISTRY)})")
+    return REGISTRY[model_type]

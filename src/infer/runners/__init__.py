@@ -1,0 +1,1 @@
+"""Execution engines (the data plane): own device buffers, run one step, return sampled tokens."""

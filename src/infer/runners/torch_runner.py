@@ -1,0 +1,66 @@
+"""The torch engine: owns the weights and the paged KV cache, turns a StepInput into sampled tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from infer.models.base import CausalLM
+from infer.models.forward_batch import ForwardBatch
+from infer.runners.step import StepInput, StepKind, StepResult
+from infer.sampling.sampler import SamplingTensors, sample
+
+
+class TorchRunner:
+    """Runs on CPU or CUDA through layerzero ops. The KV cache tensors exist only here."""
+
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
+        cfg = model.config
+        self.model = model
+        self.device = model.embed.device
+        self.block_size = block_size
+        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        dtype = model.embed.dtype
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+
+    def _tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def _forward_batch(self, step: StepInput) -> ForwardBatch:
+        cu = [0]
+        for n in step.query_lens:
+            cu.append(cu[-1] + n)
+        width = max(len(t) for t in step.block_tables)
+        tables = [t + [0] * (width - len(t)) for t in step.block_tables]
+        return ForwardBatch(
+            is_prefill=step.step_kind is StepKind.PREFILL,
+            positions=self._tensor(step.positions, torch.int64),
+            cu_seqlens_q=self._tensor(cu, torch.int32),
+            max_seqlen_q=max(step.query_lens),
+            context_lens=self._tensor(step.context_lens, torch.int32),
+            max_context_len=max(step.context_lens),
+            block_tables=self._tensor(tables, torch.int32),
+            slot_mapping=self._tensor(step.slot_mapping, torch.int64),
+            kv_caches=self.kv_caches,
+        )
+
+    def _seen_mask(self, step: StepInput, vocab: int) -> torch.Tensor | None:
+        if step.history is None:
+            return None
+        seen = torch.zeros(step.num_seqs, vocab, dtype=torch.bool)
+        for row, ids in enumerate(step.history):
+            seen[row, ids] = True
+        return seen.to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput) -> StepResult:
+        batch = self._forward_batch(step)
+        hidden = self.model(self._tensor(step.token_ids, torch.int64), batch)
+        logits = self.model.compute_logits(hidden[batch.last_token_indices])
+        tensors = SamplingTensors.from_params(
+            step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
+        )
+        token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
+        return StepResult(token_ids=token_ids.tolist(), logits=logits if step.return_logits else None)

@@ -1,0 +1,96 @@
+"""Attention references: dense (BSHD/BHSD), packed variable-length prefill, and paged decode.
+
+Semantics shared by all three: GQA (query heads grouped over KV heads), causal masking aligned
+to the end of the keys, and an optional sliding window where a query at position i sees keys
+j with i - window < j <= i.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def _mask(q_len: int, k_len: int, causal: bool, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """Boolean [q_len, k_len] mask (True = attend); None when everything is visible."""
+    if not causal and window is None:
+        return None
+    q_pos = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(1)
+    k_pos = torch.arange(k_len, device=device).unsqueeze(0)
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if causal:
+        allowed &= k_pos <= q_pos
+    if window is not None:
+        allowed &= q_pos - k_pos < window
+    return allowed
+
+
+def attention_bhsd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, window: int | None
+) -> torch.Tensor:
+    """q: [B, H, Sq, D], k/v: [B, Hkv, Sk, D] -> [B, H, Sq, D]."""
+    mask = _mask(q.shape[-2], k.shape[-2], causal, window, q.device)
+    gqa = q.shape[1] != k.shape[1]
+    if mask is not None and causal and window is None and q.shape[-2] == k.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Packed q: [Tq, H, D], k/v: [Tk, Hkv, D]; one attention per sequence in cu_seqlens."""
+    out = torch.empty_like(q)
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        qs, qe, ks, ke = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
+        if qe == qs:
+            continue
+        o = attention_bhsd(
+            q[qs:qe].transpose(0, 1).unsqueeze(0),
+            k[ks:ke].transpose(0, 1).unsqueeze(0),
+            v[ks:ke].transpose(0, 1).unsqueeze(0),
+            causal,
+            scale,
+            window,
+        )
+        out[qs:qe] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    window: int | None,
+    max_context_len: int,
+) -> torch.Tensor:
+    """One query token per sequence. q: [B, H, D]; caches [num_blocks, block_size, Hkv, D] -> [B, H, D]."""
+    block_size = key_cache.shape[1]
+    pos = torch.arange(max_context_len, device=q.device)
+    blocks = block_tables.long().index_select(1, pos // block_size)
+    slots = blocks * block_size + pos % block_size  # [B, L]
+    k = key_cache.view(-1, *key_cache.shape[2:])[slots]  # [B, L, Hkv, D]
+    v = value_cache.view(-1, *value_cache.shape[2:])[slots]
+    ctx = context_lens.long().unsqueeze(1)
+    visible = pos.unsqueeze(0) < ctx
+    if window is not None:
+        visible &= pos.unsqueeze(0) > ctx - 1 - window
+    mask = visible[:, None, None, :]  # [B, 1, 1, L]
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2),
+        k.transpose(1, 2).to(q.dtype),
+        v.transpose(1, 2).to(q.dtype),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[2],
+    )
+    return o.squeeze(2)

@@ -1,0 +1,27 @@
+"""RMSNorm and LayerNorm references, computed in float32 and cast back to the input dtype."""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * (weight.float() + weight_offset)).to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = x + residual
+    return rms_norm(summed, weight, eps, weight_offset), summed
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape: tuple[int, ...],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    return F.layer_norm(x.float(), normalized_shape, weight, bias, eps).to(x.dtype)

@@ -1,0 +1,57 @@
+"""Tiny random Llama 3 / Qwen 3 / Gemma 3 checkpoints built with transformers' own config classes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+FAMILIES = ("llama", "qwen3", "gemma3")
+
+
+def tiny_config(family: str, **overrides):
+    common = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, max_position_embeddings=512, rms_norm_eps=1e-6,
+    )
+    if family == "llama":
+        cfg = LlamaConfig(
+            **common, num_key_value_heads=2, tie_word_embeddings=False,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            rope_theta=500000.0,
+        )
+    elif family == "qwen3":
+        cfg = Qwen3Config(**common, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True)
+    elif family == "gemma3":
+        cfg = Gemma3TextConfig(
+            **common, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=24, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
+        )
+    else:
+        raise ValueError(family)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def tiny_hf_model(family: str, seed: int = 0, **overrides):
+    """A float32 transformers model with weights large enough that logits are O(1), not ~0."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) * 0.5 + (0.0 if family == "gemma3" else 0.75))
+            else:
+                p.normal_(0.0, 0.3 if "embed" in name else 0.08)
+    return model.eval()
+
+
+def save_tiny(family: str, path: Path, sharded: bool = False, seed: int = 0, **overrides) -> Path:
+    model = tiny_hf_model(family, seed, **overrides)
+    model.save_pretrained(path, max_shard_size="60KB" if sharded else "1GB", safe_serialization=True)
+    return path
