@@ -74,7 +74,7 @@ def render_chat(
     bos_token: str = "",
     **extra: Any,
 ) -> str:
-    """Render `messages` with template `name`; `extra` reaches the template (llama3 `date_string`, qwen3 `enable_thinking`)."""
+    """Render `messages` into template `name`'s prompt text; `extra` reaches the template (date_string, ...)."""
     template = load_template(name)
     _validate(messages)
     return template.render(

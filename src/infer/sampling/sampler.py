@@ -1,0 +1,112 @@
+"""Batched token sampling with per-row parameters held as tensors: one pass serves greedy and sampled rows.
+
+Order of operations follows transformers: repetition penalty, then (sampled rows) temperature, top-k,
+top-p, then a Gumbel-max draw whose noise comes from `random.uniform`, indexed by vocabulary id, so a
+row's token depends only on its logits, its parameters, its seed and its step.
+
+Ties. Greedy takes the lowest token id among equal maxima (torch.argmax). Top-k keeps every token whose
+logit equals the k-th largest, as transformers' TopKLogitsWarper does, so more than k may survive.
+Top-p finds its cut exactly as TopPLogitsWarper does (ascending softmax cumsum, drop positions whose
+cumulative mass is <= 1 - top_p, always keep the most likely token) and then keeps every token whose
+logit equals the cut value; transformers instead splits such a tie by sort order, keeping an arbitrary
+subset of it. Without a tie at the cut the kept sets are identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infer.sampling.params import SamplingParams
+from infer.sampling.random import uniform
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters on the device, plus host flags that let common batches skip work."""
+
+    temperature: torch.Tensor  # [B] float32; 0 marks a greedy row
+    top_k: torch.Tensor  # [B] int64 in [1, vocab_size]; vocab_size where disabled
+    top_p: torch.Tensor  # [B] float32 in (0, 1]
+    repetition_penalty: torch.Tensor  # [B] float32 > 0
+    seeds: torch.Tensor  # [B] int64 in [0, 2**63)
+    steps: torch.Tensor  # [B] int64: tokens the row has generated so far
+    all_greedy: bool
+    any_top_k_or_p: bool  # some sampled row filters its vocabulary
+    any_penalty: bool  # some row has repetition_penalty != 1
+
+    @classmethod
+    def from_params(
+        cls,
+        params: list[SamplingParams],
+        seeds: list[int],
+        steps: list[int],
+        vocab_size: int,
+        device: torch.device | str,
+    ) -> SamplingTensors:
+        """Pack a batch's parameters with two host-to-device copies (one float, one int64 block)."""
+        if not len(params) == len(seeds) == len(steps):
+            raise ValueError(f"params, seeds and steps differ in length: {len(params)}, {len(seeds)}, {len(steps)}")
+        top_ks = [vocab_size if p.top_k is None else min(p.top_k, vocab_size) for p in params]
+        floats = torch.tensor(
+            [[p.temperature for p in params], [p.top_p for p in params], [p.repetition_penalty for p in params]],
+            dtype=torch.float32,
+        ).to(device)
+        ints = torch.tensor([top_ks, seeds, steps], dtype=torch.int64).to(device)
+        sampled = [(p, k) for p, k in zip(params, top_ks) if not p.greedy]
+        return cls(
+            temperature=floats[0],
+            top_k=ints[0],
+            top_p=floats[1],
+            repetition_penalty=floats[2],
+            seeds=ints[1],
+            steps=ints[2],
+            all_greedy=not sampled,
+            any_top_k_or_p=any(k < vocab_size or p.top_p < 1 for p, k in sampled),
+            any_penalty=any(p.repetition_penalty != 1 for p in params),
+        )
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """Penalise seen tokens as transformers does: positive logits divided by the penalty, negative multiplied."""
+    factor = penalty[:, None]
+    penalised = torch.where(logits < 0, logits * factor, logits / factor)
+    return torch.where(seen, penalised, logits)
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside the row's top-k and then top-p set, using one sort per row."""
+    vocab = logits.shape[-1]
+    ascending = logits.sort(dim=-1).values
+    kth_largest = ascending.gather(-1, (vocab - top_k).clamp(min=0)[:, None])
+    ascending = ascending.masked_fill(ascending < kth_largest, float("-inf"))
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    # Masked entries have zero mass, so they are counted here and the cut is never below kth_largest.
+    n_dropped = (cumulative <= (1 - top_p)[:, None]).sum(dim=-1).clamp(max=vocab - 1)
+    cut = ascending.gather(-1, n_dropped[:, None])
+    return logits.masked_fill(logits < cut, float("-inf"))
+
+
+def sample(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """Next token id per row (int64 [B]) from float32 logits [B, V]; no host sync, graph-capturable."""
+    if t.any_penalty:
+        if seen is None:
+            raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
+        logits = apply_repetition_penalty(logits, seen, t.repetition_penalty)
+    greedy_tokens = logits.argmax(dim=-1)
+    if t.all_greedy:
+        return greedy_tokens
+    greedy = t.temperature == 0
+    scaled = logits / t.temperature.masked_fill(greedy, 1.0)[:, None]
+    if t.any_top_k_or_p:
+        scaled = filter_top_k_top_p(scaled, t.top_k, t.top_p)
+    # Gumbel-max: argmax(x - log E) with E = -log U ~ Exp(1) draws from softmax(x) (the exponential race).
+    log_e = uniform(t.seeds, t.steps, logits.shape[-1]).log_().neg_().log_()
+    sampled_tokens = (scaled - log_e).argmax(dim=-1)
+    return torch.where(greedy, greedy_tokens, sampled_tokens)
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities over the vocabulary in float32, for returning logprobs to clients."""
+    return torch.log_softmax(logits.float(), dim=-1)

@@ -1,0 +1,34 @@
+"""Stop-string matching for streamed text: where to truncate, and how much tail to hold back meanwhile."""
+
+from __future__ import annotations
+
+
+class StopChecker:
+    """Finds the first stop string to complete in a text and the tail that might still become one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        # Proper prefixes of any stop string, the only suffixes that may still grow into a match.
+        self._prefixes = {s[:n] for s in self.stops for n in range(1, len(s))}
+        self._longest_prefix = max((len(p) for p in self._prefixes), default=0)
+
+    def check(self, text: str) -> int | None:
+        """Start index of the stop string that completes first in `text` (None if none occurs).
+
+        "First" means the smallest end position, ties going to the longer match: that is the stop a
+        left-to-right stream meets first, so the result does not depend on how the text was chunked.
+        It equals the earliest start unless one occurrence lies strictly inside a longer one.
+        """
+        best: tuple[int, int] | None = None  # (end, start)
+        for stop in self.stops:
+            start = text.find(stop)
+            if start >= 0 and (best is None or (start + len(stop), start) < best):
+                best = (start + len(stop), start)
+        return None if best is None else best[1]
+
+    def holdback(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        for n in range(min(self._longest_prefix, len(text)), 0, -1):
+            if text[-n:] in self._prefixes:
+                return n
+        return 0
