@@ -19,3 +19,22 @@ def smollm2_gguf() -> Path:
 def gemma3_gguf() -> Path:
     """Gemma 3 270M (SentencePiece BPE tokenizer), Q4_K_M; assembled from its package's chunks on first use."""
     return bundled_gemma3_270m()
+
+
+def _hf_gguf_model(path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf: Path):
+    """transformers' float32 model from the bundled SmolLM2 GGUF: the reference, loaded once per session."""
+    return _hf_gguf_model(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3(gemma3_gguf: Path):
+    """transformers' float32 model from the bundled Gemma 3 270M GGUF (slow to parse: loaded once per session)."""
+    return _hf_gguf_model(gemma3_gguf)

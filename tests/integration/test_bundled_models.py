@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from infer import LLM, SamplingParams
 from infer.loader.model_loader import load_model
@@ -23,17 +22,13 @@ CHATS = [
 GEMMA_LOGIT_ATOL = 2e-3
 
 
-def _hf(path):
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-
-
 @pytest.fixture(scope="module")
 def smollm2(smollm2_gguf):
     return LLM(str(smollm2_gguf), max_seq_len=1024)
 
 
-def test_smollm2_greedy_matches_transformers_token_for_token(smollm2, smollm2_gguf):
-    hf = _hf(smollm2_gguf)
+def test_smollm2_greedy_matches_transformers_token_for_token(smollm2, hf_smollm2):
+    hf = hf_smollm2
     prompts = [smollm2.encode_chat(c) for c in CHATS]
     ours = smollm2.generate_ids(prompts, SamplingParams(temperature=0.0, max_tokens=64))
     with torch.no_grad():
@@ -54,9 +49,9 @@ def test_smollm2_knows_the_capital_of_france(smollm2):
     assert out.finish_reason in ("stop", "length")
 
 
-def test_gemma3_270m_logits_parity(gemma3_gguf):
+def test_gemma3_270m_logits_parity(gemma3_gguf, hf_gemma3):
     ours = load_model(gemma3_gguf, torch.float32).model
-    hf = _hf(gemma3_gguf)
+    hf = hf_gemma3
     from infer.loader.tokenizer import Tokenizer
 
     tok = Tokenizer.from_path(gemma3_gguf)

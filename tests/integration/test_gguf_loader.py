@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFWriter
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from infer.loader.gguf_loader import iter_gguf_tensors, read_gguf_config
 from infer.models.config import config_from_hf
 
 BUNDLED = ("smollm2_gguf", "gemma3_gguf")
+REFERENCE = {"smollm2_gguf": "hf_smollm2", "gemma3_gguf": "hf_gemma3"}  # session fixtures in conftest
 CONFIG_FIELDS = (
     "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
@@ -27,8 +28,7 @@ GEMMA3_FIELDS = ("query_pre_attn_scalar", "sliding_window", "layer_types", "hidd
 def bundled(request: pytest.FixtureRequest) -> tuple[Path, PreTrainedModel]:
     """A bundled GGUF and transformers' float32 model loaded from it (once per module: it takes seconds)."""
     path: Path = request.getfixturevalue(request.param)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return path, model
+    return path, request.getfixturevalue(REFERENCE[request.param])
 
 
 @pytest.mark.slow
