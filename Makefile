@@ -24,7 +24,7 @@ test: setup
 	$(BIN)/python -m pytest -q tests
 
 generate: setup
-	$(BIN)/infer generate --chat "$(PROMPT)"
+	$(BIN)/infer generate --chat --temperature 0 --max-tokens 128 "$(PROMPT)"
 
 clean:
 	rm -rf $(VENV)

@@ -38,3 +38,11 @@ def hf_smollm2(smollm2_gguf: Path):
 def hf_gemma3(gemma3_gguf: Path):
     """transformers' float32 model from the bundled Gemma 3 270M GGUF (slow to parse: loaded once per session)."""
     return _hf_gguf_model(gemma3_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm(smollm2_gguf: Path):
+    """One LLM on the bundled SmolLM2 for every test that drives the engine end to end."""
+    from infer import LLM
+
+    return LLM(str(smollm2_gguf), max_seq_len=1024)

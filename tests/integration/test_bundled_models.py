@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer import LLM, SamplingParams
+from infer import SamplingParams
 from infer.loader.model_loader import load_model
 from infer.models.forward_batch import ForwardBatch
 
@@ -23,8 +23,8 @@ GEMMA_LOGIT_ATOL = 2e-3
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf):
-    return LLM(str(smollm2_gguf), max_seq_len=1024)
+def smollm2(smollm2_llm):
+    return smollm2_llm
 
 
 def test_smollm2_greedy_matches_transformers_token_for_token(smollm2, hf_smollm2):

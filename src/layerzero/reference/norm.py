@@ -5,9 +5,8 @@ import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * (weight.float() + weight_offset)).to(x.dtype)
+    w = weight.float() if weight_offset == 0.0 else weight.float() + weight_offset
+    return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
 
 
 def fused_add_rms_norm(
