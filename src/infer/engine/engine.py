@@ -63,6 +63,8 @@ class Engine:
     def step(self) -> list[StepOutput]:
         batch, step = self._schedule()
         if not batch:
+            if self.waiting:  # kv_layout guarantees one max_seq_len request fits an idle cache
+                raise RuntimeError(f"cannot admit {self.waiting[0].request_id!r} into an idle KV cache")
             return []
         result = self.runner.execute(step)
         return [self._process(request, token) for request, token in zip(batch, result.token_ids)]
