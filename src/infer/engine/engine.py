@@ -98,7 +98,7 @@ class Engine:
         return list(self.running), self._step_input(StepKind.DECODE, self.running)
 
     def _step_input(self, kind: StepKind, batch: list[Request]) -> StepInput:
-        step = StepInput(kind, [], [], [], [], [], [], [], [], [])
+        step = StepInput(kind)
         for r in batch:
             start = 0 if kind is StepKind.PREFILL else r.num_tokens - 1
             new = r.prompt_token_ids if kind is StepKind.PREFILL else r.output_token_ids[-1:]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
@@ -20,15 +20,15 @@ class StepInput:
     """Host-side description of one step; tokens of all sequences packed in order."""
 
     step_kind: StepKind
-    token_ids: list[int]
-    positions: list[int]
-    query_lens: list[int]  # new tokens per sequence
-    context_lens: list[int]  # tokens in cache per sequence after this step
-    slot_mapping: list[int]
-    block_tables: list[list[int]]
-    sampling: list[SamplingParams]
-    seeds: list[int]
-    output_steps: list[int]  # tokens each sequence has generated so far (selects fresh noise)
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)  # new tokens per sequence
+    context_lens: list[int] = field(default_factory=list)  # tokens in cache per sequence after this step
+    slot_mapping: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    sampling: list[SamplingParams] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    output_steps: list[int] = field(default_factory=list)  # tokens generated so far (selects fresh noise)
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
     return_logits: bool = False
 
