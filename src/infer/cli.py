@@ -56,6 +56,7 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
         repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, ignore_eos=args.ignore_eos,
     )
+    print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1)
     print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
