@@ -1,4 +1,4 @@
-# Two commands do all setup: `make serve`/`make generate` runs the bundled model, `make test` runs the suite.
+# Two commands do all setup: `make generate` runs the bundled model, `make test` runs the suite.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

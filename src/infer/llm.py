@@ -38,7 +38,10 @@ def resolve_model_path(model: str | None) -> Path:
 
 
 class LLM:
-    """Offline generation: `LLM().generate(["Hello"], SamplingParams(temperature=0))`."""
+    """Offline generation: `LLM().generate(["Hello"], SamplingParams(temperature=0))`.
+
+    One caller at a time: each call drives the engine until its own requests finish.
+    """
 
     def __init__(self, model: str | None = None, **engine_options: object) -> None:
         self.config = EngineConfig(model=model, **engine_options)  # type: ignore[arg-type]
@@ -85,9 +88,14 @@ class LLM:
         per_request = params if isinstance(params, list) else [params] * len(prompts)
         if len(per_request) != len(prompts):
             raise ValueError(f"got {len(per_request)} SamplingParams for {len(prompts)} prompts")
+        for ids in prompts:  # all or nothing: a bad prompt must not leave the others queued
+            self.engine.validate_prompt(ids)
         requests = [self.engine.add_request(ids, p) for ids, p in zip(prompts, per_request)]
+        errors: dict[str, str] = {}
         while self.engine.has_unfinished():
-            self.engine.step()
+            errors |= {o.request_id: o.error for o in self.engine.step() if o.error}
+        if errors:
+            raise RuntimeError(f"generation failed: {errors}")
         return [
             RequestOutput(r.prompt_token_ids, r.text, r.output_token_ids, r.finish_reason) for r in requests
         ]
@@ -109,7 +117,12 @@ class LLM:
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
         """Step outputs of one request as they are produced (text deltas safe to print)."""
         request = self.engine.add_request(prompt_ids, params)
-        while not request.finished:
-            for out in self.engine.step():
-                if out.request_id == request.request_id:
-                    yield out
+        try:
+            while not request.finished:
+                for out in self.engine.step():
+                    if out.request_id == request.request_id:
+                        yield out
+        finally:
+            if not request.finished:  # the caller stopped early: free the request's blocks
+                self.engine.abort(request.request_id)
+                self.engine.apply_aborts()

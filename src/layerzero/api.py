@@ -73,7 +73,9 @@ def paged_attention(
     squeeze = query.dim() == 4
     q = query.squeeze(1) if squeeze else query
     limit = block_tables.shape[1] * key_cache.shape[1]
-    max_len = limit if max_context_len is None else min(max_context_len, limit)
+    if max_context_len is not None and max_context_len > limit:
+        raise ValueError(f"max_context_len={max_context_len} exceeds the block tables' capacity ({limit} tokens)")
+    max_len = limit if max_context_len is None else max_context_len
     out = attn_ref.paged_attention(
         q, key_cache, value_cache, block_tables, context_lens, _scale(scale, q.shape[-1]), sliding_window, max_len
     )

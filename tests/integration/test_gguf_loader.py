@@ -12,6 +12,7 @@ from gguf import GGUFWriter
 from transformers import PreTrainedModel
 
 from infer.loader.gguf_loader import iter_gguf_tensors, read_gguf_config
+from infer.loader.model_loader import build_model
 from infer.models.config import config_from_hf
 
 BUNDLED = ("smollm2_gguf", "gemma3_gguf")
@@ -69,7 +70,9 @@ def test_config_builds_model_config(smollm2_gguf: Path, gemma3_gguf: Path) -> No
     gemma = config_from_hf(read_gguf_config(gemma3_gguf))
     assert gemma.model_type == "gemma3_text" and gemma.hidden_act == "gelu_pytorch_tanh"
     assert [gemma.window(i) for i in (0, 5, 6)] == [512, None, 512]
-    assert gemma.layer_rope(0).theta == 10000.0 and gemma.layer_rope(5).theta == 1e6
+    assert gemma.rope_local.theta == 10000.0 and gemma.rope.theta == 1e6
+    model = build_model(gemma, torch.float32, "meta", max_positions=64)
+    assert [model.blocks[i].rope_kind for i in (0, 5, 6)] == ["local", "global", "local"]
     assert gemma.attn_scale == 256**-0.5
 
 

@@ -18,7 +18,6 @@ from infer.sampling import (
     SamplingParams,
     SamplingTensors,
     apply_repetition_penalty,
-    compute_logprobs,
     filter_top_k_top_p,
     sample,
     uniform,
@@ -385,17 +384,6 @@ def test_a_rows_token_does_not_depend_on_its_batch(target: SamplingParams) -> No
     assert len(tokens) > 5  # the token really depends on the seed
 
 
-# ---------------------------------------------------------------- logprobs
-
-
-def test_compute_logprobs_is_float32_log_softmax() -> None:
-    logits = _random_logits(3, 100, seed=7).to(torch.bfloat16)
-    out = compute_logprobs(logits)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, torch.log_softmax(logits.float(), -1))
-    torch.testing.assert_close(out.exp().sum(-1), torch.ones(3))
-
-
 # ---------------------------------------------------------------- CUDA
 
 
@@ -427,3 +415,11 @@ def test_cuda_matches_cpu_and_replays_in_a_cuda_graph() -> None:
         graph.replay()
         eager = sample(logits, _tensors(params, seeds, [s + step for s in steps], vocab))
         assert torch.equal(static_out.cpu(), eager)
+
+
+def test_vanishing_temperature_decodes_greedily() -> None:
+    logits = torch.tensor([[1.0, 5.0, 3.0, -2.0]])
+    for temperature in (1e-45, 1e-40, 1e-6):
+        params = SamplingParams(temperature=temperature, top_p=0.9)
+        assert params.greedy
+        assert int(sample(logits, _tensors([params], [1], [0], 4))[0]) == 1

@@ -22,8 +22,8 @@ def test_stop_lists_are_not_shared_between_instances() -> None:
     assert b.stop == []
 
 
-@pytest.mark.parametrize("temperature, greedy", [(0, True), (0.0, True), (1e-6, False), (2, False)])
-def test_greedy_is_temperature_zero(temperature: float, greedy: bool) -> None:
+@pytest.mark.parametrize("temperature, greedy", [(0, True), (0.0, True), (1e-6, True), (1e-4, False), (2, False)])
+def test_greedy_is_temperature_zero_or_vanishing(temperature: float, greedy: bool) -> None:
     p = SamplingParams(temperature=temperature)
     assert p.greedy is greedy
     assert isinstance(p.temperature, float)

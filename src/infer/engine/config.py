@@ -22,13 +22,15 @@ class EngineConfig:
     max_seq_len: int = 4096
     seed: int = 0
     max_batch_size: int = 32
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int | None = None  # None = max(8192, max_seq_len)
     kv_cache_backend: str = "paged"
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None = as many as kv_cache_memory_gb holds
+    num_kv_blocks: int | None = None  # None = as many as kv_cache_memory_gb holds (slots, in contiguous mode)
     kv_cache_memory_gb: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(8192, self.max_seq_len)
         self._check("dtype", self.dtype in ("auto", *DTYPES), f"must be auto or one of {', '.join(DTYPES)}")
         self._check("device", self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "must be auto, cpu or cuda[:N]")
         self._check("kv_cache_backend", self.kv_cache_backend in KV_BACKENDS, f"must be one of {', '.join(KV_BACKENDS)}")

@@ -3,6 +3,7 @@
 This is the foundation's static-admission engine: a prompt is admitted when its whole budget
 (prompt + max_tokens, capped at max_seq_len) fits in free KV blocks, so decode never runs out of
 blocks; waiting prompts are prefilled first, then every running request decodes one token.
+Aborts are queued (any thread may call `abort`) and applied at the start of the next step.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from infer.kv.kv_manager import KVCacheManager
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.loader.tokenizer import Tokenizer
 from infer.runners.step import StepInput, StepKind
-from infer.runners.torch_runner import TorchRunner
+from infer.runners.base import Runner
 from infer.sampling.params import SamplingParams
 from infer.sampling.stop import StopChecker
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, runner: TorchRunner, kv: KVCacheManager, tokenizer: Tokenizer) -> None:
+    def __init__(self, config: EngineConfig, runner: Runner, kv: KVCacheManager, tokenizer: Tokenizer) -> None:
         self.config = config
         self.runner = runner
         self.kv = kv
@@ -32,16 +33,28 @@ class Engine:
         self.running: list[Request] = []
         self._rng = random.Random(config.seed)
         self._ids = itertools.count()
+        self._aborts: deque[str] = deque()  # appends and pops are atomic, so other threads may abort
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Request:
+    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raise ValueError for a prompt the engine cannot run (checked before anything is queued)."""
         if not prompt_token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
         if len(prompt_token_ids) >= self.config.max_seq_len:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens; max_seq_len={self.config.max_seq_len} leaves no room to generate"
             )
+        vocab = self.runner.vocab_size
+        bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Request:
+        self.validate_prompt(prompt_token_ids)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if any(r.request_id == request_id for r in (*self.waiting, *self.running)):
+            raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(
-            request_id=request_id or f"req-{next(self._ids)}",
+            request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
             sampling_params=params,
             seed=params.seed if params.seed is not None else self._rng.randrange(2**63),
@@ -55,19 +68,35 @@ class Engine:
         return bool(self.waiting or self.running)
 
     def abort(self, request_id: str) -> None:
-        """Drop a request wherever it is and release its KV blocks."""
-        self.waiting = deque(r for r in self.waiting if r.request_id != request_id)
-        for request in [r for r in self.running if r.request_id == request_id]:
-            self._retire(request, "abort")
+        """Ask for a request to end; the next step frees its blocks and emits its final output."""
+        self._aborts.append(request_id)
 
     def step(self) -> list[StepOutput]:
+        outputs = self.apply_aborts()
         batch, step = self._schedule()
         if not batch:
             if self.waiting:  # kv_layout guarantees one max_seq_len request fits an idle cache
                 raise RuntimeError(f"cannot admit {self.waiting[0].request_id!r} into an idle KV cache")
-            return []
-        result = self.runner.execute(step)
-        return [self._process(request, token) for request, token in zip(batch, result.token_ids)]
+            return outputs
+        try:
+            result = self.runner.execute(step)
+        except Exception as exc:  # the batch fails, the engine keeps serving everyone else
+            return outputs + [self._fail(request, f"{type(exc).__name__}: {exc}") for request in batch]
+        return outputs + [self._process(request, token) for request, token in zip(batch, result.token_ids)]
+
+    def apply_aborts(self) -> list[StepOutput]:
+        """End every request whose abort was asked for: free its blocks, return its final outputs."""
+        outputs = []
+        while self._aborts:
+            request_id = self._aborts.popleft()
+            for request in [r for r in (*self.waiting, *self.running) if r.request_id == request_id]:
+                if request in self.waiting:
+                    self.waiting.remove(request)
+                else:
+                    self._retire(request, "abort")
+                request.state, request.finish_reason = RequestState.FINISHED, "abort"
+                outputs.append(self._final_output(request, "abort"))
+        return outputs
 
     # scheduling -------------------------------------------------------------------------------
 
@@ -145,6 +174,24 @@ class Engine:
             text_delta=delta,
             finished=reason is not None,
             finish_reason=reason,
+            prompt_tokens=len(request.prompt_token_ids),
+            completion_tokens=len(request.output_token_ids),
+        )
+
+    def _fail(self, request: Request, error: str) -> StepOutput:
+        self._retire(request, "error")
+        request.state = RequestState.FAILED
+        return self._final_output(request, "error", error)
+
+    def _final_output(self, request: Request, reason: str, error: str | None = None) -> StepOutput:
+        """The terminal output of a request that ends without a new token (abort, failure)."""
+        return StepOutput(
+            request_id=request.request_id,
+            token_id=None,
+            text_delta="",
+            finished=True,
+            finish_reason=reason,
+            error=error,
             prompt_tokens=len(request.prompt_token_ids),
             completion_tokens=len(request.output_token_ids),
         )

@@ -33,8 +33,10 @@ def kv_layout(
 ) -> KVLayout:
     """Contiguous = one max_seq_len block per slot; paged = as many blocks as the memory budget holds."""
     if backend == "contiguous":
-        return KVLayout(num_blocks or max_batch_size, max_seq_len)
-    if num_blocks is None:
+        block_size = max_seq_len
+        if num_blocks is None:
+            num_blocks = min(max_batch_size, int(memory_bytes // (kv_bytes_per_token(cfg, dtype) * max_seq_len)))
+    elif num_blocks is None:
         num_blocks = int(memory_bytes // (kv_bytes_per_token(cfg, dtype) * block_size))
     minimum = blocks_needed(max_seq_len, block_size)
     if num_blocks < minimum:

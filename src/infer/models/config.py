@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -48,8 +48,6 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     rope_local: RopeConfig | None = None
     final_logit_softcapping: float | None = None
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = field(default=())
 
     @property
     def attn_scale(self) -> float:
@@ -58,11 +56,6 @@ class ModelConfig:
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
-
-    def layer_rope(self, layer: int) -> RopeConfig:
-        if self.is_sliding(layer) and self.rope_local is not None:
-            return self.rope_local
-        return self.rope
 
     def window(self, layer: int) -> int | None:
         return self.sliding_window if self.is_sliding(layer) else None
@@ -128,12 +121,6 @@ def _gemma_layer_types(d: dict[str, Any], n_layers: int) -> tuple[str, ...]:
     )
 
 
-def _eos_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
-
-
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """Build a ModelConfig from an HF config.json dict; errors name the field."""
     from infer.models.registry import supported_model_types  # late: registry imports model modules
@@ -174,8 +161,6 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         layer_types=_gemma_layer_types(d, n_layers) if gemma else (),
         rope_local=rope_local,
         final_logit_softcapping=d.get("final_logit_softcapping"),
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_ids=_eos_ids(d.get("eos_token_id")),
     )
     _validate(cfg)
     return cfg

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-import torch
-
 from infer.sampling.params import SamplingParams
 
 
@@ -30,7 +28,6 @@ class StepInput:
     seeds: list[int] = field(default_factory=list)
     output_steps: list[int] = field(default_factory=list)  # tokens generated so far (selects fresh noise)
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
-    return_logits: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -44,4 +41,3 @@ class StepInput:
 @dataclass
 class StepResult:
     token_ids: list[int]
-    logits: torch.Tensor | None = None  # [num_seqs, vocab] float32 when asked for

@@ -18,6 +18,7 @@ class TorchRunner:
         self.model = model
         self.device = model.embed.device
         self.block_size = block_size
+        self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         dtype = model.embed.dtype
         self.kv_caches = [
@@ -26,7 +27,7 @@ class TorchRunner:
         ]
 
     def _tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        return torch.tensor(values, dtype=dtype).to(self.device)
 
     def _forward_batch(self, step: StepInput) -> ForwardBatch:
         cu = [0]
@@ -52,7 +53,7 @@ class TorchRunner:
         seen = torch.zeros(step.num_seqs, vocab, dtype=torch.bool)
         for row, ids in enumerate(step.history):
             seen[row, ids] = True
-        return seen.to(self.device, non_blocking=True)
+        return seen.to(self.device)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepResult:
@@ -63,4 +64,4 @@ class TorchRunner:
             step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
         )
         token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
-        return StepResult(token_ids=token_ids.tolist(), logits=logits if step.return_logits else None)
+        return StepResult(token_ids=token_ids.tolist())

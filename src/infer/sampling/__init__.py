@@ -5,7 +5,6 @@ from infer.sampling.random import uniform
 from infer.sampling.sampler import (
     SamplingTensors,
     apply_repetition_penalty,
-    compute_logprobs,
     filter_top_k_top_p,
     sample,
 )
@@ -16,7 +15,6 @@ __all__ = [
     "SamplingTensors",
     "StopChecker",
     "apply_repetition_penalty",
-    "compute_logprobs",
     "filter_top_k_top_p",
     "sample",
     "uniform",

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 SEED_LIMIT = 2**63
+# Below this, logits / temperature overflows float32; such temperatures decode greedily (as vLLM does).
+GREEDY_BELOW = 1e-5
 _TOP_K_DISABLED = (None, 0, -1)
 
 
@@ -44,8 +46,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """Temperature 0 means argmax decoding."""
-        return self.temperature == 0
+        """Temperature 0 (or below GREEDY_BELOW) means argmax decoding."""
+        return self.temperature < GREEDY_BELOW
 
 
 def _is_int(value: object) -> bool:

@@ -50,7 +50,7 @@ class SamplingTensors:
             raise ValueError(f"params, seeds and steps differ in length: {len(params)}, {len(seeds)}, {len(steps)}")
         top_ks = [vocab_size if p.top_k is None else min(p.top_k, vocab_size) for p in params]
         floats = torch.tensor(
-            [[p.temperature for p in params], [p.top_p for p in params], [p.repetition_penalty for p in params]],
+            [[0.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params], [p.repetition_penalty for p in params]],
             dtype=torch.float32,
         ).to(device)
         ints = torch.tensor([top_ks, seeds, steps], dtype=torch.int64).to(device)
@@ -105,8 +105,3 @@ def sample(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None =
     log_e = uniform(t.seeds, t.steps, logits.shape[-1]).log_().neg_().log_()
     sampled_tokens = (scaled - log_e).argmax(dim=-1)
     return torch.where(greedy, greedy_tokens, sampled_tokens)
-
-
-def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities over the vocabulary in float32, for returning logprobs to clients."""
-    return torch.log_softmax(logits.float(), dim=-1)
