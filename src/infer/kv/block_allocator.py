@@ -39,9 +39,6 @@ class BlockAllocator:
         del self._owner[block]
         self._free.append(block)
 
-    def owner(self, block: int) -> str | None:
-        return self._owner.get(block)
-
     def audit_blocks(self) -> dict[int, str]:
         """Blocks currently allocated, with their owners: empty when every request has released its blocks."""
         return dict(self._owner)
