@@ -6,6 +6,8 @@ plugs in behind these signatures without changing callers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -47,11 +49,18 @@ def varlen_attention(
     causal: bool = True,
     scale: float | None = None,
     sliding_window: int | None = None,
+    cu_seqlens_host: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """Packed variable-length attention: q [Tq, H, D], k/v [Tk, Hkv, D], sequences delimited by cu_seqlens."""
+    """Packed variable-length attention: q [Tq, H, D], k/v [Tk, Hkv, D], sequences delimited by cu_seqlens.
+
+    max_seqlen_* and cu_seqlens_host (host copies of cu_seqlens_q and cu_seqlens_k) are hints the
+    caller already has on the host; with them no implementation needs to read the device tensors back.
+    """
     del max_seqlen_q, max_seqlen_k  # launch-size hints for kernels; the reference does not need them
+    if cu_seqlens_host is None:
+        cu_seqlens_host = (cu_seqlens_q.tolist(), cu_seqlens_k.tolist())
     return attn_ref.varlen_attention(
-        query, key, value, cu_seqlens_q, cu_seqlens_k, causal, _scale(scale, query.shape[-1]), sliding_window
+        query, key, value, cu_seqlens_host[0], cu_seqlens_host[1], causal, _scale(scale, query.shape[-1]), sliding_window
     )
 
 

@@ -41,6 +41,9 @@ def test_varlen_attention_matches_naive(dtype, window):
     v = torch.randn(sum(lens), 2, 8, generator=g).to(dtype)
     cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
     out = lz.varlen_attention(q, k, v, cu, cu, 7, 7, scale=0.3, sliding_window=window)
+    hinted = lz.varlen_attention(q, k, v, cu, cu, 7, 7, scale=0.3, sliding_window=window,
+                                 cu_seqlens_host=(cu.tolist(), cu.tolist()))
+    torch.testing.assert_close(hinted, out)
     for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
         ref = naive_attention(q[s:e], k[s:e], v[s:e], 0.3, window)
         torch.testing.assert_close(out[s:e].double(), ref, atol=DTYPE_TOL[dtype], rtol=DTYPE_TOL[dtype])

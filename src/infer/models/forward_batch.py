@@ -21,6 +21,7 @@ class ForwardBatch:
     is_prefill: bool
     positions: torch.Tensor  # [T] int64
     cu_seqlens_q: torch.Tensor  # [B+1] int32
+    cu_seqlens_q_host: list[int]  # the same boundaries on the host (no device read-back needed)
     max_seqlen_q: int
     context_lens: torch.Tensor  # [B] int32: tokens in cache after this step
     max_context_len: int
@@ -40,12 +41,15 @@ class ForwardBatch:
     @classmethod
     def for_prompts(cls, lengths: list[int], device: torch.device | str = "cpu") -> "ForwardBatch":
         """A cache-free prefill batch of whole prompts (tests, debugging, full recomputation)."""
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + n)
         positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
         return cls(
             is_prefill=True,
             positions=positions,
-            cu_seqlens_q=cu,
+            cu_seqlens_q=torch.tensor(bounds, dtype=torch.int32, device=device),
+            cu_seqlens_q_host=bounds,
             max_seqlen_q=max(lengths),
             context_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
             max_context_len=max(lengths),

@@ -139,9 +139,10 @@ class Attention(nn.Module):
             lz.store_kv_cache(k, v, cache[0], cache[1], batch.slot_mapping)
         if batch.is_prefill:
             cu = batch.cu_seqlens_q
+            host = batch.cu_seqlens_q_host
             return lz.varlen_attention(
                 q, k, v, cu, cu, batch.max_seqlen_q, batch.max_seqlen_q,
-                causal=True, scale=self.scale, sliding_window=self.window,
+                causal=True, scale=self.scale, sliding_window=self.window, cu_seqlens_host=(host, host),
             )
         if cache is None:
             raise ValueError("a decode step needs the KV cache (ForwardBatch.kv_caches is None)")

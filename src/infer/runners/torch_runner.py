@@ -39,6 +39,7 @@ class TorchRunner:
             is_prefill=step.step_kind is StepKind.PREFILL,
             positions=self._tensor(step.positions, torch.int64),
             cu_seqlens_q=self._tensor(cu, torch.int32),
+            cu_seqlens_q_host=cu,
             max_seqlen_q=max(step.query_lens),
             context_lens=self._tensor(step.context_lens, torch.int32),
             max_context_len=max(step.context_lens),

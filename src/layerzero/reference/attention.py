@@ -5,6 +5,8 @@ to the end of the keys, and an optional sliding window where a query at position
 j with i - window < j <= i.
 """
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -38,15 +40,14 @@ def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    bounds_q: Sequence[int],
+    bounds_k: Sequence[int],
     causal: bool,
     scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    """Packed q: [Tq, H, D], k/v: [Tk, Hkv, D]; one attention per sequence in cu_seqlens."""
+    """Packed q: [Tq, H, D], k/v: [Tk, Hkv, D]; one attention per sequence between host-side bounds."""
     out = torch.empty_like(q)
-    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for i in range(len(bounds_q) - 1):
         qs, qe, ks, ke = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
         if qe == qs:
