@@ -53,9 +53,22 @@ _GEMMA3_SLIDING_WINDOW_PATTERN = 6
 _GEMMA3_27B_LAYERS = 62
 
 
+class _PlainArrayReader(GGUFReader):
+    """GGUFReader over a plain ndarray view of its memory map.
+
+    Every slice of a numpy.memmap runs a Python `__array_finalize__`, and parsing a vocabulary slices
+    about a million times; on a plain view of the same mapping SmolLM2's file parses ~4x faster.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "data" and isinstance(value, np.memmap):
+            value = value.view(np.ndarray)  # still backed by the mapping, which the view keeps alive
+        super().__setattr__(name, value)
+
+
 @functools.lru_cache(maxsize=2)
 def _open(path: str) -> GGUFReader:
-    return GGUFReader(path)
+    return _PlainArrayReader(path)
 
 
 def open_gguf(path: str | Path) -> GGUFReader:

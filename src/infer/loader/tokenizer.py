@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from infer.loader.gguf_loader import gguf_value, open_gguf
 from infer.loader.gguf_tokenizer import tokenizer_from_gguf
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # End-of-turn markers of the chat formats infer serves; chat models stop on them, not only on EOS.
 CHAT_STOP_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
@@ -45,6 +47,8 @@ class Tokenizer:
     @classmethod
     def from_hf_dir(cls, path: Path) -> Tokenizer:
         """EOS ids: the tokenizer's, generation_config.json's, and any chat end-of-turn special token."""
+        from transformers import AutoTokenizer  # ~3 s to import; only HF directories need it
+
         hf = AutoTokenizer.from_pretrained(path)
         eos = _eos_ids(hf.eos_token_id) | _chat_stop_ids(hf)
         gen_config = path / "generation_config.json"
