@@ -52,19 +52,20 @@ def _max_diff(ours: list[torch.Tensor], hf, prompts: list[list[int]]) -> tuple[f
     return worst, largest
 
 
+def _models(path, dtype: torch.dtype):
+    """(our model, transformers' model) from the same checkpoint directory."""
+    return load_model(path, dtype).model, AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
 def test_full_model_logits_fp32(checkpoint):
-    family, path = checkpoint
-    ours = load_model(path, torch.float32).model
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ours, hf = _models(checkpoint[1], torch.float32)
     prompts = _prompts(4, ours.config.vocab_size, seed=1)
     diff, largest = _max_diff(_our_logits(ours, prompts), hf, prompts)
     assert largest > 1.0 and diff <= FP32_ATOL
 
 
 def test_single_layer_and_every_hook_point_fp32(checkpoint):
-    family, path = checkpoint
-    ours = load_model(path, torch.float32).model
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ours, hf = _models(checkpoint[1], torch.float32)
     rows = activation_diff(ours, hf, _prompts(2, ours.config.vocab_size, seed=2)[1])
     assert rows[0].name == "blocks.0.resid_post"
     for row in rows:
@@ -73,9 +74,7 @@ def test_single_layer_and_every_hook_point_fp32(checkpoint):
 
 
 def test_full_model_logits_bf16(checkpoint):
-    family, path = checkpoint
-    ours = load_model(path, torch.bfloat16).model
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    ours, hf = _models(checkpoint[1], torch.bfloat16)
     prompts = _prompts(3, ours.config.vocab_size, seed=3)
     diff, largest = _max_diff(_our_logits(ours, prompts), hf, prompts)
     assert diff <= BF16_RTOL_OF_MAX * largest
