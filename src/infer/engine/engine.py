@@ -95,7 +95,7 @@ class Engine:
                 else:
                     self._retire(request, "abort")
                 request.state, request.finish_reason = RequestState.FINISHED, "abort"
-                outputs.append(self._final_output(request, "abort"))
+                outputs.append(self._output(request, None, "", "abort"))
         return outputs
 
     # scheduling -------------------------------------------------------------------------------
@@ -168,28 +168,22 @@ class Engine:
         request.emitted_chars += len(delta)
         if reason is not None:
             self._retire(request, reason)
+        return self._output(request, token, delta, reason)
+
+    def _fail(self, request: Request, error: str) -> StepOutput:
+        self._retire(request, "error")
+        request.state = RequestState.FAILED
+        return self._output(request, None, "", "error", error)
+
+    def _output(
+        self, request: Request, token: int | None, delta: str, reason: str | None, error: str | None = None
+    ) -> StepOutput:
+        """One step's output for a request; finished once there is a finish reason."""
         return StepOutput(
             request_id=request.request_id,
             token_id=token,
             text_delta=delta,
             finished=reason is not None,
-            finish_reason=reason,
-            prompt_tokens=len(request.prompt_token_ids),
-            completion_tokens=len(request.output_token_ids),
-        )
-
-    def _fail(self, request: Request, error: str) -> StepOutput:
-        self._retire(request, "error")
-        request.state = RequestState.FAILED
-        return self._final_output(request, "error", error)
-
-    def _final_output(self, request: Request, reason: str, error: str | None = None) -> StepOutput:
-        """The terminal output of a request that ends without a new token (abort, failure)."""
-        return StepOutput(
-            request_id=request.request_id,
-            token_id=None,
-            text_delta="",
-            finished=True,
             finish_reason=reason,
             error=error,
             prompt_tokens=len(request.prompt_token_ids),

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+def cu_seqlens(lengths: list[int]) -> list[int]:
+    """Sequence boundaries of packed tokens: [0, l0, l0 + l1, ...]."""
+    return [0, *itertools.accumulate(lengths)]
 
 
 @dataclass
@@ -41,9 +47,7 @@ class ForwardBatch:
     @classmethod
     def for_prompts(cls, lengths: list[int], device: torch.device | str = "cpu") -> "ForwardBatch":
         """A cache-free prefill batch of whole prompts (tests, debugging, full recomputation)."""
-        bounds = [0]
-        for n in lengths:
-            bounds.append(bounds[-1] + n)
+        bounds = cu_seqlens(lengths)
         positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
         return cls(
             is_prefill=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from infer.models.base import CausalLM
-from infer.models.forward_batch import ForwardBatch
+from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.sampling.sampler import SamplingTensors, sample
 
@@ -30,9 +30,7 @@ class TorchRunner:
         return torch.tensor(values, dtype=dtype).to(self.device)
 
     def _forward_batch(self, step: StepInput) -> ForwardBatch:
-        cu = [0]
-        for n in step.query_lens:
-            cu.append(cu[-1] + n)
+        cu = cu_seqlens(step.query_lens)
         width = max(len(t) for t in step.block_tables)
         tables = [t + [0] * (width - len(t)) for t in step.block_tables]
         return ForwardBatch(
