@@ -8,6 +8,16 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_BACKENDS = ("paged", "contiguous")
+BATCHING_MODES = ("continuous", "static")
+SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
+QUANTIZATIONS = (None, "fp8", "int8")
+# Seed fields whose features land with later issues: accepted by the compatibility rules, refused when enabled.
+NOT_YET = {
+    "use_chunked_prefill": "chunked prefill",
+    "use_prefix_caching": "prefix caching",
+    "use_cuda_graphs": "CUDA graphs (the GPU fast-path issue)",
+    "use_speculative_decoding": "speculative decoding",
+}
 
 
 class EngineConfigError(ValueError):
@@ -27,6 +37,18 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # None = as many as kv_cache_memory_gb holds (slots, in contiguous mode)
     kv_cache_memory_gb: float = 1.0
+    batching_mode: str = "continuous"  # static: admit a new batch only once the running one has finished
+    scheduler_policy: str = "fcfs"  # which kind of step runs next: see infer/engine/policy.py
+    fairness_steps: int = 4  # every decoding sequence gets a token at least once every N steps
+    max_waiting_requests: int = 256  # the server answers 503 beyond this many queued requests
+    use_chunked_prefill: bool = False
+    prefill_chunk_size: int = 512
+    use_prefix_caching: bool = False
+    use_cuda_graphs: bool = False
+    quantization: str | None = None
+    use_speculative_decoding: bool = False
+    draft_model: str | None = None
+    spec_length: int = 5
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -38,10 +60,37 @@ class EngineConfig:
             self._check(name, getattr(self, name) >= 1, "must be >= 1")
         self._check("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, "must be >= 1 or None")
         self._check("kv_cache_memory_gb", self.kv_cache_memory_gb > 0, "must be > 0")
+        self._check("batching_mode", self.batching_mode in BATCHING_MODES, f"must be one of {', '.join(BATCHING_MODES)}")
+        self._check(
+            "scheduler_policy", self.scheduler_policy in SCHEDULER_POLICIES, f"must be one of {', '.join(SCHEDULER_POLICIES)}"
+        )
+        self._check("fairness_steps", self.fairness_steps >= 2, "must be >= 2 (1 would never let a prefill run while anything decodes)")
+        for name in ("max_waiting_requests", "prefill_chunk_size", "spec_length"):
+            self._check(name, getattr(self, name) >= 1, "must be >= 1")
+        self._check("quantization", self.quantization in QUANTIZATIONS, "must be None, fp8 or int8")
+        self._compatibility()
         self._check(
             "max_num_batched_tokens", self.max_num_batched_tokens >= self.max_seq_len,
             f"must be >= max_seq_len ({self.max_seq_len}) so that any admitted prompt fits one prefill step",
         )
+
+    def _compatibility(self) -> None:
+        """The seed's feature-flag rules, then a clear refusal for features not built yet."""
+        continuous = self.batching_mode == "continuous"
+        paged = self.kv_cache_backend == "paged"
+        self._check("use_chunked_prefill", not self.use_chunked_prefill or continuous, "requires batching_mode='continuous'")
+        self._check(
+            "use_prefix_caching", not self.use_prefix_caching or (paged and self.use_chunked_prefill),
+            "requires kv_cache_backend='paged' and use_chunked_prefill=True",
+        )
+        self._check(
+            "use_cuda_graphs", not self.use_cuda_graphs or (continuous and paged),
+            "requires batching_mode='continuous' and kv_cache_backend='paged'",
+        )
+        self._check("use_speculative_decoding", not self.use_speculative_decoding or self.draft_model, "requires draft_model")
+        for name, feature in NOT_YET.items():
+            self._check(name, not getattr(self, name), f"{feature} is not implemented yet")
+        self._check("quantization", self.quantization is None, "quantized weights are not implemented yet")
 
     def _check(self, field: str, ok: bool, message: str) -> None:
         if not ok:

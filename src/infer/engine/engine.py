@@ -1,26 +1,42 @@
 """Engine.step(): schedule one batch, run it, turn sampled ids into detokenized, stop-checked outputs.
 
-This is the foundation's static-admission engine: a prompt is admitted when its whole budget
-(prompt + max_tokens, capped at max_seq_len) fits in free KV blocks, so decode never runs out of
-blocks; waiting prompts are prefilled first, then every running request decodes one token.
-Aborts are queued (any thread may call `abort`) and applied at the start of the next step.
+The scheduler (infer/engine/scheduler.py) decides what runs; the engine builds the runner's step
+descriptor and turns sampled tokens into StepOutputs. Aborts are queued (any thread may call
+`abort`) and applied at the start of the next step. step() does no I/O and, for a fixed seed and
+queue, is deterministic.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections import deque
+from dataclasses import dataclass
 
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestState, StepOutput
+from infer.engine.scheduler import ScheduledBatch, Scheduler
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.loader.tokenizer import Tokenizer
-from infer.runners.step import StepInput, StepKind
 from infer.runners.base import Runner
+from infer.runners.step import StepInput, StepKind, StepResult
+from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 from infer.sampling.stop import StopChecker
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for metrics: queue sizes, KV blocks, preemptions."""
+
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    num_preemptions: int
+    steps: int
 
 
 class Engine:
@@ -29,10 +45,10 @@ class Engine:
         self.runner = runner
         self.kv = kv
         self.tokenizer = tokenizer
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.scheduler = Scheduler(config, kv)
         self._rng = random.Random(config.seed)
         self._ids = itertools.count()
+        self._arrivals = itertools.count()
         self._aborts: deque[str] = deque()  # appends and pops are atomic, so other threads may abort
 
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
@@ -51,7 +67,7 @@ class Engine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Request:
         self.validate_prompt(prompt_token_ids)
         request_id = request_id or f"req-{next(self._ids)}"
-        if any(r.request_id == request_id for r in (*self.waiting, *self.running)):
+        if self._find(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(
             request_id=request_id,
@@ -60,12 +76,26 @@ class Engine:
             seed=params.seed if params.seed is not None else self._rng.randrange(2**63),
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_token_ids),
             stop_checker=StopChecker(params.stop),
+            arrival_index=next(self._arrivals),
         )
-        self.waiting.append(request)
+        self.scheduler.add(request)
         return request
 
+    def _find(self, request_id: str) -> list[Request]:
+        return [r for r in (*self.scheduler.waiting, *self.scheduler.running) if r.request_id == request_id]
+
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=self.kv.allocator.num_blocks,
+            kv_blocks_free=self.kv.num_free_blocks,
+            num_preemptions=self.scheduler.num_preemptions,
+            steps=self.scheduler.step_index,
+        )
 
     def abort(self, request_id: str) -> None:
         """Ask for a request to end; the next step frees its blocks and emits its final output."""
@@ -73,64 +103,35 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         outputs = self.apply_aborts()
-        batch, step = self._schedule()
-        if not batch:
-            if self.waiting:  # kv_layout guarantees one max_seq_len request fits an idle cache
-                raise RuntimeError(f"cannot admit {self.waiting[0].request_id!r} into an idle KV cache")
+        batch = self.scheduler.schedule()
+        if batch is None:
+            if self.scheduler.waiting:  # kv_layout guarantees one max_seq_len request fits an idle cache
+                raise RuntimeError(f"cannot admit {self.scheduler.waiting[0].request_id!r} into an idle KV cache")
             return outputs
+        now = time.monotonic()
+        for request in batch.requests:
+            request.first_scheduled_time = request.first_scheduled_time or now
         try:
-            result = self.runner.execute(step)
+            result = self.runner.execute(self._step_input(batch))
         except Exception as exc:  # the batch fails, the engine keeps serving everyone else
-            return outputs + [self._fail(request, f"{type(exc).__name__}: {exc}") for request in batch]
-        return outputs + [self._process(request, token) for request, token in zip(batch, result.token_ids)]
+            return outputs + [self._fail(request, f"{type(exc).__name__}: {exc}") for request in batch.requests]
+        return outputs + [self._process(request, result, i) for i, request in enumerate(batch.requests)]
 
     def apply_aborts(self) -> list[StepOutput]:
         """End every request whose abort was asked for: free its blocks, return its final outputs."""
         outputs = []
         while self._aborts:
-            request_id = self._aborts.popleft()
-            for request in [r for r in (*self.waiting, *self.running) if r.request_id == request_id]:
-                if request in self.waiting:
-                    self.waiting.remove(request)
-                else:
-                    self._retire(request, "abort")
-                request.state, request.finish_reason = RequestState.FINISHED, "abort"
+            for request in self._find(self._aborts.popleft()):
+                self._retire(request, "abort")
                 outputs.append(self._output(request, None, "", "abort"))
         return outputs
 
-    # scheduling -------------------------------------------------------------------------------
-
-    def _budget(self, request: Request) -> int:
-        return min(request.max_total_tokens, self.config.max_seq_len)
-
-    def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
-        tokens = 0
-        while self.waiting and len(self.running) + len(admitted) < self.config.max_batch_size:
-            request = self.waiting[0]
-            prompt_len = len(request.prompt_token_ids)
-            if tokens + prompt_len > self.config.max_num_batched_tokens:
-                break
-            if not self.kv.can_allocate(request.request_id, self._budget(request)):
-                break
-            self.kv.allocate(request.request_id, self._budget(request))
-            request.state = RequestState.PREFILL
-            admitted.append(self.waiting.popleft())
-            tokens += prompt_len
-        return admitted
-
-    def _schedule(self) -> tuple[list[Request], StepInput]:
-        admitted = self._admit()
-        if admitted:
-            self.running.extend(admitted)
-            return admitted, self._step_input(StepKind.PREFILL, admitted)
-        return list(self.running), self._step_input(StepKind.DECODE, self.running)
-
-    def _step_input(self, kind: StepKind, batch: list[Request]) -> StepInput:
-        step = StepInput(kind)
-        for r in batch:
-            start = 0 if kind is StepKind.PREFILL else r.num_tokens - 1
-            new = r.prompt_token_ids if kind is StepKind.PREFILL else r.output_token_ids[-1:]
+    def _step_input(self, batch: ScheduledBatch) -> StepInput:
+        step = StepInput(batch.kind)
+        for r in batch.requests:
+            tokens = r.prompt_token_ids + r.output_token_ids  # a preempted request recomputes its outputs too
+            start = 0 if batch.kind is StepKind.PREFILL else r.num_tokens - 1
+            new = tokens[start:]
             step.token_ids.extend(new)
             step.positions.extend(range(start, start + len(new)))
             step.query_lens.append(len(new))
@@ -140,16 +141,24 @@ class Engine:
             step.sampling.append(r.sampling_params)
             step.seeds.append(r.seed)
             step.output_steps.append(len(r.output_token_ids))
-        if any(r.sampling_params.repetition_penalty != 1.0 for r in batch):
-            step.history = [r.prompt_token_ids + r.output_token_ids for r in batch]
+            step.logprobs.append(r.sampling_params.logprobs)
+            first_prefill = batch.kind is StepKind.PREFILL and r.num_preemptions == 0
+            step.prompt_logprobs.append(r.sampling_params.prompt_logprobs if first_prefill else None)
+        if any(r.sampling_params.repetition_penalty != 1.0 for r in batch.requests):
+            step.history = [r.prompt_token_ids + r.output_token_ids for r in batch.requests]
         return step
 
     # outputs ----------------------------------------------------------------------------------
 
-    def _process(self, request: Request, token: int) -> StepOutput:
+    def _process(self, request: Request, result: StepResult, row: int) -> StepOutput:
+        prompt_logprobs = result.prompt_logprobs[row] if result.prompt_logprobs else None
+        params = request.sampling_params
+        if params.max_tokens == 0:  # prompt scoring only (echo with logprobs): nothing is generated
+            self._retire(request, "length")
+            return self._output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
+        token = result.token_ids[row]
         request.output_token_ids.append(token)
         request.state = RequestState.DECODE
-        params = request.sampling_params
         is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
         text = request.text
         if not is_eos:
@@ -168,7 +177,8 @@ class Engine:
         request.emitted_chars += len(delta)
         if reason is not None:
             self._retire(request, reason)
-        return self._output(request, token, delta, reason)
+        logprob = result.logprobs[row] if result.logprobs else None
+        return self._output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs)
 
     def _fail(self, request: Request, error: str) -> StepOutput:
         self._retire(request, "error")
@@ -176,9 +186,19 @@ class Engine:
         return self._output(request, None, "", "error", error)
 
     def _output(
-        self, request: Request, token: int | None, delta: str, reason: str | None, error: str | None = None
+        self,
+        request: Request,
+        token: int | None,
+        delta: str,
+        reason: str | None,
+        error: str | None = None,
+        logprob: TokenLogprob | None = None,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> StepOutput:
         """One step's output for a request; finished once there is a finish reason."""
+        first = not request.outputs_sent
+        request.outputs_sent = True
+        scheduled = request.first_scheduled_time
         return StepOutput(
             request_id=request.request_id,
             token_id=token,
@@ -188,6 +208,9 @@ class Engine:
             error=error,
             prompt_tokens=len(request.prompt_token_ids),
             completion_tokens=len(request.output_token_ids),
+            logprob=logprob,
+            prompt_logprobs=prompt_logprobs,
+            queue_seconds=scheduled - request.arrival_time if first and scheduled is not None else None,
         )
 
     def _finish_reason(self, request: Request, is_eos: bool) -> str | None:
@@ -202,5 +225,4 @@ class Engine:
     def _retire(self, request: Request, reason: str) -> None:
         request.state = RequestState.FINISHED
         request.finish_reason = reason
-        self.running.remove(request)
-        self.kv.free(request.request_id)
+        self.scheduler.finish(request)

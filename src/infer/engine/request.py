@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 
 from infer.loader.detokenizer import IncrementalDetokenizer
+from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 from infer.sampling.stop import StopChecker
 
@@ -30,6 +32,9 @@ class StepOutput:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprob: TokenLogprob | None = None  # of token_id, when the request asked for logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output, when asked (first is None)
+    queue_seconds: float | None = None  # arrival to first scheduling, on the first output
 
 
 @dataclass
@@ -45,6 +50,12 @@ class Request:
     text: str = ""  # output text, cut at a stop string once one is hit
     emitted_chars: int = 0
     finish_reason: str | None = None
+    arrival_index: int = 0  # position in arrival order
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    last_step: int = 0  # scheduler step that last served this request (the fairness rule)
+    num_preemptions: int = 0
+    outputs_sent: bool = False
 
     @property
     def num_tokens(self) -> int:

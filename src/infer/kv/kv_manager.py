@@ -24,10 +24,14 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return list(self._tables.get(request_id, ()))
 
+    def blocks_for(self, request_id: str, num_tokens: int) -> int:
+        """How many more blocks the request needs to hold num_tokens tokens."""
+        have = len(self._tables.get(request_id, ()))
+        return max(0, blocks_needed(num_tokens, self.block_size) - have)
+
     def can_allocate(self, request_id: str, num_tokens: int) -> bool:
         """Whether the request can grow to num_tokens cached tokens with the blocks free now."""
-        have = len(self.block_table(request_id))
-        return blocks_needed(num_tokens, self.block_size) - have <= self.allocator.num_free
+        return self.blocks_for(request_id, num_tokens) <= self.allocator.num_free
 
     def allocate(self, request_id: str, num_tokens: int) -> None:
         """Grow the request's table to hold num_tokens tokens (all or nothing)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 
 
@@ -28,6 +29,8 @@ class StepInput:
     seeds: list[int] = field(default_factory=list)
     output_steps: list[int] = field(default_factory=list)  # tokens generated so far (selects fresh noise)
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
+    logprobs: list[int | None] = field(default_factory=list)  # per sequence: top-k count for the sampled token
+    prompt_logprobs: list[int | None] = field(default_factory=list)  # per sequence (prefill): the same for its tokens
 
     @property
     def num_seqs(self) -> int:
@@ -41,3 +44,5 @@ class StepInput:
 @dataclass
 class StepResult:
     token_ids: list[int]
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per sequence, when asked
+    prompt_logprobs: list[list[TokenLogprob | None] | None] = field(default_factory=list)

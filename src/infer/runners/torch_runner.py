@@ -7,6 +7,7 @@ import torch
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.step import StepInput, StepKind, StepResult
+from infer.sampling.logprobs import TokenLogprob, token_logprobs
 from infer.sampling.sampler import SamplingTensors, sample
 
 
@@ -63,4 +64,35 @@ class TorchRunner:
             step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
         )
         token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
-        return StepResult(token_ids=token_ids.tolist())
+        return StepResult(
+            token_ids=token_ids.tolist(),
+            logprobs=self._sampled_logprobs(step, logits, token_ids),
+            prompt_logprobs=self._prompt_logprobs(step, batch, hidden),
+        )
+
+    def _sampled_logprobs(self, step: StepInput, logits: torch.Tensor, token_ids: torch.Tensor) -> list[TokenLogprob | None]:
+        rows = [i for i, k in enumerate(step.logprobs) if k is not None]
+        if not rows:
+            return []
+        found = token_logprobs(logits[rows], token_ids[rows], [step.logprobs[i] for i in rows])  # type: ignore[misc]
+        out: list[TokenLogprob | None] = [None] * step.num_seqs
+        for i, lp in zip(rows, found):
+            out[i] = lp
+        return out
+
+    def _prompt_logprobs(
+        self, step: StepInput, batch: ForwardBatch, hidden: torch.Tensor
+    ) -> list[list[TokenLogprob | None] | None]:
+        """Logprob of each prompt token given the ones before it, for the sequences that asked."""
+        if not any(k is not None for k in step.prompt_logprobs):
+            return []
+        out: list[list[TokenLogprob | None] | None] = [None] * step.num_seqs
+        cu = batch.cu_seqlens_q_host
+        ids = torch.tensor(step.token_ids, dtype=torch.int64, device=self.device)
+        for i, k in enumerate(step.prompt_logprobs):
+            if k is None:
+                continue
+            start, end = cu[i], cu[i + 1]
+            logits = self.model.compute_logits(hidden[start : end - 1])
+            out[i] = [None, *token_logprobs(logits, ids[start + 1 : end], [k] * (end - start - 1))]
+        return out

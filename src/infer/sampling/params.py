@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from infer.sampling.logprobs import MAX_LOGPROBS
+
 SEED_LIMIT = 2**63
 # Below this, logits / temperature overflows float32; such temperatures decode greedily (as vLLM does).
 GREEDY_BELOW = 1e-5
@@ -23,6 +25,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob and the k most likely
+    prompt_logprobs: int | None = None  # the same for every prompt token (the first has none)
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)
@@ -38,8 +42,12 @@ class SamplingParams:
         self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty)
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
         self.stop = _stop_list(self.stop)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")

@@ -1,0 +1,6 @@
+"""layerzero's own Triton kernels: norms, RoPE, gated activations, KV-cache store and attention.
+
+Each family lives in its own module; `specs.kernel_specs()` describes them to the selection engine.
+Kernels compile for CUDA tensors, and run on CPU tensors through the Triton interpreter when the
+module was imported with TRITON_INTERPRET=1.
+"""

@@ -1,0 +1,46 @@
+"""Launch helpers shared by the Triton kernels: interpreter detection, tile arithmetic, device facts."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton import knobs
+
+
+def interpreting() -> bool:
+    """True when TRITON_INTERPRET=1: kernels decorated now run through the interpreter on CPU tensors."""
+    return bool(knobs.runtime.interpret)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (tile sizes must be powers of two)."""
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot` input precision: exact IEEE for float32 inputs (tf32 would miss the 1e-5 contract)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def dot_in_fp32(dtype: torch.dtype, interpreted: bool) -> bool:
+    """The interpreter multiplies bfloat16 bit patterns as integers in `tl.dot`: upcast there instead."""
+    return interpreted and dtype == torch.bfloat16
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 for CPU tensors under the interpreter); cached."""
+    if device.type != "cuda":
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its last dimension is unit-stride, else a contiguous copy (kernels index d directly)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()

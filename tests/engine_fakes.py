@@ -1,0 +1,68 @@
+"""A model-free runner and tokenizer for scheduler tests: the runner checks the KV bookkeeping it is given.
+
+FakeRunner keeps its own copy of the cache (slot -> (position, token)); every step it reads each
+sequence's context back through its block table, fails loudly if a slot holds the wrong token, and
+"samples" a token that hashes the whole context, so a wrong or recomputed-wrongly cache changes outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.kv.kv_manager import KVCacheManager
+from infer.runners.step import StepInput, StepKind, StepResult
+
+VOCAB = 1000
+EOS = 0
+
+
+class FakeTokenizer:
+    eos_token_ids = frozenset({EOS})
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f" t{i}" for i in ids if not (skip_special_tokens and i == EOS))
+
+
+class FakeRunner:
+    vocab_size = VOCAB
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.cache: dict[int, tuple[int, int]] = {}
+        self.log: list[tuple[StepKind, list[int]]] = []  # (kind, number of tokens per sequence)
+
+    def execute(self, step: StepInput) -> StepResult:
+        self.log.append((step.step_kind, list(step.query_lens)))
+        for slot, pos, tok in zip(step.slot_mapping, step.positions, step.token_ids):
+            self.cache[slot] = (pos, tok)
+        out = []
+        for table, ctx, seed, n in zip(step.block_tables, step.context_lens, step.seeds, step.output_steps):
+            context = [self._read(table, p) for p in range(ctx)]
+            digest = hashlib.sha256(repr((context, seed, n)).encode()).digest()
+            out.append(1 + int.from_bytes(digest[:4], "little") % (VOCAB - 1))
+        return StepResult(token_ids=out)
+
+    def _read(self, table: list[int], pos: int) -> int:
+        slot = table[pos // self.block_size] * self.block_size + pos % self.block_size
+        stored_pos, token = self.cache[slot]
+        assert stored_pos == pos, f"slot {slot} holds position {stored_pos}, expected {pos}"
+        return token
+
+
+def fake_engine(num_blocks: int = 64, block_size: int = 4, **options: object) -> tuple[Engine, FakeRunner]:
+    config = EngineConfig(max_seq_len=options.pop("max_seq_len", 256), **options)  # type: ignore[arg-type]
+    runner = FakeRunner(block_size)
+    return Engine(config, runner, KVCacheManager(num_blocks, block_size), FakeTokenizer()), runner  # type: ignore[arg-type]
+
+
+def run_all(engine: Engine, max_steps: int = 10_000) -> dict[str, list]:
+    """Step until idle; every request's outputs in order (asserts termination)."""
+    outputs: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return outputs
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    raise AssertionError(f"engine did not finish within {max_steps} steps")
