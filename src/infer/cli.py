@@ -40,11 +40,84 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_generate)
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="HF model directory or a .gguf file; default: the bundled SmolLM2-135M-Instruct GGUF")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model name clients send; default: the model file or directory name")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _add_engine_flags(p)
+    p.set_defaults(func=_serve)
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    from infer.engine.config import BATCHING_MODES, KV_BACKENDS, SCHEDULER_POLICIES, EngineConfig
+
+    d = EngineConfig()
+    g = p.add_argument_group("engine")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
+    g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N, or auto")
+    g.add_argument("--max-seq-len", type=int, default=d.max_seq_len, metavar="N", help="longest prompt + output, in tokens")
+    g.add_argument("--max-batch-size", type=int, default=d.max_batch_size, metavar="N", help="most requests running at once")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="most prompt tokens in one prefill step (default: max(8192, max-seq-len))")
+    g.add_argument("--batching-mode", default=d.batching_mode, choices=BATCHING_MODES,
+                   help="continuous admits requests every step; static only once the running batch has finished")
+    g.add_argument("--scheduler-policy", default=d.scheduler_policy, choices=SCHEDULER_POLICIES,
+                   help="fcfs: admit in arrival order; prefill_first: admit whatever fits, overtaking a blocked "
+                        "request at most --fairness-steps times; decode_round_robin: alternate prefill and decode steps")
+    g.add_argument("--fairness-steps", type=int, default=d.fairness_steps, metavar="N",
+                   help="every decoding request gets a token at least once every N steps")
+    g.add_argument("--kv-cache-backend", default=d.kv_cache_backend, choices=KV_BACKENDS, help="KV cache layout")
+    g.add_argument("--block-size", type=int, default=d.block_size, metavar="N", help="tokens per KV block (paged)")
+    g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
+                   help="KV blocks to allocate (default: as many as --kv-cache-memory-gb holds)")
+    g.add_argument("--kv-cache-memory-gb", type=float, default=d.kv_cache_memory_gb, metavar="GB", help="KV cache size")
+    g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests, metavar="N",
+                   help="queued requests beyond this are answered 503")
+    g.add_argument("--seed", type=int, default=d.seed, help="engine seed for requests that do not set one")
+
+
+ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
+                "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
+                "kv_cache_memory_gb", "max_waiting_requests", "seed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infer", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(sub)
+    _add_serve(sub)
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from infer.engine.async_engine import AsyncEngine
+    from infer.llm import LLM
+    from infer.server.app import create_app
+    from infer.server.state import ServerState
+
+    options = {name: getattr(args, name) for name in ENGINE_FLAGS}
+    print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
+    llm = LLM(args.model, **options)
+    name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else llm.path.stem)
+    print(f"[infer] loaded {llm.path.name} in {llm.load_seconds:.1f}s; serving {name!r} on http://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
+    state = ServerState(llm, AsyncEngine(llm.engine, llm.config.max_waiting_requests), name)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -117,6 +117,10 @@ class Engine:
             return outputs + [self._fail(request, f"{type(exc).__name__}: {exc}") for request in batch.requests]
         return outputs + [self._process(request, result, i) for i, request in enumerate(batch.requests)]
 
+    def fail_all(self, error: str) -> list[StepOutput]:
+        """Fail every queued and running request (after an unexpected error outside the runner)."""
+        return [self._fail(r, error) for r in [*self.scheduler.waiting, *self.scheduler.running]]
+
     def apply_aborts(self) -> list[StepOutput]:
         """End every request whose abort was asked for: free its blocks, return its final outputs."""
         outputs = []

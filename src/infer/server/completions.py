@@ -1,0 +1,111 @@
+"""POST /v1/completions: prompts (text or token ids, one or many) x n choices, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from infer.sampling.logprobs import TokenLogprob
+from infer.server.errors import APIError, error_body
+from infer.server.generation import Choice, Generation, expand
+from infer.server.protocol import CompletionRequest
+from infer.server.responses import completion_logprobs, envelope, sse, usage
+from infer.server.sampling import check_supported, sampling_params
+from infer.server.state import ServerState
+
+router = APIRouter()
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+
+
+def prompt_ids(state: ServerState, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
+    """Every prompt as token ids, plus its text when it came as text."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(422, "prompt must not be empty", "prompt")
+    ids = [state.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+    return ids, [p if isinstance(p, str) else None for p in prompt]
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.infer
+    state.check_model(body.model)
+    check_supported(body)
+    if body.suffix:
+        raise APIError(422, "suffix is not supported", "suffix")
+    prompts, texts = prompt_ids(state, body.prompt)
+    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    prompt_lp = body.logprobs if body.echo else None
+    params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp)
+    echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
+    gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl")
+    view = _CompletionView(state, body, prompts, echoes, gen)
+    if body.stream:
+        return StreamingResponse(view.stream(), media_type="text/event-stream")
+    return JSONResponse(view.response(await gen.collect(request)))
+
+
+class _CompletionView:
+    """Formats one completion request's outputs, whole or as chunks."""
+
+    def __init__(self, state: ServerState, body: CompletionRequest, prompts: list[list[int]], echoes: list[str],
+                 gen: Generation) -> None:
+        self.state, self.body, self.prompts, self.echoes, self.gen = state, body, prompts, echoes, gen
+
+    def _prompt(self, choice: int) -> int:
+        return self.gen.jobs[choice].prompt_index
+
+    def _logprobs(self, choice: int, prompt_lps: list[TokenLogprob | None] | None, lps: list[TokenLogprob],
+                  offset: int) -> dict[str, list] | None:
+        if self.body.logprobs is None:
+            return None
+        entries: list[tuple[int, TokenLogprob | None]] = []
+        if prompt_lps is not None:
+            entries += list(zip(self.prompts[self._prompt(choice)], prompt_lps))
+        entries += [(lp.token_id, lp) for lp in lps]
+        return completion_logprobs(entries, self.state.token_text, offset)
+
+    def _usage(self, completion_tokens: int) -> dict[str, int]:
+        return usage(sum(len(p) for p in self.prompts), completion_tokens)
+
+    def response(self, choices: list[Choice]) -> dict[str, object]:
+        body = []
+        for c in choices:
+            echo = self.echoes[self._prompt(c.index)]
+            body.append({"index": c.index, "text": echo + c.text, "finish_reason": c.finish_reason,
+                         "logprobs": self._logprobs(c.index, c.prompt_logprobs, c.logprobs, 0)})
+        completion = sum(len(c.token_ids) for c in choices)
+        return envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, body,
+                        usage=self._usage(completion))
+
+    async def stream(self) -> AsyncIterator[str]:
+        offsets = [0] * len(self.gen.jobs)
+        started = [False] * len(self.gen.jobs)
+        completion = 0
+        async for index, out in self.gen.events():
+            if out.error:
+                yield sse(error_body(500, f"generation failed: {out.error}"))
+                return
+            text = out.text_delta
+            prompt_lps = out.prompt_logprobs
+            if not started[index]:
+                started[index] = True
+                text = self.echoes[self._prompt(index)] + text
+            lps = [out.logprob] if out.logprob is not None else []
+            if not (text or out.finished or lps or prompt_lps):
+                continue  # text held back (an incomplete character or a possible stop string)
+            logprobs = self._logprobs(index, prompt_lps, lps, offsets[index])
+            if logprobs is not None:
+                offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1]) if logprobs["tokens"] else offsets[index]
+            completion += out.completion_tokens if out.finished else 0
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None}
+            yield sse(envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, [choice]))
+        if self.body.stream_options is not None and self.body.stream_options.include_usage:
+            yield sse(envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, [],
+                               usage=self._usage(completion)))
+        yield sse("[DONE]")

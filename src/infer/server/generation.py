@@ -1,0 +1,129 @@
+"""Run a set of choices (prompts x n) through the async engine and merge their outputs in arrival order."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from fastapi import Request
+
+from infer.engine.async_engine import AsyncEngine, QueueFullError, RequestStream
+from infer.engine.request import StepOutput
+from infer.sampling.logprobs import TokenLogprob
+from infer.sampling.params import SEED_LIMIT, SamplingParams
+from infer.server.errors import APIError
+
+
+@dataclass
+class Job:
+    """One choice to generate: which prompt it belongs to and how to sample it."""
+
+    prompt_index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class Choice:
+    """A choice's outputs accumulated for a non-streaming response."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+
+    def add(self, out: StepOutput) -> None:
+        self.text += out.text_delta
+        if out.token_id is not None:
+            self.token_ids.append(out.token_id)
+        if out.logprob is not None:
+            self.logprobs.append(out.logprob)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        self.finish_reason = out.finish_reason or self.finish_reason
+        self.error = out.error or self.error
+        self.prompt_tokens = out.prompt_tokens
+
+
+def expand(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job]:
+    """prompts x n jobs, choice index = prompt * n + j; a seeded request's j-th choice uses seed + j."""
+    jobs = []
+    for p, ids in enumerate(prompts):
+        for j in range(n):
+            seed = None if params.seed is None else (params.seed + j) % SEED_LIMIT
+            jobs.append(Job(p, ids, replace(params, seed=seed)))
+    return jobs
+
+
+class Generation:
+    """Submits every job at once (all or nothing) and yields (choice index, output) as they come."""
+
+    def __init__(self, engine: AsyncEngine, jobs: list[Job], prefix: str) -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.jobs = jobs
+        self.streams: list[RequestStream] = []
+        try:
+            for i, job in enumerate(jobs):
+                self.streams.append(engine.submit(f"{self.id}-{i}", job.prompt_ids, job.params))
+        except QueueFullError as exc:
+            self.abort(engine)
+            raise APIError(503, str(exc)) from exc
+        except ValueError as exc:
+            self.abort(engine)
+            raise APIError(422, str(exc), "prompt") from exc
+
+    def abort(self, engine: AsyncEngine) -> None:
+        for stream in self.streams:
+            engine.abort(stream.request_id)
+
+    async def events(self) -> AsyncIterator[tuple[int, StepOutput]]:
+        merged: asyncio.Queue[tuple[int, StepOutput]] = asyncio.Queue()
+
+        async def pump(index: int, stream: RequestStream) -> None:
+            async for out in stream:
+                merged.put_nowait((index, out))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                index, out = await merged.get()
+                remaining -= out.finished
+                yield index, out
+        finally:
+            for task in tasks:  # cancelling a pump leaves its stream early, which aborts the request
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def collect(self, request: Request) -> list[Choice]:
+        """Every choice to the end; a client that disconnects first aborts them all."""
+        choices = [Choice(i) for i in range(len(self.jobs))]
+
+        async def gather() -> None:
+            async for index, out in self.events():
+                choices[index].add(out)
+
+        work = asyncio.create_task(gather())
+        watch = asyncio.create_task(_until_disconnected(request))
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (work, watch):
+            task.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+        if work not in done:
+            raise asyncio.CancelledError("client disconnected")
+        work.result()
+        failed = next((c for c in choices if c.error), None)
+        if failed is not None:
+            raise APIError(500, f"generation failed: {failed.error}")
+        return choices
+
+
+async def _until_disconnected(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.2)

@@ -1,0 +1,53 @@
+"""GET /metrics in the Prometheus text format, names mirroring vLLM's with an `infer:` prefix."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+from infer.engine.metrics import Histogram
+from infer.server.state import ServerState
+
+router = APIRouter()
+
+
+def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    lines += [f"{name}{labels} {value}" for labels, value in samples]
+
+
+def _histogram(lines: list[str], name: str, help_text: str, h: Histogram, model: str) -> None:
+    samples = [(f'_bucket{{model_name="{model}",le="{le}"}}', n) for le, n in h.cumulative()]
+    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    lines += [f"{name}{suffix} {value}" for suffix, value in samples]
+    lines += [f'{name}_sum{{model_name="{model}"}} {h.total}', f'{name}_count{{model_name="{model}"}} {h.count}']
+
+
+def render(state: ServerState) -> str:
+    stats, m, model = state.engine.engine.stats(), state.engine.metrics, state.model_name
+    label = f'{{model_name="{model}"}}'
+    lines: list[str] = []
+    _metric(lines, "infer:num_requests_running", "gauge", "Requests in the running batch.", [(label, stats.num_running)])
+    _metric(lines, "infer:num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
+            [(label, state.engine.num_waiting)])
+    _metric(lines, "infer:kv_cache_blocks_used", "gauge", "KV cache blocks in use.",
+            [(label, stats.kv_blocks_total - stats.kv_blocks_free)])
+    _metric(lines, "infer:kv_cache_blocks_free", "gauge", "KV cache blocks free.", [(label, stats.kv_blocks_free)])
+    used = (stats.kv_blocks_total - stats.kv_blocks_free) / max(stats.kv_blocks_total, 1)
+    _metric(lines, "infer:kv_cache_usage_perc", "gauge", "KV cache usage (1 = full).", [(label, used)])
+    _metric(lines, "infer:prompt_tokens_total", "counter", "Prompt tokens of finished requests.", [(label, m.prompt_tokens)])
+    _metric(lines, "infer:generation_tokens_total", "counter", "Generated tokens.", [(label, m.generation_tokens)])
+    _metric(lines, "infer:num_preemptions_total", "counter", "Requests preempted for recomputation.",
+            [(label, stats.num_preemptions)])
+    _metric(lines, "infer:request_success_total", "counter", "Finished requests by finish reason.",
+            [(f'{{model_name="{model}",finished_reason="{r}"}}', n) for r, n in sorted(m.finished.items())])
+    _histogram(lines, "infer:time_to_first_token_seconds", "Time to first token.", m.ttft, model)
+    _histogram(lines, "infer:inter_token_latency_seconds", "Time between tokens of a request.", m.itl, model)
+    _histogram(lines, "infer:e2e_request_latency_seconds", "Request latency, submit to last output.", m.e2e, model)
+    _histogram(lines, "infer:request_queue_time_seconds", "Time from arrival to first scheduling.", m.queue, model)
+    return "\n".join(lines) + "\n"
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(render(request.app.state.infer), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,66 @@
+"""OpenAI response bodies: completions, chat completions, stream chunks, usage and logprobs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from infer.sampling.logprobs import TokenLogprob
+
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf; OpenAI uses -9999 for "very unlikely"
+
+TokenText = Callable[[int], str]
+
+
+def sse(payload: dict[str, object] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _lp(value: float) -> float:
+    return max(value, LOGPROB_FLOOR)
+
+
+def completion_logprobs(
+    entries: list[tuple[int, TokenLogprob | None]], token_text: TokenText, offset: int = 0
+) -> dict[str, list]:
+    """The completions `logprobs` object; entries pair each token id with its logprob (None for the first prompt token)."""
+    tokens, values, tops, offsets = [], [], [], []
+    for token_id, lp in entries:
+        text = token_text(token_id)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        if lp is None:
+            values.append(None)
+            tops.append(None)
+            continue
+        values.append(_lp(lp.logprob))
+        top = {text: _lp(lp.logprob)}  # the chosen token first, then the most likely ones (vLLM's shape)
+        for alt, value in lp.top:
+            top.setdefault(token_text(alt), _lp(value))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_token(text: str, value: float) -> dict[str, object]:
+    return {"token": text, "logprob": _lp(value), "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText) -> dict[str, object]:
+    content = []
+    for lp in entries:
+        item = _chat_token(token_text(lp.token_id), lp.logprob)
+        item["top_logprobs"] = [_chat_token(token_text(t), v) for t, v in lp.top]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def envelope(kind: str, request_id: str, created: int, model: str, choices: list, **extra: object) -> dict[str, object]:
+    """The fields every response and chunk share; kind is text_completion, chat.completion(.chunk)."""
+    return {"id": request_id, "object": kind, "created": created, "model": model,
+            "system_fingerprint": None, "choices": choices, **extra}

@@ -1,0 +1,54 @@
+"""vLLM-shaped /tokenize, /detokenize and /tokenizer_info, so lm-eval's remote tokenizer works against us."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from infer.server.chat import plain_messages
+from infer.server.errors import APIError
+from infer.server.protocol import DetokenizeRequest, TokenizeRequest
+from infer.server.state import ServerState
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, object]:
+    state: ServerState = request.app.state.infer
+    state.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of prompt or messages", "prompt")
+    if body.messages is not None:
+        ids = state.encode_chat(plain_messages(body.messages))
+    else:
+        ids = state.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+    strs = [state.token_text(t) for t in ids] if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids, "token_strs": strs}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str]:
+    state: ServerState = request.app.state.infer
+    state.check_model(body.model)
+    vocab = state.llm.tokenizer.vocab_size
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(422, f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
+    return {"prompt": state.decode(body.tokens, skip_special_tokens=False)}
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict[str, object]:
+    state: ServerState = request.app.state.infer
+    hf = state.llm.tokenizer.hf
+    eos_ids = sorted(state.llm.tokenizer.eos_token_ids)
+    eos = hf.eos_token or (state.token_text(eos_ids[0]) if eos_ids else None)
+    return {
+        "tokenizer_class": type(hf).__name__,
+        "bos_token": hf.bos_token,
+        "eos_token": eos,
+        "pad_token": hf.pad_token,
+        "eos_token_ids": eos_ids,
+        "model_max_length": state.max_seq_len,
+        "vocab_size": state.llm.tokenizer.vocab_size,
+    }
