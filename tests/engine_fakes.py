@@ -32,9 +32,11 @@ class FakeRunner:
         self.block_size = block_size
         self.cache: dict[int, tuple[int, int]] = {}
         self.log: list[tuple[StepKind, list[int]]] = []  # (kind, number of tokens per sequence)
+        self.served: list[tuple[StepKind, list[int]]] = []  # (kind, seeds of the sequences: request identities)
 
     def execute(self, step: StepInput) -> StepResult:
         self.log.append((step.step_kind, list(step.query_lens)))
+        self.served.append((step.step_kind, list(step.seeds)))
         for slot, pos, tok in zip(step.slot_mapping, step.positions, step.token_ids):
             self.cache[slot] = (pos, tok)
         out = []
