@@ -54,7 +54,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="the model name clients send; default: the model file or directory name")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn log level (info logs every request)")
     _add_engine_flags(p)
     p.set_defaults(func=_serve)
 

@@ -43,3 +43,55 @@ def test_generate_streams_an_answer_from_the_bundled_model():
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "loaded SmolLM2-135M-Instruct" in result.stderr and "tok/s" in result.stderr
+
+
+SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching-mode", "--scheduler-policy",
+               "--fairness-steps", "--max-batch-size", "--max-num-batched-tokens", "--kv-cache-backend",
+               "--block-size", "--num-kv-blocks", "--kv-cache-memory-gb", "--max-waiting-requests", "--max-seq-len"]
+
+
+def test_serve_help_explains_every_flag():
+    sub = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    text = sub.format_help()
+    for flag in SERVE_FLAGS:
+        assert flag in text
+    for action in sub._actions:
+        assert action.help, f"{action.option_strings} has no help"
+
+
+def test_serve_bad_engine_option_fails_at_startup_naming_the_field():
+    result = _run("serve", "--fairness-steps", "1")
+    assert result.returncode == 2
+    assert "fairness_steps=1" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_answers_a_chat_request():
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "infer.cli", "serve", "--port", str(port), "--max-seq-len", "512"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.2)
+        body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 16,
+                "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+        assert "Paris" in reply["choices"][0]["message"]["content"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
