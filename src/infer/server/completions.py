@@ -101,7 +101,7 @@ class _CompletionView:
                 continue  # text held back (an incomplete character or a possible stop string)
             logprobs = self._logprobs(index, prompt_lps, lps, offsets[index])
             if logprobs is not None:
-                offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1]) if logprobs["tokens"] else offsets[index]
+                offsets[index] += sum(map(len, logprobs["tokens"]))
             completion += out.completion_tokens if out.finished else 0
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None}
             yield sse(envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, [choice]))
