@@ -1,23 +1,34 @@
 """The layerzero op surface: one explicit function per op.
 
-Every call dispatches to the PyTorch reference today; kernel selection (which backend, and why)
-plugs in behind these signatures without changing callers.
+Each function normalizes its arguments into the op's canonical kernel call (layout resolved, default
+scale, 3-D paged query, a host bound on the context length) and hands it to `dispatch`, which selects
+a kernel (with reasons), runs it and falls back at run time. Under torch.compile the call goes through
+the `torch.ops.layerzero` custom ops instead (`layerzero.library.call_op`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from layerzero.reference import activation, attention as attn_ref, kv_cache, norm, rope as rope_ref
+from layerzero.dispatch import dispatch
+from layerzero.layout import resolve_layout
 
-LAYOUTS = ("BSHD", "BHSD")
+_HOST_OPS = frozenset({"tokenize", "detokenize"})
+
+
+def _call(op: str, *args: Any, **kwargs: Any) -> Any:
+    if op not in _HOST_OPS and torch.compiler.is_compiling():
+        from layerzero.library import call_op  # imported late: library's ops call back into dispatch
+
+        return call_op(op, *args, **kwargs)
+    return dispatch(op, *args, **kwargs)
 
 
 def _scale(scale: float | None, head_dim: int) -> float:
-    return head_dim**-0.5 if scale is None else scale
+    return head_dim**-0.5 if scale is None else float(scale)
 
 
 def attention(
@@ -26,16 +37,17 @@ def attention(
     value: torch.Tensor,
     causal: bool = True,
     scale: float | None = None,
-    layout: str = "BSHD",
+    layout: str | None = None,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Dense attention over [B, S, H, D] (BSHD) or [B, H, S, D] (BHSD); output keeps the input layout."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "BSHD":
-        query, key, value = (t.transpose(1, 2) for t in (query, key, value))
-    out = attn_ref.attention_bhsd(query, key, value, causal, _scale(scale, query.shape[-1]), sliding_window)
-    return out.transpose(1, 2) if layout == "BSHD" else out
+    """Dense attention over [B, S, H, D] (BSHD) or [B, H, S, D] (BHSD); output keeps the input layout.
+
+    Without `layout`, shapes decide, then strides (a transposed view of token-major memory is BHSD);
+    when neither does (e.g. S == H, or equal q/k sequence and head counts) a LayoutError asks for it.
+    """
+    layout = resolve_layout(query, key, value, layout)
+    return _call("attention", query, key, value, causal=bool(causal), scale=_scale(scale, query.shape[-1]),
+                 sliding_window=sliding_window, layout=layout)
 
 
 def varlen_attention(
@@ -56,12 +68,10 @@ def varlen_attention(
     max_seqlen_* and cu_seqlens_host (host copies of cu_seqlens_q and cu_seqlens_k) are hints the
     caller already has on the host; with them no implementation needs to read the device tensors back.
     """
-    del max_seqlen_q, max_seqlen_k  # launch-size hints for kernels; the reference does not need them
-    if cu_seqlens_host is None:
-        cu_seqlens_host = (cu_seqlens_q.tolist(), cu_seqlens_k.tolist())
-    return attn_ref.varlen_attention(
-        query, key, value, cu_seqlens_host[0], cu_seqlens_host[1], causal, _scale(scale, query.shape[-1]), sliding_window
-    )
+    host = None if cu_seqlens_host is None else (list(cu_seqlens_host[0]), list(cu_seqlens_host[1]))
+    return _call("varlen_attention", query, key, value, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), causal=bool(causal),
+                 scale=_scale(scale, query.shape[-1]), sliding_window=sliding_window, cu_seqlens_host=host)
 
 
 def paged_attention(
@@ -84,10 +94,9 @@ def paged_attention(
     limit = block_tables.shape[1] * key_cache.shape[1]
     if max_context_len is not None and max_context_len > limit:
         raise ValueError(f"max_context_len={max_context_len} exceeds the block tables' capacity ({limit} tokens)")
-    max_len = limit if max_context_len is None else max_context_len
-    out = attn_ref.paged_attention(
-        q, key_cache, value_cache, block_tables, context_lens, _scale(scale, q.shape[-1]), sliding_window, max_len
-    )
+    out = _call("paged_attention", q, key_cache, value_cache, block_tables=block_tables, context_lens=context_lens,
+                scale=_scale(scale, q.shape[-1]), sliding_window=sliding_window,
+                max_context_len=limit if max_context_len is None else int(max_context_len))
     return out.unsqueeze(1) if squeeze else out
 
 
@@ -98,20 +107,20 @@ def store_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write key/value [T, Hkv, D] into paged caches at flat slots (block * block_size + offset)."""
-    kv_cache.store_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+    """Write key/value [T, Hkv, D] into paged caches at flat slots (block * block_size + offset); slots < 0 are skipped."""
+    _call("store_kv_cache", key, value, key_cache, value_cache, slot_mapping)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_offset: float = 0.0) -> torch.Tensor:
     """RMSNorm over the last dim; weight_offset=1.0 gives Gemma's x * (1 + w)."""
-    return norm.rms_norm(x, weight, eps, weight_offset)
+    return _call("rms_norm", x, weight, eps=float(eps), weight_offset=float(weight_offset))
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_offset: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (rms_norm(x + residual), x + residual): the residual update and the next norm in one op."""
-    return norm.fused_add_rms_norm(x, residual, weight, eps, weight_offset)
+    return _call("fused_add_rms_norm", x, residual, weight, eps=float(eps), weight_offset=float(weight_offset))
 
 
 def layer_norm(
@@ -122,29 +131,81 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """LayerNorm computed in float32."""
-    return norm.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
+    return _call("layer_norm", x, tuple(normalized_shape), weight, bias, eps=float(eps))
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """Rotary embedding of x [T, H, D] with per-token tables cos/sin [T, D/2]."""
-    return rope_ref.rope(x, cos, sin, interleaved)
+    return _call("rope", x, cos, sin, interleaved=bool(interleaved))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU gate: silu(x[..., :I]) * x[..., I:]."""
-    return activation.silu_and_mul(x)
+    return _call("silu_and_mul", x)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """GeGLU gate: gelu(x[..., :I]) * x[..., I:]."""
-    return activation.gelu_and_mul(x, approximate)
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    return _call("gelu_and_mul", x, approximate=approximate)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias)."""
-    return F.linear(x, weight, bias)
+    return _call("linear", x, weight, bias)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Row lookup of token ids in an embedding table."""
-    return F.embedding(ids, weight)
+    return _call("embedding", ids, weight)
+
+
+def sample_topk(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token id per row from softmax(logits / temperature) restricted to the top-k logits (int64 [...])."""
+    return _call("sample_topk", logits, int(k), temperature=float(temperature), generator=generator, noise=noise)
+
+
+def sample_topp(
+    logits: torch.Tensor,
+    p: float,
+    *,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token id per row from the smallest set of most likely tokens whose probability mass reaches p."""
+    return _call("sample_topp", logits, float(p), temperature=float(temperature), generator=generator, noise=noise)
+
+
+def quantize(
+    x: torch.Tensor, *, dtype: str = "int8", scale: torch.Tensor | None = None, axis: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize x to "int8" (per channel along `axis`) or "fp8_e4m3" (per tensor); returns (q, scale), x ~= q * scale."""
+    return _call("quantize", x, dtype=dtype, scale=scale, axis=int(axis))
+
+
+def dequantize(
+    q: torch.Tensor, scale: torch.Tensor, *, axis: int = 0, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Inverse of quantize: q * scale computed in float32, returned as out_dtype."""
+    return _call("dequantize", q, scale, axis=int(axis), out_dtype=out_dtype)
+
+
+def tokenize(
+    texts: str | Sequence[str], tokenizer: Any, *, add_special_tokens: bool = True, return_offsets: bool = False
+) -> dict[str, list]:
+    """Encode a text (flat lists) or a batch of texts with a `tokenizers.Tokenizer`: {"input_ids", ["offsets"]}."""
+    return _call("tokenize", texts, tokenizer, add_special_tokens=add_special_tokens, return_offsets=return_offsets)
+
+
+def detokenize(tokens: Any, tokenizer: Any, *, skip_special_tokens: bool = True) -> str | list[str]:
+    """Decode a flat token list to a string, or a batch (nested lists or a 2-D tensor) to a list of strings."""
+    return _call("detokenize", tokens, tokenizer, skip_special_tokens=skip_special_tokens)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from layerzero.graphs import is_capturing
 from layerzero.layout import resolve_layout
 
 SEQ_BUCKETS = (1, 16, 128, 512, 2048, 8192, 32768)
@@ -115,7 +116,6 @@ class SelectionContext:
     packed_weights_id: str | None = None
     quant_format: str | None = None
     input_quant_format: str | None = None
-    allow_requantization: bool = False
     max_accuracy_drop_pct: float | None = None
     tokenizer_key: str | None = None
     return_offsets: bool = False
@@ -224,20 +224,11 @@ _VALIDITY_FIELDS = tuple(f.name for f in fields(SelectionContext) if f.name not 
 # Call facts no op argument carries (deployment, quantization, tokenizer options); from_tensors takes them
 # as keywords. An op whose canonical signature has one must list it in its OpSignature.kwargs.
 CONTEXT_PARAMS = (
-    "attn_mask_type", "packed_weights_id", "quant_format", "input_quant_format", "allow_requantization",
-    "max_accuracy_drop_pct", "return_offsets", "capturing", "deterministic", "tp_size", "require_tp_invariant",
+    "attn_mask_type", "packed_weights_id", "quant_format", "input_quant_format", "max_accuracy_drop_pct",
+    "return_offsets", "capturing", "deterministic", "tp_size", "require_tp_invariant",
     "reduction_order", "kv_strategy", "free_memory_bytes", "virtual_free_bytes", "spec_algorithm", "pp_size",
     "draft_tp_size", "spec_share_kv",
 )
-
-
-def is_capturing(device: torch.device) -> bool:
-    """Whether a CUDA graph is being captured on `device`'s current stream (layerzero.graphs when present)."""
-    try:
-        from layerzero.graphs import is_capturing as graphs_is_capturing
-    except ImportError:
-        return torch.cuda.is_current_stream_capturing()
-    return graphs_is_capturing(device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +270,8 @@ def _varlen(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _paged(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
-    q, key_cache, _, block_tables = args[:4]
+    q, key_cache = args[:2]
+    block_tables = kw["block_tables"]
     capacity = block_tables.shape[1] * key_cache.shape[1]
     return dict(
         batch=q.shape[0], seq_q=1, seq_k=int(kw.get("max_context_len") or capacity), tokens=q.shape[0],
@@ -335,13 +327,39 @@ def _generic(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     return dict(tokens=_rows(x), hidden=x.shape[-1] if x.dim() else 1)
 
 
+def _sampling(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    return _generic(args[:1], kw)
+
+
+def _topk(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_generic(args[:1], kw), "params": (("k", int(args[1])),)}
+
+
+def _quantize(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_generic(args[:1], kw), "quant_format": kw.get("dtype", "int8"),
+            "params": (("axis", kw.get("axis", 0)), ("scale_given", kw.get("scale") is not None))}
+
+
+def _dequantize(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    q = args[0]
+    fmt = "int8" if q.dtype == torch.int8 else str(q.dtype).removeprefix("torch.")
+    return {**_generic(args[:1], kw), "quant_format": fmt, "params": (("axis", kw.get("axis", 0)),)}
+
+
+def _tokenizer(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    from layerzero.reference.tokenize import tokenizer_identity
+
+    identity = tokenizer_identity(args[1]).to_dict()
+    return {"tokenizer_key": tokenizer_key(**identity), "return_offsets": bool(kw.get("return_offsets", False))}
+
+
 DEFAULT_SIGNATURE = OpSignature(_generic, None, ())
 SIGNATURES: dict[str, OpSignature] = {
     "attention": OpSignature(_attention, (0, 1, 2), ("causal", "sliding_window", "layout")),
     "varlen_attention": OpSignature(
         _varlen, (0, 1, 2), ("cu_seqlens_q", "max_seqlen_q", "max_seqlen_k", "causal", "sliding_window")
     ),
-    "paged_attention": OpSignature(_paged, (0, 1, 2, 3), ("max_context_len", "sliding_window")),
+    "paged_attention": OpSignature(_paged, (0, 1, 2), ("block_tables", "max_context_len", "sliding_window")),
     "store_kv_cache": OpSignature(_store, (0, 1, 2, 3), ()),
     "rms_norm": OpSignature(_rowwise, (0, 1), ()),
     "fused_add_rms_norm": OpSignature(_rowwise, (0, 1, 2), ()),
@@ -351,4 +369,12 @@ SIGNATURES: dict[str, OpSignature] = {
     "gelu_and_mul": OpSignature(_rowwise, (0,), ("approximate",)),
     "linear": OpSignature(_linear, (0, 1, 2), ()),
     "embedding": OpSignature(_embedding, (0, 1), ()),
+    "sample_topk": OpSignature(_topk, (0, 1), ()),
+    "sample_topp": OpSignature(_sampling, (0,), ()),
+    "quantize": OpSignature(_quantize, (0,), ("dtype", "axis", "scale")),
+    "dequantize": OpSignature(_dequantize, (0,), ("axis",)),
+    # The tokenizer object itself is part of the call key (held, so its id is never reused); its full
+    # identity hash is computed once per call-cache miss.
+    "tokenize": OpSignature(_tokenizer, (1,), ("return_offsets",)),
+    "detokenize": OpSignature(_tokenizer, (1,), ()),
 }

@@ -54,6 +54,3 @@ class KernelLockError(LayerZeroError):
 class KernelExecutionError(LayerZeroError):
     """Every candidate kernel raised at run time (the last error is chained)."""
 
-
-class CompileUnsupportedError(LayerZeroError):
-    """An op was called under torch.compile but the torch.library ops are not available."""

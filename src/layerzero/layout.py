@@ -16,12 +16,13 @@ LAYOUTS = ("BSHD", "BHSD")
 
 def _consistent(layout: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether q, k, v shapes make sense read as `layout` (same batch, heads divisible, k and v alike)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         return False
-    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+    if ks[:3] != vs[:3] or qs[0] != ks[0] or qs[3] != ks[3]:
         return False
-    h_dim = 2 if layout == "BSHD" else 1
-    return k.shape[h_dim] > 0 and q.shape[h_dim] % k.shape[h_dim] == 0
+    h = 2 if layout == "BSHD" else 1
+    return ks[h] > 0 and qs[h] % ks[h] == 0
 
 
 def _transposed_view(t: torch.Tensor) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import time
 from collections.abc import Callable
 from functools import cache
@@ -24,7 +25,8 @@ def measure(
     """Per-call latencies of fn() in microseconds, after `warmup` untimed calls.
 
     On CUDA each call sits between two events on the current stream and the events are read after
-    one final synchronize; flush_l2 overwrites a buffer twice the L2 size before each call (cold cache).
+    one final synchronize, so a launch-bound call's host launch time is part of its sample (as in an
+    eager call); flush_l2 overwrites a buffer twice the L2 size before each call (cold cache).
     On CPU each call is timed with perf_counter_ns.
     """
     if iters < 1 or warmup < 0:
@@ -76,11 +78,21 @@ def device_signature(device: torch.device | str) -> str:
 @cache
 def _cuda_signature(index: int) -> str:
     props = torch.cuda.get_device_properties(index)
-    driver = torch._C._cuda_getDriverVersion() if hasattr(torch._C, "_cuda_getDriverVersion") else "?"
+    driver = _nvidia_driver_version()
     return (
         f"cuda|{props.name}|sm{props.major}{props.minor}|sms{props.multi_processor_count}"
         f"|driver{driver}|cuda{torch.version.cuda}|torch{torch.__version__}"
     )
+
+
+def _nvidia_driver_version() -> str:
+    """The kernel driver's version from /proc (Linux); "unknown" elsewhere."""
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as f:
+            found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", f.read())
+    except OSError:
+        return "unknown"
+    return found.group(1) if found else "unknown"
 
 
 @cache

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import sqlite3
@@ -173,8 +174,8 @@ class PerfDB:
     ) -> PerfStats:
         """Merge samples (µs) into the row for this key (replacing a stale row) and return the new stats."""
         new = [float(s) for s in samples_us]
-        if not new or any(s < 0 or s != s for s in new):
-            raise ValueError(f"samples_us must be non-empty, non-negative numbers, got {samples_us!r}")
+        if not new or any(s < 0 or not math.isfinite(s) for s in new):
+            raise ValueError(f"samples_us must be non-empty, finite, non-negative numbers, got {samples_us!r}")
         provenance = self._provenance(kernel_version, capabilities_hash)
         key = (op, kernel_id, bucket, device_sig)
 
@@ -324,15 +325,33 @@ _instances_lock = threading.Lock()
 _failed: set[Path] = set()
 
 
-def get_perfdb() -> PerfDB | None:
-    """The process's PerfDB at $LAYERZERO_PERFDB_PATH (default ~/.cache/layerzero/perfdb.sqlite).
+def perfdb_location() -> Path | None:
+    """Where the PerfDB lives, None when it is off.
 
-    None when LAYERZERO_PERFDB is off/0/false, or when the database cannot be opened (a warning
-    is logged once per path): timings only refine selection, so a missing PerfDB never fails a call.
+    Precedence as for the policy: configure(perfdb=...) > LAYERZERO_PERFDB / LAYERZERO_PERFDB_PATH >
+    layerzero.yaml's perfdb section > ~/.cache/layerzero/perfdb.sqlite.
     """
-    if os.environ.get("LAYERZERO_PERFDB", "on").strip().lower() in ("off", "0", "false", "no"):
+    from layerzero.policy import get_policy
+
+    policy = get_policy()
+    enabled, path = policy.settings.perfdb_enabled, policy.settings.perfdb_path
+    env_enabled, env_path = os.environ.get("LAYERZERO_PERFDB"), os.environ.get("LAYERZERO_PERFDB_PATH")
+    if env_enabled is not None and policy.sources.get("perfdb_enabled") != "configure":
+        enabled = env_enabled.strip().lower() not in ("off", "0", "false", "no")
+    if env_path and policy.sources.get("perfdb_path") != "configure":
+        path = env_path
+    return Path(path or DEFAULT_PATH).expanduser() if enabled else None
+
+
+def get_perfdb() -> PerfDB | None:
+    """The process's PerfDB at `perfdb_location()`, opened once per path.
+
+    None when the PerfDB is off, or when it cannot be opened (a warning is logged once per path):
+    timings only refine selection, so a missing PerfDB never fails a call.
+    """
+    path = perfdb_location()
+    if path is None:
         return None
-    path = Path(os.environ.get("LAYERZERO_PERFDB_PATH") or DEFAULT_PATH).expanduser()
     db = _instances.get(path)
     if db is not None or path in _failed:
         return db
@@ -342,5 +361,7 @@ def get_perfdb() -> PerfDB | None:
                 _instances[path] = PerfDB(path)
             except (OSError, sqlite3.Error, RuntimeError) as exc:
                 _failed.add(path)
-                logging.getLogger("layerzero").warning("PerfDB at %s unavailable, selection runs without timings: %s", path, exc)
+                logging.getLogger("layerzero").warning(
+                    "PerfDB at %s unavailable, selection runs without timings: %s", path, exc
+                )
         return _instances.get(path)

@@ -5,6 +5,12 @@ LAYERZERO_* environment variables < `configure(...)` / `lock(...)` / `unlock(...
 `prefer(*backends)` and `disabled()`, which are contextvars and so hold per thread / asyncio task.
 Every global change bumps `version()`; `Policy.key` hashes the effective policy including the context
 managers, so a selection cache keyed on it never mixes two policies.
+
+Scoring (`Policy.adjust`): +20 for a kernel whose backend or kernel id matches `prefer_sources` or a
+matching rule's `prefer` (fnmatch patterns), -50 for `avoid_sources` / a rule's `avoid` (spec §5.2),
++1000 inside `with prefer(...)`, which therefore wins whenever the preferred kernel is valid.
+`disabled()` / LAYERZERO_DISABLED / `enabled: false` block every non-reference kernel (POLICY_BLOCKED)
+and suspend locks.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from layerzero.policy_rules import Rule, parse_rules
-from layerzero.policy_settings import PolicyError, Settings, parse_settings
+from layerzero.policy_rules import PolicyError, Rule
+from layerzero.policy_settings import Settings, parse_settings
 from layerzero.reasons import POLICY_BLOCKED, Reason
 
 if TYPE_CHECKING:
@@ -55,8 +62,6 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def _matches(patterns: tuple[str, ...], spec: KernelSpec) -> bool:
-    from fnmatch import fnmatchcase
-
     return any(fnmatchcase(spec.backend, p) or fnmatchcase(spec.kernel_id, p) for p in patterns)
 
 
@@ -84,7 +89,8 @@ class Policy:
 
     @property
     def strict_mode(self) -> bool:
-        return self.settings.strict_mode
+        """No implicit layout/dtype adaptation: `strict_mode: true` or `allow_adaptation: false`."""
+        return self.settings.strict_mode or not self.settings.allow_adaptation
 
     @property
     def deterministic(self) -> bool:
@@ -160,6 +166,7 @@ _programmatic = _Layer("configure")
 _version = 0
 _base: Policy | None = None
 _derived: dict[tuple[int, tuple[str, ...], bool], Policy] = {}
+_DERIVED_MAX = 256
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -180,7 +187,6 @@ def _read_env(environ: Mapping[str, str]) -> tuple[_Layer, tuple[str, ...]]:
         if name in _ENV_BOOL:
             setting, inverted = _ENV_BOOL[name]
             layer.values[setting] = _parse_bool(name, raw) != inverted
-            layer.label = "env"
         elif name in _ENV_LIST:
             layer.values[_ENV_LIST[name]] = tuple(part.strip() for part in raw.split(",") if part.strip())
         elif name.startswith(ENV_LOCK_PREFIX) and len(name) > len(ENV_LOCK_PREFIX):
@@ -232,6 +238,8 @@ def _build() -> Policy:
             label = f"env:{ENV_LOCK_PREFIX}{op.upper()}" if layer is _env else layer.label
             sources[f"locks.{op}"] = label if kernel_id is not None else f"{label} (unlock)"
     values["locks"] = {op: kid for op, kid in locks.items() if kid is not None}
+    if values["locks"]:
+        sources["locks"] = "per op (locks.<op>)"
     settings = Settings(**values)
     for name in settings.to_dict():
         sources.setdefault(name, "default")
@@ -249,8 +257,9 @@ def _changed() -> None:
 def _init_from_environment() -> None:
     global _file, _env, _unknown_env
     config = os.environ.get(ENV_CONFIG)
-    _file = _read_file(Path(config).expanduser()) if config else _Layer("default")
-    _env, _unknown_env = _read_env(os.environ)
+    file = _read_file(Path(config).expanduser()) if config else _Layer("default")
+    env, unknown = _read_env(os.environ)
+    _file, _env, _unknown_env = file, env, unknown
 
 
 def get_policy() -> Policy:
@@ -273,13 +282,16 @@ def get_policy() -> Policy:
         if disabled:
             sources["enabled"] = "context:lz.disabled()"
         policy = Policy(base.settings, sources, prefer, disabled, base.unknown_env)
+        if len(_derived) >= _DERIVED_MAX:
+            _derived.clear()
         _derived[cache_key] = policy
     return policy
 
 
 def version() -> int:
     """Bumped by every global policy change (load, configure, lock, unlock, reset)."""
-    get_policy()
+    if _base is None:
+        get_policy()
     return _version
 
 
@@ -334,8 +346,8 @@ def reset() -> None:
     """Drop configure/lock/unlock/load state and re-read $LAYERZERO_CONFIG and the LAYERZERO_* variables."""
     global _programmatic
     with _lock:
-        _programmatic = _Layer("configure")
         _init_from_environment()
+        _programmatic = _Layer("configure")
         _changed()
 
 
@@ -370,7 +382,6 @@ __all__ = [
     "get_policy",
     "load",
     "lock",
-    "parse_rules",
     "prefer",
     "reset",
     "unlock",

@@ -10,8 +10,14 @@ def store_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """key/value: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]; slot = block * block_size + offset."""
+    """key/value: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]; slot = block * block_size + offset.
+
+    Tokens with a negative slot (padding) are skipped. Selecting them is a boolean index, which
+    synchronizes with a CUDA device: the Triton store is the graph-safe implementation.
+    """
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
     flat_k = key_cache.view(-1, *key_cache.shape[2:])
     flat_v = value_cache.view(-1, *value_cache.shape[2:])
-    flat_k.index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    flat_v.index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+    flat_k.index_copy_(0, slots, key[keep].to(key_cache.dtype))
+    flat_v.index_copy_(0, slots, value[keep].to(value_cache.dtype))

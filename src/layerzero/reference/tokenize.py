@@ -17,13 +17,20 @@ I.8) of the vocabulary, the merges, the added tokens, the normalizer, the pre-to
 tokens (special added tokens plus the post-processor that inserts them), and `tokenizer_id`, a digest
 of the whole serialized tokenizer (model parameters, decoder, truncation and padding included). Two
 tokenizers that could encode any text differently never share a tokenizer_id. It serializes the whole
-tokenizer, so compute it once per tokenizer and again only after the tokenizer is changed.
+tokenizer (milliseconds for a large vocabulary), so per-call users take cached_identity(tokenizer):
+cached per tokenizer object, recomputed at once when the vocabulary size changes (added tokens), and
+otherwise re-validated on a deterministic schedule (appendix I.8: every 10th of the first 100 hits,
+every 100th of the next 1000, every 1000th after), which catches in-place changes of the normalizer,
+pre-tokenizer or post-processor.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -68,6 +75,53 @@ def tokenizer_identity(tokenizer: Tokenizer) -> TokenizerIdentity:
         pretokenizer_id=_digest(state.get("pre_tokenizer")),
         special_tokens_hash=_digest([special, state.get("post_processor")]),
     )
+
+
+@dataclass
+class _Cached:
+    ref: weakref.ref
+    vocab_size: int
+    identity: TokenizerIdentity
+    hits: int = 0
+
+
+_SCHEDULE = ((100, 10), (1100, 100))  # (hits below, validate every n-th hit)
+_STABLE_EVERY = 1000
+_cache: dict[int, _Cached] = {}
+_cache_lock = threading.Lock()
+log = logging.getLogger("layerzero")
+
+
+def _validation_due(hits: int) -> bool:
+    every = next((n for below, n in _SCHEDULE if hits < below), _STABLE_EVERY)
+    return hits % every == 0
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    with _cache_lock:
+        entry = _cache.get(key)
+        if entry is not None and entry.ref is ref:
+            del _cache[key]
+
+
+def cached_identity(tokenizer: Tokenizer) -> TokenizerIdentity:
+    """tokenizer_identity(tokenizer), cached per tokenizer object with adaptive re-validation (see module doc)."""
+    key = id(tokenizer)
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    entry = _cache.get(key)
+    if entry is None or entry.ref() is not tokenizer or entry.vocab_size != size:
+        identity = tokenizer_identity(tokenizer)
+        ref = weakref.ref(tokenizer, lambda r, key=key: _forget(key, r))
+        with _cache_lock:
+            _cache[key] = _Cached(ref, size, identity)
+        return identity
+    entry.hits += 1
+    if _validation_due(entry.hits):
+        fresh = tokenizer_identity(tokenizer)
+        if fresh != entry.identity:
+            log.warning("layerzero: tokenizer %s changed in place; cache identity refreshed", fresh.tokenizer_id)
+            entry.identity = fresh
+    return entry.identity
 
 
 def tokenize(

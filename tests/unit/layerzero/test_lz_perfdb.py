@@ -53,7 +53,7 @@ def test_records_merge_and_keep_warmup(db: PerfDB) -> None:
     assert many.n == perfdb.MAX_SAMPLES and many.median_us == 20.0
 
 
-@pytest.mark.parametrize("bad", [[], [-1.0], [float("nan")]])
+@pytest.mark.parametrize("bad", [[], [-1.0], [float("nan")], [float("inf")]])
 def test_record_rejects_bad_samples(db: PerfDB, bad: list[float]) -> None:
     with pytest.raises(ValueError):
         db.record(*KEY, bad)
@@ -132,7 +132,29 @@ def test_get_perfdb_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert get_perfdb() is None
 
 
-WORKERS, WRITES = 4, 30
+def test_perfdb_location_follows_policy_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerzero import policy
+
+    config = tmp_path / "layerzero.yaml"
+    config.write_text(f"perfdb:\n  path: {tmp_path / 'yaml.sqlite'}\n")
+    monkeypatch.setenv("LAYERZERO_CONFIG", str(config))
+    monkeypatch.delenv("LAYERZERO_PERFDB_PATH", raising=False)
+    monkeypatch.delenv("LAYERZERO_PERFDB", raising=False)
+    try:
+        policy.reset()
+        assert perfdb.perfdb_location() == tmp_path / "yaml.sqlite"
+        monkeypatch.setenv("LAYERZERO_PERFDB_PATH", str(tmp_path / "env.sqlite"))
+        assert perfdb.perfdb_location() == tmp_path / "env.sqlite"
+        policy.configure(perfdb={"path": str(tmp_path / "configured.sqlite")})
+        assert perfdb.perfdb_location() == tmp_path / "configured.sqlite"
+        policy.configure(perfdb={"enabled": False})
+        assert get_perfdb() is None
+    finally:
+        monkeypatch.undo()
+        policy.reset()
+
+
+WORKERS, WRITES = 3, 30
 
 
 def _writer(path: str, worker: int, start: mp.synchronize.Barrier) -> None:

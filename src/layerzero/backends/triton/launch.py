@@ -24,11 +24,6 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def dot_in_fp32(dtype: torch.dtype, interpreted: bool) -> bool:
-    """The interpreter multiplies bfloat16 bit patterns as integers in `tl.dot`: upcast there instead."""
-    return interpreted and dtype == torch.bfloat16
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count

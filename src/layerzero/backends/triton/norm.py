@@ -11,9 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.backends.triton.launch import last_dim_contiguous, next_pow2
+from layerzero.backends.triton.launch import interpreting, last_dim_contiguous, next_pow2
 
 _MAX_BLOCK = 8192
+if interpreting():
+    from layerzero.backends.triton import interpreter_fixes
+
+    interpreter_fixes.install()
 
 
 @triton.jit

@@ -1,0 +1,209 @@
+"""Variable-length (packed) prefill attention in Triton, flash-attention style.
+
+Grid (query tiles of max_seqlen_q, sequences, query heads): a program loads a BLOCK_M x D query tile
+once and streams the sequence's keys in BLOCK_N tiles with an online float32 softmax (base 2),
+skipping key tiles that the causal limit or the sliding window hide. Each sequence's queries are the
+last q_len positions of its k_len keys (decode-after-prefix and chunked prefill). GQA reads the
+query head's KV head directly. Sequence bounds are read from cu_seqlens on the device; the grid
+comes from max_seqlen_q, a host int, so no launch reads device memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from layerzero.backends.triton.launch import (
+    dot_precision,
+    interpreting,
+    last_dim_contiguous,
+    next_pow2,
+)
+
+_INTERPRETED = interpreting()
+if _INTERPRETED:
+    from layerzero.backends.triton import interpreter_fixes
+
+    interpreter_fixes.install()
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile sizes and launch parameters for one (head_dim, dtype) class."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _varlen_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    qk_scale,
+    window,
+    group,
+    head_dim,
+    q_st,
+    q_sh,
+    k_st,
+    k_sh,
+    v_st,
+    v_sh,
+    o_st,
+    o_sh,
+    CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    m_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    k_start = tl.load(cu_k_ptr + seq)
+    k_len = tl.load(cu_k_ptr + seq + 1) - k_start
+    kvh = h // group
+
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    r_mask = rows < q_len
+    d_mask = d < head_dim
+    q_rows = (q_start + rows).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * q_st + h.to(tl.int64) * q_sh + d[None, :],
+        mask=r_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    q_pos = k_len - q_len + rows  # absolute key position of each query row
+
+    first_pos = k_len - q_len + m_block * BLOCK_M
+    hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(hi, first_pos + BLOCK_M)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+    hi = tl.where(m_block * BLOCK_M < q_len, hi, lo)  # tiles past this sequence's queries do no work
+
+    k_base = k_ptr + kvh.to(tl.int64) * k_sh
+    v_base = v_ptr + kvh.to(tl.int64) * v_sh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_mask = cols < k_len
+        k_rows = (k_start + cols).to(tl.int64)
+        kv_mask = c_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + k_rows[:, None] * k_st + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        visible = c_mask[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (q_pos[:, None] - cols[None, :] < window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # Rows with nothing visible yet keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + k_rows[:, None] * v_st + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_ptrs = out_ptr + q_rows[:, None] * o_st + h.to(tl.int64) * o_sh + d[None, :]
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+
+
+def tile_config(head_dim: int, dtype: torch.dtype) -> TileConfig:
+    """Fixed tiles per (head-dim class, dtype), checked spill-free for sm_90 with ptxas.
+
+    No autotuning: its benchmarking would run on the first call, which may be inside a CUDA graph capture.
+    """
+    if _INTERPRETED:
+        return TileConfig(16, 16, 1, 1)
+    if dtype == torch.float32:
+        return TileConfig(64, 32, 8, 2) if head_dim <= 128 else TileConfig(32, 16, 8, 2)
+    if head_dim <= 128:
+        return TileConfig(128, 64, 8, 3)
+    return TileConfig(64, 32, 8, 2)
+
+
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+    sliding_window: int | None,
+    cu_seqlens_host: tuple[list[int], list[int]] | None = None,
+) -> torch.Tensor:
+    """Packed q [Tq, H, D], k/v [Tk, Hkv, D] with int32 cu_seqlens [N+1] -> [Tq, H, D] in query.dtype.
+
+    max_seqlen_q sizes the grid; max_seqlen_k and cu_seqlens_host are not needed (bounds are read
+    on the device).
+    """
+    del max_seqlen_k, cu_seqlens_host
+    n_tokens, n_heads, head_dim = query.shape
+    n_kv_heads = key.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads")
+    if key.shape[2] != head_dim or value.shape != key.shape:
+        raise ValueError(f"key {tuple(key.shape)} / value {tuple(value.shape)} do not fit query {tuple(query.shape)}")
+    query, key, value = (last_dim_contiguous(t) for t in (query, key, value))
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    n_seqs = cu_seqlens_q.shape[0] - 1
+    if n_tokens == 0 or n_seqs == 0 or max_seqlen_q == 0:
+        return out
+    cfg = tile_config(head_dim, query.dtype)
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), n_seqs, n_heads)
+    _varlen_fwd_kernel[grid](
+        query,
+        key,
+        value,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        scale * math.log2(math.e),
+        sliding_window or 0,
+        n_heads // n_kv_heads,
+        head_dim,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        out.stride(0),
+        out.stride(1),
+        CAUSAL=causal,
+        HAS_WINDOW=sliding_window is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_D=max(16, next_pow2(head_dim)),  # tl.dot needs K >= 16
+        PRECISION=dot_precision(query.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
