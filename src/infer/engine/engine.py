@@ -29,14 +29,12 @@ from infer.sampling.stop import StopChecker
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot for metrics: queue sizes, KV blocks, preemptions."""
+    """A snapshot for metrics: running requests, KV blocks, preemptions."""
 
     num_running: int
-    num_waiting: int
     kv_blocks_total: int
     kv_blocks_free: int
     num_preemptions: int
-    steps: int
 
 
 class Engine:
@@ -90,11 +88,9 @@ class Engine:
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
             kv_blocks_total=self.kv.allocator.num_blocks,
             kv_blocks_free=self.kv.num_free_blocks,
             num_preemptions=self.scheduler.num_preemptions,
-            steps=self.scheduler.step_index,
         )
 
     def abort(self, request_id: str) -> None:
