@@ -100,9 +100,3 @@ class CircuitBreaker:
                    "last_error": s.last_error}
             for name, s in self._states.items()
         }
-
-    def reset(self) -> None:
-        with self._lock:
-            self._states.clear()
-            self._next_expiry = None
-            self._version += 1

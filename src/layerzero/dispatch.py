@@ -18,12 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from layerzero.constraints import NO_ADAPTATION, Adaptation
 from layerzero.cache import LRUCache
-from layerzero.context import DEFAULT_SIGNATURE, SIGNATURES, SelectionContext, is_capturing
+from layerzero.constraints import NO_ADAPTATION, Adaptation
+from layerzero.context import SelectionContext
 from layerzero.errors import KernelExecutionError
+from layerzero.graphs import is_capturing
 from layerzero.policy import get_policy
 from layerzero.selection import Choice, SelectionEngine, get_engine
+from layerzero.signatures import DEFAULT_SIGNATURE, SIGNATURES
 
 
 class FallbackWarning(RuntimeWarning):

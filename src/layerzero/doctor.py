@@ -11,13 +11,14 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
 from layerzero import capabilities, plugins
+from layerzero.measure import cpu_info
 from layerzero.policy import get_policy
+from layerzero.policy_sources import ENV_CONFIG
 from layerzero.readiness import PASS, readiness_check
 from layerzero.registry import get_registry
 
@@ -27,24 +28,10 @@ CPU_FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "
                 "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
 
 
-def _cpuinfo() -> tuple[str, list[str]]:
-    path = Path("/proc/cpuinfo")
-    if not path.exists():
-        return platform.processor() or platform.machine(), []
-    model, flags = platform.machine(), set()
-    for line in path.read_text().splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and model == platform.machine():
-            model = value.strip()
-        elif key in ("flags", "Features"):
-            flags.update(value.split())
-    return model, [f for f in CPU_FEATURES if f in flags]
-
-
 def hardware() -> dict[str, Any]:
     """CPU model, cores, ISA features and torch's CPU capability; every CUDA device with its sm."""
-    model, features = _cpuinfo()
+    model, flags = cpu_info()
+    features = [f for f in CPU_FEATURES if f in flags]
     devices = []
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
@@ -96,7 +83,7 @@ def _policy() -> dict[str, Any]:
         policy = get_policy()
     except Exception as exc:  # an invalid layerzero.yaml or LAYERZERO_* value is a finding here
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {**policy.to_dict(), "config_file": os.environ.get("LAYERZERO_CONFIG")}
+    return {**policy.to_dict(), "config_file": os.environ.get(ENV_CONFIG)}
 
 
 @dataclass(frozen=True)

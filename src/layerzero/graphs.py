@@ -126,7 +126,7 @@ def graph_safety_reason(spec: KernelSpec, ctx: SelectionContext, *, strict: bool
 
 
 def clear_verified() -> None:
-    """Forget every strict-mode verification (after a backend or capability change)."""
+    """Forget every strict-mode verification, so kernels must be verified again before the next capture."""
     with _verified_lock:
         _verified.clear()
 

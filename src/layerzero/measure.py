@@ -96,18 +96,25 @@ def _nvidia_driver_version() -> str:
 
 
 @cache
-def _cpu_signature(threads: int) -> str:
-    model, flags = platform.processor() or platform.machine(), set()
+def cpu_info() -> tuple[str, frozenset[str]]:
+    """(CPU model, ISA feature flags) from /proc/cpuinfo; the platform's processor name and no flags elsewhere."""
+    model, flags = "", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 name, _, value = line.partition(":")
                 name = name.strip()
-                if name in ("model name", "Model", "Hardware") and value.strip():
+                if name in ("model name", "Model", "Hardware") and value.strip() and not model:
                     model = value.strip()
                 elif name in ("flags", "Features"):
                     flags.update(value.split())
     except OSError:
         pass
+    return model or platform.processor() or platform.machine(), frozenset(flags)
+
+
+@cache
+def _cpu_signature(threads: int) -> str:
+    model, flags = cpu_info()
     present = ",".join(f for f in _CPU_FLAGS if f in flags)
     return f"cpu|{model}|{platform.machine()}|{present}|threads{threads}|torch{torch.__version__}"

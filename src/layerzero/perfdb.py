@@ -28,6 +28,8 @@ from typing import TypeVar
 
 import torch
 
+from layerzero.policy import get_policy
+
 SCHEMA_VERSION = 1
 MAX_SAMPLES = 512  # most recent samples kept per row, so that writers can merge their measurements
 FULL_CONFIDENCE_SAMPLES = 20  # spec §7.6: tune_samples default
@@ -326,21 +328,10 @@ _failed: set[Path] = set()
 
 
 def perfdb_location() -> Path | None:
-    """Where the PerfDB lives, None when it is off.
-
-    Precedence as for the policy: configure(perfdb=...) > LAYERZERO_PERFDB / LAYERZERO_PERFDB_PATH >
-    layerzero.yaml's perfdb section > ~/.cache/layerzero/perfdb.sqlite.
-    """
-    from layerzero.policy import get_policy
-
-    policy = get_policy()
-    enabled, path = policy.settings.perfdb_enabled, policy.settings.perfdb_path
-    env_enabled, env_path = os.environ.get("LAYERZERO_PERFDB"), os.environ.get("LAYERZERO_PERFDB_PATH")
-    if env_enabled is not None and policy.sources.get("perfdb_enabled") != "configure":
-        enabled = env_enabled.strip().lower() not in ("off", "0", "false", "no")
-    if env_path and policy.sources.get("perfdb_path") != "configure":
-        path = env_path
-    return Path(path or DEFAULT_PATH).expanduser() if enabled else None
+    """Where the PerfDB lives, None when it is off: the policy's `perfdb` settings (layerzero.yaml's
+    `perfdb:` section, LAYERZERO_PERFDB / LAYERZERO_PERFDB_PATH, `configure(perfdb=...)`), else DEFAULT_PATH."""
+    settings = get_policy().settings
+    return Path(settings.perfdb_path or DEFAULT_PATH).expanduser() if settings.perfdb_enabled else None
 
 
 def get_perfdb() -> PerfDB | None:

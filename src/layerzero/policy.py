@@ -3,6 +3,7 @@
 Sources, lowest to highest precedence: defaults < layerzero.yaml (LAYERZERO_CONFIG or `load(path)`) <
 LAYERZERO_* environment variables < `configure(...)` / `lock(...)` / `unlock(...)` < the context managers
 `prefer(*backends)` and `disabled()`, which are contextvars and so hold per thread / asyncio task.
+The file and the variables (layerzero.policy_sources) are read on first use and again by `reset()`.
 Every global change bumps `version()`; `Policy.key` hashes the effective policy including the context
 managers, so a selection cache keyed on it never mixes two policies.
 
@@ -27,9 +28,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from layerzero.policy_rules import PolicyError, Rule
+from layerzero.policy_sources import ENV_CONFIG, ENV_LOCK_PREFIX, Layer, env_label, read_env, read_file
 from layerzero.policy_settings import Settings, parse_settings
 from layerzero.reasons import POLICY_BLOCKED, Reason
 
@@ -41,24 +41,6 @@ PREFER_BONUS = 20.0  # spec §5.2
 AVOID_PENALTY = -50.0  # spec §5.2
 # `with prefer(...)` is a temporary override: it must beat any priority (0-100) and PerfDB adjustment.
 CONTEXT_PREFER_BONUS = 1000.0
-
-ENV_PREFIX = "LAYERZERO_"
-ENV_CONFIG = "LAYERZERO_CONFIG"
-ENV_LOCK_PREFIX = "LAYERZERO_LOCK_"
-# Read by other modules (PerfDB); listed so they are not reported as unknown.
-ENV_OTHER_OWNERS = frozenset({"LAYERZERO_PERFDB", "LAYERZERO_PERFDB_PATH"})
-_ENV_BOOL = {
-    "LAYERZERO_DISABLED": ("enabled", True),  # (setting, inverted)
-    "LAYERZERO_VERBOSE": ("log_selections", False),
-    "LAYERZERO_DETERMINISTIC": ("deterministic", False),
-    "LAYERZERO_STRICT": ("strict_mode", False),
-    "LAYERZERO_GRAPH_STRICT": ("graph_strict_mode", False),
-    "LAYERZERO_FALLBACK": ("fallback_enabled", False),
-    "LAYERZERO_DEBUG": ("debug_sync", False),
-}
-_ENV_LIST = {"LAYERZERO_PREFER": "prefer_sources", "LAYERZERO_AVOID": "avoid_sources"}
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def _matches(patterns: tuple[str, ...], spec: KernelSpec) -> bool:
@@ -146,82 +128,18 @@ class Policy:
         }
 
 
-@dataclass
-class _Layer:
-    """The settings one source sets explicitly (validated), its label and its locks (None = unlocked)."""
-
-    label: str
-    values: dict[str, Any] = field(default_factory=dict)
-    locks: dict[str, str | None] = field(default_factory=dict)
-
-
 _PREFER: ContextVar[tuple[str, ...]] = ContextVar("layerzero_prefer", default=())
 _DISABLED: ContextVar[bool] = ContextVar("layerzero_disabled", default=False)
 
 _lock = threading.RLock()
-_file = _Layer("default")
-_env = _Layer("env")
+_file = Layer("default")
+_env = Layer("env")
 _unknown_env: tuple[str, ...] = ()
-_programmatic = _Layer("configure")
+_programmatic = Layer("configure")
 _version = 0
 _base: Policy | None = None
 _derived: dict[tuple[int, tuple[str, ...], bool], Policy] = {}
 _DERIVED_MAX = 256
-
-
-def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise PolicyError(f"environment variable {name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
-
-
-def _read_env(environ: Mapping[str, str]) -> tuple[_Layer, tuple[str, ...]]:
-    layer = _Layer("env")
-    unknown = []
-    for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or name in ENV_OTHER_OWNERS:
-            continue
-        if name in _ENV_BOOL:
-            setting, inverted = _ENV_BOOL[name]
-            layer.values[setting] = _parse_bool(name, raw) != inverted
-        elif name in _ENV_LIST:
-            layer.values[_ENV_LIST[name]] = tuple(part.strip() for part in raw.split(",") if part.strip())
-        elif name.startswith(ENV_LOCK_PREFIX) and len(name) > len(ENV_LOCK_PREFIX):
-            if not raw.strip():
-                raise PolicyError(f"environment variable {name} is empty: give a kernel id")
-            layer.locks[name[len(ENV_LOCK_PREFIX):].lower()] = raw.strip()
-        else:
-            unknown.append(name)
-    return layer, tuple(unknown)
-
-
-def _read_file(path: Path) -> _Layer:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read policy file: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{path}: invalid YAML: {exc}") from exc
-    if not isinstance(data, Mapping):
-        raise PolicyError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    try:
-        values, locks = parse_settings(data, where="file")
-    except PolicyError as exc:
-        raise PolicyError(f"{path}: {exc}") from exc
-    return _Layer(f"file:{path}", values, locks)
-
-
-def _env_label(setting: str) -> str:
-    for name, (target, _) in _ENV_BOOL.items():
-        if target == setting:
-            return f"env:{name}"
-    for name, target in _ENV_LIST.items():
-        if target == setting:
-            return f"env:{name}"
-    return "env"
 
 
 def _build() -> Policy:
@@ -232,7 +150,7 @@ def _build() -> Policy:
     for layer in (_file, _env, _programmatic):
         for name, value in layer.values.items():
             values[name] = value
-            sources[name] = _env_label(name) if layer is _env else layer.label
+            sources[name] = env_label(name) if layer is _env else layer.label
         for op, kernel_id in layer.locks.items():
             locks[op] = kernel_id
             label = f"env:{ENV_LOCK_PREFIX}{op.upper()}" if layer is _env else layer.label
@@ -257,8 +175,8 @@ def _changed() -> None:
 def _init_from_environment() -> None:
     global _file, _env, _unknown_env
     config = os.environ.get(ENV_CONFIG)
-    file = _read_file(Path(config).expanduser()) if config else _Layer("default")
-    env, unknown = _read_env(os.environ)
+    file = read_file(Path(config).expanduser()) if config else Layer("default")
+    env, unknown = read_env(os.environ)
     _file, _env, _unknown_env = file, env, unknown
 
 
@@ -303,7 +221,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Policy:
         if not config:
             raise PolicyError(f"load() without a path needs {ENV_CONFIG} to name a layerzero.yaml")
         path = config
-    layer = _read_file(Path(path).expanduser())
+    layer = read_file(Path(path).expanduser())
     get_policy()
     with _lock:
         _file = layer
@@ -347,7 +265,7 @@ def reset() -> None:
     global _programmatic
     with _lock:
         _init_from_environment()
-        _programmatic = _Layer("configure")
+        _programmatic = Layer("configure")
         _changed()
 
 

@@ -34,10 +34,8 @@ class Settings:
     rules: tuple[Rule, ...] = ()
     perfdb_enabled: bool = True
     perfdb_path: str | None = None
-    perfdb_auto_tune: bool = False
-    perfdb_tune_samples: int = 20
-    cache_enabled: bool = True
-    cache_max_size: int = 10000
+    perfdb_tune_samples: int = 20  # lz.tune's default sample count
+    cache_max_size: int = 10000  # bound of each selection cache, read when the process engine is created
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -58,13 +56,15 @@ _BOOLS = frozenset(
      "graph_strict_mode", "debug_sync"}
 )
 _LISTS = frozenset({"prefer_sources", "avoid_sources"})
-# Spec keys whose only value this implementation supports (it has no planner and runs backends in process).
+# Spec keys whose only value this implementation supports (it has no planner, runs backends in process,
+# tunes only when asked (lz.tune, lz.warmup(tune=True)) and always caches selections).
 _FIXED = {"plan_mode": False, "explain_enabled": True, "backend_isolation": "in_process"}
+_FIXED_IN_SECTION = {("perfdb", "auto_tune"): False, ("cache", "enabled"): True}
 # Nested sections: section -> {key: (setting, kind)}
 _SECTIONS = {
     "perfdb": {"enabled": ("perfdb_enabled", "bool"), "path": ("perfdb_path", "path"),
-               "auto_tune": ("perfdb_auto_tune", "bool"), "tune_samples": ("perfdb_tune_samples", "positive")},
-    "cache": {"enabled": ("cache_enabled", "bool"), "max_size": ("cache_max_size", "positive")},
+               "auto_tune": ("", "fixed"), "tune_samples": ("perfdb_tune_samples", "positive")},
+    "cache": {"enabled": ("", "fixed"), "max_size": ("cache_max_size", "positive")},
 }
 KNOWN_KEYS = frozenset(
     {"version", "memory_headroom_mb", "locks", "rules"} | _BOOLS | _LISTS | set(_FIXED) | set(_SECTIONS)
@@ -89,6 +89,11 @@ def _strings(where: str, raw: Any) -> tuple[str, ...]:
     return tuple(raw)
 
 
+def _fixed(where: str, raw: Any, supported: Any) -> None:
+    if raw != supported or type(raw) is not type(supported):
+        raise PolicyError(f"{where}: only {supported!r} is supported by this implementation, got {raw!r}")
+
+
 def _locks(raw: Any) -> dict[str, str | None]:
     if not isinstance(raw, Mapping):
         raise PolicyError(f"locks: expected a mapping of op -> kernel id, got {raw!r}")
@@ -111,7 +116,9 @@ def _section(name: str, raw: Any, values: dict[str, Any]) -> None:
             raise PolicyError(f"{name}.{key}: unknown field (known: {', '.join(keys)})")
         setting, kind = keys[key]
         where = f"{name}.{key}"
-        if kind == "bool":
+        if kind == "fixed":
+            _fixed(where, value, _FIXED_IN_SECTION[(name, key)])
+        elif kind == "bool":
             values[setting] = _bool(where, value)
         elif kind == "positive":
             values[setting] = _int(where, value, 1)
@@ -143,6 +150,6 @@ def parse_settings(data: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
             values[key] = parse_rules(raw)
         elif key in _SECTIONS:
             _section(key, raw, values)
-        elif raw != _FIXED[key] or type(raw) is not type(_FIXED[key]):
-            raise PolicyError(f"{key}: only {_FIXED[key]!r} is supported by this implementation, got {raw!r}")
+        else:
+            _fixed(key, raw, _FIXED[key])
     return values, locks

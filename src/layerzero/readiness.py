@@ -10,6 +10,8 @@ from typing import Any
 import torch
 
 from layerzero import capabilities, plugins
+from layerzero.measure import device_signature
+from layerzero.perfdb import get_perfdb
 from layerzero.policy import get_policy
 from layerzero.registry import get_registry
 from layerzero.selection import get_engine
@@ -120,8 +122,6 @@ def _cache() -> Check:
 
 
 def _perfdb() -> Check:
-    from layerzero.perfdb import get_perfdb
-
     db = get_perfdb()
     if db is None:
         return Check("perfdb", WARN, "disabled or cannot be opened: selection uses static priorities only")
@@ -137,8 +137,6 @@ def _breakers() -> Check:
 
 
 def _dispatch_table() -> Check:
-    from layerzero.measure import device_signature
-
     table = get_engine().table
     if table is None:
         return Check("dispatch_table", WARN,

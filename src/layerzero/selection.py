@@ -4,7 +4,8 @@ Scores are priority + policy adjustment + PerfDB adjustment - adaptation penalty
 is the op, the context's exact validity fields, its bucketed sizes, the policy key and the set of kernels
 that passed the filter (with their policy adjustments), so a cached choice is never reused for a call
 some constraint (a size limit, a rule on sequence length, a custom check) would decide differently.
-Registry, policy, device-capability and circuit-breaker changes clear every cache.
+Registry, device-capability and circuit-breaker changes clear every cache; a policy change needs no
+clearing, since every key holds the policy key.
 """
 
 from __future__ import annotations
@@ -163,10 +164,9 @@ class SelectionEngine:
 
     # -- filter -------------------------------------------------------------------------------------------
     def _evaluate(self, spec: KernelSpec, ctx: SelectionContext, policy: Any) -> _Evaluated:
-        settings = policy.settings
         reasons, adaptation = constraints.check(
-            spec, ctx, strict=policy.strict_mode or not settings.allow_adaptation, deterministic=policy.deterministic,
-            graph_strict=settings.graph_strict_mode)
+            spec, ctx, strict=policy.strict_mode, deterministic=policy.deterministic,
+            graph_strict=policy.settings.graph_strict_mode)
         for extra in (self.registry.availability(spec), self.breaker.reason(spec.backend), policy.blocked(spec, ctx)):
             if extra is not None:
                 reasons.append(extra)
@@ -309,10 +309,11 @@ _ENGINE_LOCK = threading.Lock()
 
 
 def get_engine() -> SelectionEngine:
-    """The process selection engine (registry from get_registry(), its own circuit breaker)."""
+    """The process selection engine (registry from get_registry(), its own circuit breaker, caches bounded
+    by the policy's `cache.max_size`)."""
     global _ENGINE
     if _ENGINE is None:
         with _ENGINE_LOCK:
             if _ENGINE is None:
-                _ENGINE = SelectionEngine()
+                _ENGINE = SelectionEngine(cache_size=lzpolicy.get_policy().settings.cache_max_size)
     return _ENGINE

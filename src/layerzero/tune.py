@@ -12,6 +12,7 @@ from layerzero.dispatch import run
 from layerzero.errors import LayerZeroError
 from layerzero.measure import device_signature, measure
 from layerzero.perfdb import PerfDB, PerfStats, capabilities_hash, get_perfdb
+from layerzero.policy import get_policy
 from layerzero.selection import SelectionEngine, get_engine
 
 
@@ -35,13 +36,15 @@ class TuneResult:
         }
 
 
-def tune(op: str, *args: Any, samples: int = 20, warmup: int = 3, db: PerfDB | None = None,
+def tune(op: str, *args: Any, samples: int | None = None, warmup: int = 3, db: PerfDB | None = None,
          engine: SelectionEngine | None = None, **kwargs: Any) -> TuneResult:
     """Measure every kernel valid for the canonical call `op(*args, **kwargs)`, record it, re-select.
 
-    Kernels that raise are reported in `failures` and not recorded. The engine's caches are cleared so
-    the next dispatch scores with the new timings.
+    `samples` defaults to the policy's `perfdb.tune_samples`. Kernels that raise are reported in
+    `failures` and not recorded. The engine's caches are cleared so the next dispatch scores with the
+    new timings.
     """
+    samples = samples if samples is not None else get_policy().settings.perfdb_tune_samples
     db = db if db is not None else get_perfdb()
     if db is None:
         raise LayerZeroError("the PerfDB is disabled (LAYERZERO_PERFDB=off) or could not be opened")

@@ -240,10 +240,9 @@ def test_cached_identity_sees_added_tokens_at_once_and_in_place_changes_within_t
 
 
 def test_identity_feeds_the_selection_cache_key(tok):
-    identity = tokenizer_identity(tok)
+    same = Tokenizer.from_str(tok.to_str())
     other = Tokenizer.from_str(tok.to_str())
     other.add_special_tokens(["<tool>"])
-    ctx_a = SelectionContext.from_tensors("tokenize", "text", tok, **identity.to_dict())
-    ctx_b = SelectionContext.from_tensors("tokenize", "text", other, **tokenizer_identity(other).to_dict())
-    assert ctx_a.tokenizer_key and ctx_a.tokenizer_key != ctx_b.tokenizer_key
-    assert ctx_a.validity_key() != ctx_b.validity_key()
+    ctx_a, ctx_same, ctx_b = (SelectionContext.from_tensors("tokenize", "text", t) for t in (tok, same, other))
+    assert ctx_a.tokenizer_key and ctx_a.tokenizer_key == ctx_same.tokenizer_key != ctx_b.tokenizer_key
+    assert ctx_a.validity_key() == ctx_same.validity_key() != ctx_b.validity_key()

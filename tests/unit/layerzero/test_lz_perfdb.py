@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerzero import perfdb
+from layerzero import perfdb, policy
 from layerzero.perfdb import PerfDB, capabilities_hash, confidence, get_perfdb
 
 KEY = ("attention", "torch.sdpa", "bf16|d128|s512|b4", "cpu|test")
@@ -120,21 +120,27 @@ def test_capabilities_hash_tracks_declared_constraints() -> None:
 
 
 def test_get_perfdb_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LAYERZERO_PERFDB_PATH", str(tmp_path / "sub" / "p.sqlite"))
-    db = get_perfdb()
-    assert db is not None and db.path == tmp_path / "sub" / "p.sqlite" and db.path.exists()
-    assert get_perfdb() is db
-    monkeypatch.setenv("LAYERZERO_PERFDB", "off")
-    assert get_perfdb() is None
-    monkeypatch.setenv("LAYERZERO_PERFDB", "on")
-    (tmp_path / "file").write_text("not a directory")
-    monkeypatch.setenv("LAYERZERO_PERFDB_PATH", str(tmp_path / "file" / "p.sqlite"))
-    assert get_perfdb() is None
+    def env(name: str, value: str) -> None:  # the policy reads LAYERZERO_* variables on reset
+        monkeypatch.setenv(name, value)
+        policy.reset()
+
+    try:
+        env("LAYERZERO_PERFDB_PATH", str(tmp_path / "sub" / "p.sqlite"))
+        db = get_perfdb()
+        assert db is not None and db.path == tmp_path / "sub" / "p.sqlite" and db.path.exists()
+        assert get_perfdb() is db
+        env("LAYERZERO_PERFDB", "off")
+        assert get_perfdb() is None
+        env("LAYERZERO_PERFDB", "on")
+        (tmp_path / "file").write_text("not a directory")
+        env("LAYERZERO_PERFDB_PATH", str(tmp_path / "file" / "p.sqlite"))
+        assert get_perfdb() is None
+    finally:
+        monkeypatch.undo()
+        policy.reset()
 
 
 def test_perfdb_location_follows_policy_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from layerzero import policy
-
     config = tmp_path / "layerzero.yaml"
     config.write_text(f"perfdb:\n  path: {tmp_path / 'yaml.sqlite'}\n")
     monkeypatch.setenv("LAYERZERO_CONFIG", str(config))
@@ -144,7 +150,9 @@ def test_perfdb_location_follows_policy_precedence(tmp_path: Path, monkeypatch: 
         policy.reset()
         assert perfdb.perfdb_location() == tmp_path / "yaml.sqlite"
         monkeypatch.setenv("LAYERZERO_PERFDB_PATH", str(tmp_path / "env.sqlite"))
+        policy.reset()
         assert perfdb.perfdb_location() == tmp_path / "env.sqlite"
+        assert policy.get_policy().sources["perfdb_path"] == "env:LAYERZERO_PERFDB_PATH"
         policy.configure(perfdb={"path": str(tmp_path / "configured.sqlite")})
         assert perfdb.perfdb_location() == tmp_path / "configured.sqlite"
         policy.configure(perfdb={"enabled": False})

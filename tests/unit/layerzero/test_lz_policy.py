@@ -130,7 +130,7 @@ def test_env_parsing(monkeypatch):
     monkeypatch.setenv("LAYERZERO_AVOID", "xformers")
     monkeypatch.setenv("LAYERZERO_LOCK_FUSED_ADD_RMS_NORM", "triton.fused_add_rms_norm")
     monkeypatch.setenv("LAYERZERO_TYPO", "1")
-    monkeypatch.setenv("LAYERZERO_PERFDB_PATH", "/tmp/x.sqlite")  # owned by the PerfDB: not unknown
+    monkeypatch.setenv("LAYERZERO_PERFDB_PATH", "/tmp/x.sqlite")
     P.reset()
     policy = P.get_policy()
     assert not policy.enabled and policy.sources["enabled"] == "env:LAYERZERO_DISABLED"
@@ -139,6 +139,8 @@ def test_env_parsing(monkeypatch):
     assert policy.adjust(XFORMERS, CTX) == P.AVOID_PENALTY
     assert policy.settings.locks == {"fused_add_rms_norm": "triton.fused_add_rms_norm"}
     assert policy.unknown_env == ("LAYERZERO_TYPO",)
+    assert policy.settings.perfdb_path == "/tmp/x.sqlite"
+    assert policy.sources["perfdb_path"] == "env:LAYERZERO_PERFDB_PATH"
     assert policy.blocked(TRITON, CTX) is not None and "LAYERZERO_DISABLED" in policy.blocked(TRITON, CTX).message
 
 
@@ -160,6 +162,8 @@ def test_bad_env_values_name_the_variable(monkeypatch, name, value):
         ("memory_headroom_mb: -1\n", "memory_headroom_mb: expected an integer >= 0"),
         ("perfdb:\n  tune_samples: 0\n", "perfdb.tune_samples: expected an integer >= 1"),
         ("cache:\n  size: 3\n", "cache.size: unknown field"),
+        ("perfdb:\n  auto_tune: true\n", "perfdb.auto_tune: only False is supported"),
+        ("cache:\n  enabled: false\n", "cache.enabled: only True is supported"),
         ("plan_mode: true\n", "plan_mode: only False is supported"),
         ("rules:\n  - match: {sm: '>=x'}\n    prefer: triton\n", "rules[0].match.sm: '>=x' is not a comparison"),
         ("rules:\n  - match: {seq_len: '>10'}\n", "rules[0]: a rule needs 'prefer' or 'avoid'"),

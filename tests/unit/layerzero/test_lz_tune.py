@@ -60,8 +60,19 @@ def test_tune_records_timings_and_reselects(tmp_path):
     assert result.to_dict()["selected"] == "fast.rms"
 
 
+def test_tune_samples_default_to_the_policy(tmp_path):
+    db = PerfDB(tmp_path / "perf.sqlite")
+    registry = Registry()
+    registry.register(KernelSpec("fast.rms", "rms_norm", "fast", sleeping(0.0)))
+    policy.configure(perfdb={"tune_samples": 3})
+    result = tune("rms_norm", torch.randn(2, 4), torch.randn(4), eps=1e-6, weight_offset=0.0, warmup=0, db=db,
+                  engine=SelectionEngine(registry, perfdb=lambda: db))
+    assert result.timings["fast.rms"].n == 3
+
+
 def test_tune_needs_a_perfdb(monkeypatch):
     monkeypatch.setenv("LAYERZERO_PERFDB", "off")
+    policy.reset()
     with pytest.raises(LayerZeroError, match="PerfDB is disabled"):
         tune("rms_norm", torch.randn(2, 4), torch.randn(4), eps=1e-6, weight_offset=0.0,
              engine=SelectionEngine(Registry(), perfdb=lambda: None))
