@@ -17,10 +17,16 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "infer.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_help_explains_every_flag():
-    sub = build_parser()._subparsers._group_actions[0].choices["generate"]  # type: ignore[union-attr]
+SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching-mode", "--scheduler-policy",
+               "--fairness-steps", "--max-batch-size", "--max-num-batched-tokens", "--kv-cache-backend",
+               "--block-size", "--num-kv-blocks", "--kv-cache-memory-gb", "--max-waiting-requests", "--max-seq-len"]
+
+
+@pytest.mark.parametrize(("command", "flags"), [("generate", FLAGS), ("serve", SERVE_FLAGS)])
+def test_help_explains_every_flag(command: str, flags: list[str]):
+    sub = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
     text = sub.format_help()
-    for flag in FLAGS:
+    for flag in flags:
         assert flag in text
     for action in sub._actions:
         assert action.help, f"{action.option_strings} has no help"
@@ -43,20 +49,6 @@ def test_generate_streams_an_answer_from_the_bundled_model():
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "loaded SmolLM2-135M-Instruct" in result.stderr and "tok/s" in result.stderr
-
-
-SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching-mode", "--scheduler-policy",
-               "--fairness-steps", "--max-batch-size", "--max-num-batched-tokens", "--kv-cache-backend",
-               "--block-size", "--num-kv-blocks", "--kv-cache-memory-gb", "--max-waiting-requests", "--max-seq-len"]
-
-
-def test_serve_help_explains_every_flag():
-    sub = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
-    text = sub.format_help()
-    for flag in SERVE_FLAGS:
-        assert flag in text
-    for action in sub._actions:
-        assert action.help, f"{action.option_strings} has no help"
 
 
 def test_serve_bad_engine_option_fails_at_startup_naming_the_field():
