@@ -129,9 +129,10 @@ class Engine:
     def _step_input(self, batch: ScheduledBatch) -> StepInput:
         step = StepInput(batch.kind)
         for r in batch.requests:
-            tokens = r.prompt_token_ids + r.output_token_ids  # a preempted request recomputes its outputs too
-            start = 0 if batch.kind is StepKind.PREFILL else r.num_tokens - 1
-            new = tokens[start:]
+            if batch.kind is StepKind.PREFILL:  # a preempted request recomputes its outputs too
+                start, new = 0, r.prompt_token_ids + r.output_token_ids
+            else:
+                start, new = r.num_tokens - 1, r.output_token_ids[-1:]
             step.token_ids.extend(new)
             step.positions.extend(range(start, start + len(new)))
             step.query_lens.append(len(new))
