@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -38,30 +38,36 @@ class RunningServer:
             time.sleep(0.05)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def wait_healthy(base_url: str, timeout: float, still_starting: Callable[[], None] = lambda: None) -> None:
+    """Poll GET /health until 200; `still_starting` runs between tries and may raise (e.g. the process died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        still_starting()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"server at {base_url} did not start within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
 @contextmanager
 def running_server(llm: LLM) -> Iterator[RunningServer]:
     state = ServerState(llm, AsyncEngine(llm.engine, llm.config.max_waiting_requests), MODEL)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("server did not start")
-        time.sleep(0.1)
+    wait_healthy(base, timeout=30)
     try:
         yield RunningServer(base, state)
     finally:

@@ -59,27 +59,20 @@ def test_serve_bad_engine_option_fails_at_startup_naming_the_field():
 
 @pytest.mark.slow
 def test_serve_answers_a_chat_request():
-    import socket
-    import time
-
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from server_harness import free_port, wait_healthy
+
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "infer.cli", "serve", "--port", str(port), "--max-seq-len", "512"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def still_running() -> None:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
+        wait_healthy(base, timeout=120, still_starting=still_running)
         body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 16,
                 "messages": [{"role": "user", "content": "What is the capital of France?"}]}
         reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
