@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from infer.server.errors import APIError, error_body
+from infer.server.errors import APIError
 from infer.server.generation import Choice, Generation, expand
 from infer.server.protocol import ChatCompletionRequest, ChatMessage
-from infer.server.responses import chat_logprobs, envelope, sse, usage
+from infer.server.responses import chat_logprobs, envelope, sse, stream_error, usage
 from infer.server.sampling import check_supported, sampling_params
 from infer.server.state import ServerState
 
@@ -75,7 +75,7 @@ class _ChatView:
         completion = 0
         async for index, out in self.gen.events():
             if out.error:
-                yield sse(error_body(500, f"generation failed: {out.error}"))
+                yield stream_error(out.error)
                 return
             lps = [out.logprob] if out.logprob is not None else []
             if not (out.text_delta or out.finished or lps):
@@ -85,6 +85,6 @@ class _ChatView:
                       "finish_reason": out.finish_reason if out.finished else None}
             completion += out.completion_tokens if out.finished else 0
             yield sse(self._envelope("chat.completion.chunk", [choice]))
-        if self.body.stream_options is not None and self.body.stream_options.include_usage:
+        if self.body.include_usage:
             yield sse(self._envelope("chat.completion.chunk", [], usage=usage(self.prompt_tokens, completion)))
         yield sse("[DONE]")

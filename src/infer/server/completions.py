@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from infer.sampling.logprobs import TokenLogprob
-from infer.server.errors import APIError, error_body
+from infer.server.errors import APIError
 from infer.server.generation import Choice, Generation, expand
 from infer.server.protocol import CompletionRequest
-from infer.server.responses import completion_logprobs, envelope, sse, usage
+from infer.server.responses import completion_logprobs, envelope, sse, stream_error, usage
 from infer.server.sampling import check_supported, sampling_params
 from infer.server.state import ServerState
 
@@ -89,7 +89,7 @@ class _CompletionView:
         completion = 0
         async for index, out in self.gen.events():
             if out.error:
-                yield sse(error_body(500, f"generation failed: {out.error}"))
+                yield stream_error(out.error)
                 return
             text = out.text_delta
             prompt_lps = out.prompt_logprobs
@@ -105,7 +105,7 @@ class _CompletionView:
             completion += out.completion_tokens if out.finished else 0
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None}
             yield sse(envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, [choice]))
-        if self.body.stream_options is not None and self.body.stream_options.include_usage:
+        if self.body.include_usage:
             yield sse(envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, [],
                                usage=self._usage(completion)))
         yield sse("[DONE]")

@@ -33,6 +33,11 @@ class SamplingFields(_Body):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
 
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (stream_options.include_usage)."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 
 from infer.sampling.logprobs import TokenLogprob
+from infer.server.errors import error_body
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; OpenAI uses -9999 for "very unlikely"
 
@@ -14,6 +15,11 @@ TokenText = Callable[[int], str]
 
 def sse(payload: dict[str, object] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def stream_error(error: str) -> str:
+    """The one terminal event of a stream whose generation failed."""
+    return sse(error_body(500, f"generation failed: {error}"))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
