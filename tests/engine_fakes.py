@@ -25,6 +25,16 @@ class FakeTokenizer:
         return "".join(f" t{i}" for i in ids if not (skip_special_tokens and i == EOS))
 
 
+class Done:
+    """A launched step that has already finished."""
+
+    def __init__(self, result: StepResult) -> None:
+        self._result = result
+
+    def result(self) -> StepResult:
+        return self._result
+
+
 class FakeRunner:
     vocab_size = VOCAB
 
@@ -33,18 +43,27 @@ class FakeRunner:
         self.cache: dict[int, tuple[int, int]] = {}
         self.log: list[tuple[StepKind, list[int]]] = []  # (kind, number of tokens per sequence)
         self.served: list[tuple[StepKind, list[int]]] = []  # (kind, seeds of the sequences: request identities)
+        self.last: list[int] = []  # the previous step's sampled tokens ("on the device")
+        self.prev_rows: list[list[int]] = []  # per step: rows fed from the previous step's tokens
 
-    def execute(self, step: StepInput) -> StepResult:
+    def launch(self, step: StepInput) -> "Done":
+        """Runs at once; rows with prev_rows >= 0 take the previous step's token, as the device would."""
         self.log.append((step.step_kind, list(step.query_lens)))
         self.served.append((step.step_kind, list(step.seeds)))
-        for slot, pos, tok in zip(step.slot_mapping, step.positions, step.token_ids):
+        self.prev_rows.append(list(step.prev_rows or []))
+        tokens = list(step.token_ids)
+        for i, prev in enumerate(step.prev_rows or []):
+            if prev >= 0:
+                tokens[i] = self.last[prev]
+        for slot, pos, tok in zip(step.slot_mapping, step.positions, tokens):
             self.cache[slot] = (pos, tok)
         out = []
         for table, ctx, seed, n in zip(step.block_tables, step.context_lens, step.seeds, step.output_steps):
             context = [self._read(table, p) for p in range(ctx)]
             digest = hashlib.sha256(repr((context, seed, n)).encode()).digest()
             out.append(1 + int.from_bytes(digest[:4], "little") % (VOCAB - 1))
-        return StepResult(token_ids=out)
+        self.last = out
+        return Done(StepResult(token_ids=out))
 
     def _read(self, table: list[int], pos: int) -> int:
         slot = table[pos // self.block_size] * self.block_size + pos % self.block_size

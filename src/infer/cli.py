@@ -61,7 +61,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    from infer.engine.config import BATCHING_MODES, KV_BACKENDS, SCHEDULER_POLICIES, EngineConfig
+    from infer.engine.config import BATCHING_MODES, KV_BACKENDS, LOAD_FORMATS, SCHEDULER_POLICIES, EngineConfig
 
     d = EngineConfig()
     g = p.add_argument_group("engine")
@@ -87,11 +87,16 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests, metavar="N",
                    help="queued requests beyond this are answered 503")
     g.add_argument("--seed", type=int, default=d.seed, help="engine seed for requests that do not set one")
+    g.add_argument("--cuda-graphs", dest="use_cuda_graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay decode steps as CUDA graphs captured at startup (default: on for CUDA with the "
+                        "paged cache); --no-cuda-graphs runs decode eagerly")
+    g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS,
+                   help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
 
 
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
-                "kv_cache_memory_gb", "max_waiting_requests", "seed")
+                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,7 +47,8 @@ class LLM:
         self.config = EngineConfig(model=model, **engine_options)  # type: ignore[arg-type]
         self.path = resolve_model_path(model)
         started = time.perf_counter()
-        loaded = load_model(self.path, self.config.torch_dtype, self.config.resolved_device, self.config.max_seq_len)
+        loaded = load_model(self.path, self.config.torch_dtype, self.config.resolved_device, self.config.max_seq_len,
+                            self.config.load_format)
         self.model_config = loaded.config
         self.tokenizer = Tokenizer.from_path(self.path)
         self.config = replace(self.config, max_seq_len=min(self.config.max_seq_len, loaded.config.max_position_embeddings))
@@ -56,9 +57,12 @@ class LLM:
             self.config.max_seq_len, self.config.max_batch_size, self.config.num_kv_blocks,
             self.config.kv_cache_memory_gb * 2**30,
         )
-        self.runner = TorchRunner(loaded.model, layout.num_blocks, layout.block_size)
+        self.runner = TorchRunner(
+            loaded.model, layout.num_blocks, layout.block_size, self.config.max_batch_size,
+            self.config.max_seq_len, self.config.cuda_graphs,
+        )
         self.engine = Engine(self.config, self.runner, KVCacheManager(*layout), self.tokenizer)
-        self.load_seconds = time.perf_counter() - started
+        self.load_seconds = time.perf_counter() - started  # weights loaded, cache allocated, graphs captured
 
     # prompts -----------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ def test_invalid_or_incompatible_options_name_the_field(options: dict, field: st
     ("options", "field", "message"),
     [
         ({"use_chunked_prefill": True}, "use_chunked_prefill", "not implemented yet"),
-        ({"use_cuda_graphs": True}, "use_cuda_graphs", "not implemented yet"),
+        ({"use_cuda_graphs": True, "device": "cpu"}, "use_cuda_graphs", "requires a CUDA device"),
         ({"quantization": "fp8"}, "quantization", "not implemented yet"),
     ],
 )

@@ -11,11 +11,11 @@ KV_BACKENDS = ("paged", "contiguous")
 BATCHING_MODES = ("continuous", "static")
 SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
 QUANTIZATIONS = (None, "fp8", "int8")
+LOAD_FORMATS = ("auto", "dummy")
 # Seed fields whose features land with later issues: accepted by the compatibility rules, refused when enabled.
 NOT_YET = {
     "use_chunked_prefill": "chunked prefill",
     "use_prefix_caching": "prefix caching",
-    "use_cuda_graphs": "CUDA graphs (the GPU fast-path issue)",
     "use_speculative_decoding": "speculative decoding",
 }
 
@@ -27,6 +27,7 @@ class EngineConfigError(ValueError):
 @dataclass
 class EngineConfig:
     model: str | None = None  # HF directory, .gguf file, or None for the bundled SmolLM2
+    load_format: str = "auto"  # "auto" reads the checkpoint; "dummy" = random weights (benchmarks, as vLLM's)
     dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # "auto" = cuda if available else cpu
     max_seq_len: int = 4096
@@ -44,7 +45,7 @@ class EngineConfig:
     use_chunked_prefill: bool = False
     prefill_chunk_size: int = 512
     use_prefix_caching: bool = False
-    use_cuda_graphs: bool = False
+    use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
     quantization: str | None = None
     use_speculative_decoding: bool = False
     draft_model: str | None = None
@@ -53,6 +54,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(8192, self.max_seq_len)
+        self._check("load_format", self.load_format in LOAD_FORMATS, f"must be one of {', '.join(LOAD_FORMATS)}")
         self._check("dtype", self.dtype in ("auto", *DTYPES), f"must be auto or one of {', '.join(DTYPES)}")
         self._check("device", self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "must be auto, cpu or cuda[:N]")
         self._check("kv_cache_backend", self.kv_cache_backend in KV_BACKENDS, f"must be one of {', '.join(KV_BACKENDS)}")
@@ -87,6 +89,8 @@ class EngineConfig:
             "use_cuda_graphs", not self.use_cuda_graphs or (continuous and paged),
             "requires batching_mode='continuous' and kv_cache_backend='paged'",
         )
+        self._check("use_cuda_graphs", not self.use_cuda_graphs or self.resolved_device.startswith("cuda"),
+                    "requires a CUDA device")
         self._check("use_speculative_decoding", not self.use_speculative_decoding or self.draft_model, "requires draft_model")
         for name, feature in NOT_YET.items():
             self._check(name, not getattr(self, name), f"{feature} is not implemented yet")
@@ -101,6 +105,14 @@ class EngineConfig:
         if self.device != "auto":
             return self.device
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether decode replays CUDA graphs: as asked, or by default on CUDA with the paged cache."""
+        if self.use_cuda_graphs is not None:
+            return self.use_cuda_graphs
+        paged_continuous = self.kv_cache_backend == "paged" and self.batching_mode == "continuous"
+        return paged_continuous and self.resolved_device.startswith("cuda")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -4,6 +4,11 @@ The scheduler (infer/engine/scheduler.py) decides what runs; the engine builds t
 descriptor and turns sampled tokens into StepOutputs. Aborts are queued (any thread may call
 `abort`) and applied at the start of the next step. step() does no I/O and, for a fixed seed and
 queue, is deterministic.
+
+Overlap: in the steady state (every request decoding, nothing queued) step() launches step N+1
+before it reads step N's tokens, so the host prepares the next step while the device runs this
+one; rows of N+1 take their input ids from N's device output. The tokens are the same as without
+overlap. A request that N ends (EOS, stop string) wastes one step, whose token is dropped.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from infer.engine.scheduler import ScheduledBatch, Scheduler
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.loader.tokenizer import Tokenizer
-from infer.runners.base import Runner
+from infer.runners.base import LaunchedStep, Runner
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
@@ -48,6 +53,7 @@ class Engine:
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self._aborts: deque[str] = deque()  # appends and pops are atomic, so other threads may abort
+        self._in_flight: tuple[ScheduledBatch, LaunchedStep] | None = None  # launched, tokens not read yet
 
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
         """Raise ValueError for a prompt the engine cannot run (checked before anything is queued)."""
@@ -98,9 +104,12 @@ class Engine:
         self._aborts.append(request_id)
 
     def step(self) -> list[StepOutput]:
-        outputs = self.apply_aborts()
+        outputs = [] if self._may_overlap() else self._resolve()
+        outputs += self.apply_aborts()
         batch = self.scheduler.schedule()
         if batch is None:
+            if self._in_flight is not None:
+                return outputs + self._resolve()
             if self.scheduler.waiting:  # kv_layout guarantees one max_seq_len request fits an idle cache
                 raise RuntimeError(f"cannot admit {self.scheduler.waiting[0].request_id!r} into an idle KV cache")
             return outputs
@@ -108,10 +117,36 @@ class Engine:
         for request in batch.requests:
             request.first_scheduled_time = request.first_scheduled_time or now
         try:
-            result = self.runner.execute(self._step_input(batch))
+            launched = self.runner.launch(self._step_input(batch))
         except Exception as exc:  # the batch fails, the engine keeps serving everyone else
-            return outputs + [self._fail(request, f"{type(exc).__name__}: {exc}") for request in batch.requests]
-        return outputs + [self._process(request, result, i) for i, request in enumerate(batch.requests)]
+            outputs += self._resolve()
+            return outputs + [self._fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
+        for request in batch.requests:
+            request.pending_tokens += 1
+        outputs += self._resolve()
+        self._in_flight = (batch, launched)
+        return outputs
+
+    def _may_overlap(self) -> bool:
+        """Whether the next step may launch before the in-flight one is read: only a decode of the running
+        requests that needs no host-side token (no queue to admit, no abort, no repetition penalty)."""
+        s = self.scheduler
+        return not self._aborts and not s.waiting and not any(r.sampling_params.needs_history for r in s.running)
+
+    def _resolve(self) -> list[StepOutput]:
+        """Read the in-flight step's tokens (the step boundary) and turn them into outputs."""
+        if self._in_flight is None:
+            return []
+        batch, launched = self._in_flight
+        self._in_flight = None
+        for request in batch.requests:
+            request.pending_tokens -= 1
+        try:
+            result = launched.result()
+        except Exception as exc:
+            return [self._fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
+        # a request ended while this step was in flight (stop found in the step before, abort) drops its token
+        return [self._process(r, result, i) for i, r in enumerate(batch.requests) if not r.finished]
 
     def fail_all(self, error: str) -> list[StepOutput]:
         """Fail every queued and running request (after an unexpected error outside the runner)."""
@@ -128,11 +163,14 @@ class Engine:
 
     def _step_input(self, batch: ScheduledBatch) -> StepInput:
         step = StepInput(batch.kind)
+        in_flight = {r.request_id: i for i, r in enumerate(self._in_flight[0].requests)} if self._in_flight else {}
+        if batch.kind is StepKind.DECODE:
+            step.prev_rows = [in_flight[r.request_id] if r.pending_tokens else -1 for r in batch.requests]
         for r in batch.requests:
             if batch.kind is StepKind.PREFILL:  # a preempted request recomputes its outputs too
                 start, new = 0, r.prompt_token_ids + r.output_token_ids
-            else:
-                start, new = r.num_tokens - 1, r.output_token_ids[-1:]
+            else:  # the last token; 0 stands in for one still on the device (prev_rows says where)
+                start, new = r.num_scheduled_tokens - 1, [r.output_token_ids[-1] if not r.pending_tokens else 0]
             step.token_ids.extend(new)
             step.positions.extend(range(start, start + len(new)))
             step.query_lens.append(len(new))
@@ -141,11 +179,11 @@ class Engine:
             step.block_tables.append(self.kv.block_table(r.request_id))
             step.sampling.append(r.sampling_params)
             step.seeds.append(r.seed)
-            step.output_steps.append(len(r.output_token_ids))
+            step.output_steps.append(len(r.output_token_ids) + r.pending_tokens)
             step.logprobs.append(r.sampling_params.logprobs)
             first_prefill = batch.kind is StepKind.PREFILL and r.num_preemptions == 0
             step.prompt_logprobs.append(r.sampling_params.prompt_logprobs if first_prefill else None)
-        if any(r.sampling_params.repetition_penalty != 1.0 for r in batch.requests):
+        if any(r.sampling_params.needs_history for r in batch.requests):
             step.history = [r.prompt_token_ids + r.output_token_ids for r in batch.requests]
         return step
 
@@ -159,7 +197,8 @@ class Engine:
             return self._output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
         token = result.token_ids[row]
         request.output_token_ids.append(token)
-        request.state = RequestState.DECODE
+        if request.state is RequestState.PREFILL:  # not WAITING: a preempted request keeps waiting
+            request.state = RequestState.DECODE
         is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
         text = request.text
         if not is_eos:

@@ -56,6 +56,19 @@ class Request:
     last_step: int = 0  # scheduler step that last served this request (the fairness rule)
     num_preemptions: int = 0
     outputs_sent: bool = False
+    pending_tokens: int = 0  # sampled on the device by launched steps, not read back yet
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens counting the pending ones: a decode step feeds the last at position this - 1."""
+        return self.num_tokens + self.pending_tokens
+
+    def budget_reached(self, max_seq_len: int) -> bool:
+        """The pending tokens will end the request (max_tokens or max_seq_len): another step would be wasted."""
+        if not self.pending_tokens:
+            return False
+        outputs = len(self.output_token_ids) + self.pending_tokens
+        return outputs >= self.sampling_params.max_tokens or self.num_scheduled_tokens >= max_seq_len
 
     @property
     def num_tokens(self) -> int:

@@ -124,18 +124,22 @@ class Scheduler:
     # decode -----------------------------------------------------------------------------------
 
     def _decode(self) -> ScheduledBatch | None:
-        """Every running request gets a slot for its next token; preempt from the back when blocks run out."""
+        """Every running request gets a slot for its next token; preempt from the back when blocks run out.
+
+        A request whose pending (not yet read) tokens already end it sits this step out.
+        """
         batch: list[Request] = []
         for request in list(self.running):
-            if request not in self.running:
-                continue  # preempted earlier in this loop
-            while not self.kv.can_allocate(request.request_id, request.num_tokens):
+            if request not in self.running or request.budget_reached(self.config.max_seq_len):
+                continue  # preempted earlier in this loop, or finishing
+            need = request.num_scheduled_tokens
+            while not self.kv.can_allocate(request.request_id, need):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is request:
                     break
             else:
-                self.kv.allocate(request.request_id, request.num_tokens)
+                self.kv.allocate(request.request_id, need)
                 batch.append(request)
         return ScheduledBatch(StepKind.DECODE, batch) if batch else None
 

@@ -57,14 +57,33 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str
     return model.eval()
 
 
+def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
+    """Random weights in place of a checkpoint (load_format="dummy"): N(0, 0.02), norms near 1, seeded."""
+    gen = torch.Generator(device=model.embed.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0 - model.norm_offset)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+
+
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", max_positions: int = 8192
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    max_positions: int = 8192,
+    load_format: str = "auto",
 ) -> LoadedModel:
+    """Build the model for `path` and fill it from the checkpoint ("auto") or with random weights ("dummy")."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
     cfg = read_config(path)
     model = build_model(cfg, dtype, device, max_positions)
+    if load_format == "dummy":
+        init_dummy_weights(model)
+        return LoadedModel(model=model, config=cfg, source=path)
     with torch.no_grad():
         load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype), cfg.tie_word_embeddings)
     return LoadedModel(model=model, config=cfg, source=path)

@@ -7,9 +7,16 @@ from typing import Protocol
 from infer.runners.step import StepInput, StepResult
 
 
+class LaunchedStep(Protocol):
+    def result(self) -> StepResult:
+        """Wait for the step (the step boundary: its one host sync) and return its tokens."""
+        ...
+
+
 class Runner(Protocol):
     vocab_size: int
 
-    def execute(self, step: StepInput) -> StepResult:
-        """Run one step and return one sampled token per sequence (the step's only host sync)."""
+    def launch(self, step: StepInput) -> LaunchedStep:
+        """Queue one step without waiting for it. Rows with prev_rows[i] >= 0 take their input token
+        from the previous launched step's sampled ids, which the host may not have read yet."""
         ...

@@ -28,6 +28,7 @@ class StepInput:
     sampling: list[SamplingParams] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     output_steps: list[int] = field(default_factory=list)  # tokens generated so far (selects fresh noise)
+    prev_rows: list[int] | None = None  # decode: row of the previous step whose sampled id is this row's input, or -1
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
     logprobs: list[int | None] = field(default_factory=list)  # per sequence: top-k count for the sampled token
     prompt_logprobs: list[int | None] = field(default_factory=list)  # per sequence (prefill): the same for its tokens

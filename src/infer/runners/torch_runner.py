@@ -1,98 +1,185 @@
-"""The torch engine: owns the weights and the paged KV cache, turns a StepInput into sampled tokens."""
+"""The torch engine: owns the weights and the paged KV cache, turns a StepInput into sampled tokens.
+
+A step is launched without any host synchronization: inputs go up through pinned memory, sampling
+runs on the device, and the sampled ids come back through a pinned slot that is read only when the
+engine asks for the result (the step boundary). Decode steps run from fixed buffers, through a CUDA
+graph when one is captured for the batch's bucket. With INFER_STRICT_SYNC=1 any other sync raises.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
+from infer.runners.cuda_graphs import DecodeGraphs, GraphStats, bucket_sizes
+from infer.runners.decode_buffers import DecodeBuffers
+from infer.transfer import Readback, upload
 from infer.runners.step import StepInput, StepKind, StepResult
-from infer.sampling.logprobs import TokenLogprob, token_logprobs
+from infer.runners.strict_sync import step_scope
+from infer.sampling.logprobs import LogprobTensors, TokenLogprob, logprob_tensors
 from infer.sampling.sampler import SamplingTensors, sample
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose GPU work is queued; result() waits for it (the step boundary)."""
+
+    readback: Readback
+    num_seqs: int
+    logprobs: tuple[list[int], LogprobTensors] | None = None  # (rows, tensors) of rows that asked
+    prompt_logprobs: list[LogprobTensors | None] | None = None
+
+    def result(self) -> StepResult:
+        token_ids = self.readback.read()
+        out = StepResult(token_ids=token_ids)
+        if self.logprobs is not None:
+            rows, tensors = self.logprobs
+            found: list[TokenLogprob | None] = [None] * self.num_seqs
+            for row, lp in zip(rows, tensors.to_host()):
+                found[row] = lp
+            out.logprobs = found
+        if self.prompt_logprobs is not None:
+            out.prompt_logprobs = [None if t is None else [None, *t.to_host()] for t in self.prompt_logprobs]
+        return out
 
 
 class TorchRunner:
     """Runs on CPU or CUDA through layerzero ops. The KV cache tensors exist only here."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
+        max_seq_len: int = 4096, cuda_graphs: bool = False,
+    ) -> None:
         cfg = model.config
         self.model = model
         self.device = model.embed.device
         self.block_size = block_size
         self.vocab_size = cfg.vocab_size
+        self.max_batch_size = max_batch_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         dtype = model.embed.dtype
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
             for _ in range(cfg.num_hidden_layers)
         ]
+        max_blocks = -(-max_seq_len // block_size)
+        self.buffers = DecodeBuffers(self.device, max_batch_size, max_blocks, max_seq_len)
+        self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
+        self._readbacks = [Readback(self.device, max_batch_size) for _ in range(2)]  # one per step in flight
+        self._next_readback = 0
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
+            with torch.inference_mode():
+                self.graphs = DecodeGraphs(self._decode_logits, bucket_sizes(max_batch_size), self.device)
 
-    def _tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device)
+    @property
+    def graph_stats(self) -> GraphStats | None:
+        return self.graphs.stats if self.graphs is not None else None
 
-    def _forward_batch(self, step: StepInput) -> ForwardBatch:
+    def execute(self, step: StepInput) -> StepResult:
+        """Launch and wait: one step, synchronously."""
+        return self.launch(step).result()
+
+    @torch.inference_mode()
+    def launch(self, step: StepInput) -> LaunchedStep:
+        """Queue the step's GPU work; nothing here waits for the device."""
+        if step.num_seqs > self.max_batch_size:
+            raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
+        with step_scope(self.device):
+            if step.step_kind is StepKind.DECODE:
+                logits, hidden, batch = self._decode(step), None, None
+            else:
+                batch = self._prefill_batch(step)
+                hidden = self.model(upload(step.token_ids, torch.int64, self.device), batch)
+                logits = self.model.compute_logits(hidden[batch.last_token_indices])
+            tensors = SamplingTensors.from_params(
+                step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
+            )
+            token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
+            self.last_tokens[: step.num_seqs].copy_(token_ids)
+            readback = self._readbacks[self._next_readback]
+            self._next_readback ^= 1
+            readback.start(token_ids)
+            launched = LaunchedStep(readback, step.num_seqs)
+            launched.logprobs = self._sampled_logprobs(step, logits, token_ids)
+            if hidden is not None and batch is not None:
+                launched.prompt_logprobs = self._prompt_logprobs(step, batch, hidden)
+        return launched
+
+    # decode -----------------------------------------------------------------------------------
+
+    def _decode(self, step: StepInput) -> torch.Tensor:
+        """Logits [num_seqs, vocab] of a decode step: graph replay for its bucket, else eager."""
+        n = step.num_seqs
+        bucket = self.graphs.bucket(n) if self.graphs is not None else None
+        self.buffers.fill(step, bucket or n)
+        if bucket is not None and self.graphs is not None:
+            return self.graphs.replay(bucket)[:n]
+        return self._decode_logits(n)
+
+    def _decode_logits(self, rows: int) -> torch.Tensor:
+        """The decode forward on the fixed buffers (what a graph captures): ids, model, LM head."""
+        view = self.buffers.view(self.kv_caches, rows)
+        previous = self.last_tokens[view.prev_rows.clamp(min=0)]
+        token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
+        return self.model.compute_logits(self.model(token_ids, view.batch))
+
+    # prefill ----------------------------------------------------------------------------------
+
+    def _prefill_batch(self, step: StepInput) -> ForwardBatch:
         cu = cu_seqlens(step.query_lens)
         width = max(len(t) for t in step.block_tables)
         tables = [t + [0] * (width - len(t)) for t in step.block_tables]
         return ForwardBatch(
-            is_prefill=step.step_kind is StepKind.PREFILL,
-            positions=self._tensor(step.positions, torch.int64),
-            cu_seqlens_q=self._tensor(cu, torch.int32),
+            is_prefill=True,
+            positions=upload(step.positions, torch.int64, self.device),
+            cu_seqlens_q=upload(cu, torch.int32, self.device),
             cu_seqlens_q_host=cu,
             max_seqlen_q=max(step.query_lens),
-            context_lens=self._tensor(step.context_lens, torch.int32),
+            context_lens=upload(step.context_lens, torch.int32, self.device),
             max_context_len=max(step.context_lens),
-            block_tables=self._tensor(tables, torch.int32),
-            slot_mapping=self._tensor(step.slot_mapping, torch.int64),
+            block_tables=upload(tables, torch.int32, self.device),
+            slot_mapping=upload(step.slot_mapping, torch.int64, self.device),
             kv_caches=self.kv_caches,
         )
+
+    # sampling extras --------------------------------------------------------------------------
 
     def _seen_mask(self, step: StepInput, vocab: int) -> torch.Tensor | None:
         if step.history is None:
             return None
-        seen = torch.zeros(step.num_seqs, vocab, dtype=torch.bool)
-        for row, ids in enumerate(step.history):
-            seen[row, ids] = True
-        return seen.to(self.device)
+        rows = [row for row, ids in enumerate(step.history) for _ in ids]
+        cols = [t for ids in step.history for t in ids]
+        seen = torch.zeros(step.num_seqs, vocab, dtype=torch.bool, device=self.device)
+        index = upload([rows, cols], torch.int64, self.device)
+        seen[index[0], index[1]] = True
+        return seen
 
-    @torch.inference_mode()
-    def execute(self, step: StepInput) -> StepResult:
-        batch = self._forward_batch(step)
-        hidden = self.model(self._tensor(step.token_ids, torch.int64), batch)
-        logits = self.model.compute_logits(hidden[batch.last_token_indices])
-        tensors = SamplingTensors.from_params(
-            step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
-        )
-        token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
-        return StepResult(
-            token_ids=token_ids.tolist(),
-            logprobs=self._sampled_logprobs(step, logits, token_ids),
-            prompt_logprobs=self._prompt_logprobs(step, batch, hidden),
-        )
-
-    def _sampled_logprobs(self, step: StepInput, logits: torch.Tensor, token_ids: torch.Tensor) -> list[TokenLogprob | None]:
+    def _sampled_logprobs(
+        self, step: StepInput, logits: torch.Tensor, token_ids: torch.Tensor
+    ) -> tuple[list[int], LogprobTensors] | None:
         rows = [i for i, k in enumerate(step.logprobs) if k is not None]
         if not rows:
-            return []
-        found = token_logprobs(logits[rows], token_ids[rows], [step.logprobs[i] for i in rows])  # type: ignore[misc]
-        out: list[TokenLogprob | None] = [None] * step.num_seqs
-        for i, lp in zip(rows, found):
-            out[i] = lp
-        return out
+            return None
+        index = upload(rows, torch.int64, self.device)
+        return rows, logprob_tensors(logits[index], token_ids[index], [step.logprobs[i] for i in rows])  # type: ignore[misc]
 
-    def _prompt_logprobs(
-        self, step: StepInput, batch: ForwardBatch, hidden: torch.Tensor
-    ) -> list[list[TokenLogprob | None] | None]:
+    def _prompt_logprobs(self, step: StepInput, batch: ForwardBatch, hidden: torch.Tensor) -> list[LogprobTensors | None] | None:
         """Logprob of each prompt token given the ones before it, for the sequences that asked."""
         if not any(k is not None for k in step.prompt_logprobs):
-            return []
-        out: list[list[TokenLogprob | None] | None] = [None] * step.num_seqs
+            return None
+        out: list[LogprobTensors | None] = [None] * step.num_seqs
         cu = batch.cu_seqlens_q_host
-        ids = torch.tensor(step.token_ids, dtype=torch.int64, device=self.device)
+        ids = upload(step.token_ids, torch.int64, self.device)
         for i, k in enumerate(step.prompt_logprobs):
             if k is None:
                 continue
             start, end = cu[i], cu[i + 1]
             logits = self.model.compute_logits(hidden[start : end - 1])
-            out[i] = [None, *token_logprobs(logits, ids[start + 1 : end], [k] * (end - start - 1))]
+            out[i] = logprob_tensors(logits, ids[start + 1 : end], [k] * (end - start - 1))
         return out

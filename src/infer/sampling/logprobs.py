@@ -15,14 +15,29 @@ class TokenLogprob(NamedTuple):
     top: list[tuple[int, float]]  # (token id, logprob), most likely first; empty when 0 were asked for
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprob]:
-    """One TokenLogprob per row of logits [N, V] for token_ids [N]; row i lists its num_top[i] best tokens."""
+class LogprobTensors(NamedTuple):
+    """Logprobs still on the device: computed inside a step, read back at its boundary."""
+
+    token_ids: torch.Tensor  # [N]
+    chosen: torch.Tensor  # [N] logprob of token_ids
+    top_values: torch.Tensor  # [N, k]
+    top_ids: torch.Tensor  # [N, k]
+    num_top: list[int]
+
+    def to_host(self) -> list[TokenLogprob]:
+        """One TokenLogprob per row (reads the device: call it at the step boundary)."""
+        values, ids = self.top_values.tolist(), self.top_ids.tolist()
+        return [
+            TokenLogprob(int(t), lp, list(zip(ids[i][: self.num_top[i]], values[i][: self.num_top[i]])))
+            for i, (t, lp) in enumerate(zip(self.token_ids.tolist(), self.chosen.tolist()))
+        ]
+
+
+def logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> LogprobTensors:
+    """Logprobs of token_ids [N] under logits [N, V], with each row's num_top[i] best tokens; no host sync."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logp.gather(1, token_ids.view(-1, 1)).squeeze(1).tolist()
+    chosen = logp.gather(1, token_ids.view(-1, 1)).squeeze(1)
     k = max(num_top, default=0)
     top_values, top_ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
-    values, ids = top_values.tolist(), top_ids.tolist()
-    return [
-        TokenLogprob(int(t), lp, list(zip(ids[i][: num_top[i]], values[i][: num_top[i]])))
-        for i, (t, lp) in enumerate(zip(token_ids.tolist(), chosen))
-    ]
+    return LogprobTensors(token_ids, chosen, top_values, top_ids, num_top)
+

@@ -57,6 +57,11 @@ class SamplingParams:
         """Temperature 0 (or below GREEDY_BELOW) means argmax decoding."""
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def needs_history(self) -> bool:
+        """The repetition penalty reads every earlier token on the host each step."""
+        return self.repetition_penalty != 1.0
+
 
 def _is_int(value: object) -> bool:
     """A real integer; bool is excluded so `top_k=True` is not silently 1."""

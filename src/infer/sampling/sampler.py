@@ -20,6 +20,7 @@ import torch
 
 from infer.sampling.params import SamplingParams
 from infer.sampling.random import uniform
+from infer.transfer import upload
 
 
 @dataclass
@@ -45,15 +46,16 @@ class SamplingTensors:
         vocab_size: int,
         device: torch.device | str,
     ) -> SamplingTensors:
-        """Pack a batch's parameters with two host-to-device copies (one float, one int64 block)."""
+        """Pack a batch's parameters with two asynchronous host-to-device copies (one float, one int64 block)."""
         if not len(params) == len(seeds) == len(steps):
             raise ValueError(f"params, seeds and steps differ in length: {len(params)}, {len(seeds)}, {len(steps)}")
         top_ks = [vocab_size if p.top_k is None else min(p.top_k, vocab_size) for p in params]
-        floats = torch.tensor(
+        device = torch.device(device)
+        floats = upload(
             [[0.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params], [p.repetition_penalty for p in params]],
-            dtype=torch.float32,
-        ).to(device)
-        ints = torch.tensor([top_ks, seeds, steps], dtype=torch.int64).to(device)
+            torch.float32, device,
+        )
+        ints = upload([top_ks, seeds, steps], torch.int64, device)
         sampled = [(p, k) for p, k in zip(params, top_ks) if not p.greedy]
         return cls(
             temperature=floats[0],

@@ -1,0 +1,62 @@
+"""CUDA graphs for decode: one graph per batch-size bucket, captured at startup, replayed every step.
+
+Each graph runs the whole decode forward (input ids, every layer, final norm, LM head) on the fixed
+buffers of DecodeBuffers and writes float32 logits to its own output tensor. A batch is padded to the
+smallest bucket that holds it; above the largest bucket decode runs eagerly on the same buffers.
+All graphs share one memory pool and are captured largest first, so they reuse the same activations.
+Kernel selection (layerzero) runs once per bucket at capture time and never on the replay path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    batch_sizes: tuple[int, ...]
+    capture_seconds: float
+    memory_bytes: int  # device memory the graphs hold (pool and outputs), measured around the capture
+
+
+def bucket_sizes(max_batch: int) -> tuple[int, ...]:
+    """Powers of two up to max_batch, and max_batch itself so every allowed batch has a graph."""
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch]
+    return tuple(sorted({*sizes, max_batch}))
+
+
+class DecodeGraphs:
+    """Captured decode forwards keyed by padded batch size."""
+
+    def __init__(self, forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...], device: torch.device) -> None:
+        self.sizes = sizes
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        torch.cuda.synchronize(device)
+        free_before = torch.cuda.mem_get_info(device)[0]
+        started = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        for size in sorted(sizes, reverse=True):
+            forward(size)  # warm-up: Triton compiles and layerzero selects outside the capture
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = forward(size)
+            self._graphs[size] = (graph, logits)
+        torch.cuda.synchronize(device)
+        self.stats = GraphStats(sizes, time.perf_counter() - started, free_before - torch.cuda.mem_get_info(device)[0])
+
+    def bucket(self, rows: int) -> int | None:
+        """The smallest captured size holding `rows` sequences, or None (run eagerly)."""
+        i = bisect.bisect_left(self.sizes, rows)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def replay(self, size: int) -> torch.Tensor:
+        """Run the graph for `size` rows; returns its logits [size, vocab] (overwritten by the next replay)."""
+        graph, logits = self._graphs[size]
+        graph.replay()
+        return logits

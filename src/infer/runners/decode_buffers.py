@@ -1,0 +1,101 @@
+"""Fixed-address device inputs of a decode step, filled in place from pinned host staging with one copy.
+
+CUDA graphs replay kernels with the pointers they were captured with, so every per-step input of a
+decode step (token ids, positions, KV slots, context lengths, block tables, and which rows take their
+token from the previous step's device output) lives in one device byte buffer with typed views.
+The host writes the next step into one of two pinned staging buffers (double buffering: a buffer is
+rewritten only after the step that used it has been read back) and one asynchronous copy moves it.
+Rows past the live batch are padding: slot -1 (the KV store skips it) and context length 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from infer.models.forward_batch import ForwardBatch, KVCache
+from infer.runners.step import StepInput
+
+_INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows")
+
+
+@dataclass
+class DecodeView:
+    """The first `rows` rows of the buffers as a model input."""
+
+    token_ids: torch.Tensor  # [rows] int64 (valid where prev_rows < 0)
+    prev_rows: torch.Tensor  # [rows] int64: row of the previous step's sampled ids, or -1
+    batch: ForwardBatch
+
+
+class DecodeBuffers:
+    def __init__(self, device: torch.device, max_batch: int, max_blocks: int, max_context_len: int) -> None:
+        self.device, self.max_batch, self.max_blocks = device, max_batch, max_blocks
+        self.max_context_len = max_context_len
+        self._int64_bytes = len(_INT64_ROWS) * max_batch * 8
+        self._ctx_bytes = max_batch * 4
+        total = self._int64_bytes + self._ctx_bytes + max_batch * max_blocks * 4
+        pinned = device.type == "cuda"
+        self._staging = [torch.zeros(total, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+        self._next = 0
+        self._device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
+        self._cu = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
+        self._fill_padding(self._device_bytes)
+
+    def _views(self, raw: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(int64 [4, max_batch], context_lens [rows], block_tables [rows, max_blocks]) over raw bytes."""
+        ints = raw[: self._int64_bytes].view(torch.int64).view(len(_INT64_ROWS), self.max_batch)
+        ctx = raw[self._int64_bytes : self._int64_bytes + self._ctx_bytes].view(torch.int32)[:rows]
+        start = self._int64_bytes + self._ctx_bytes
+        tables = raw[start : start + rows * self.max_blocks * 4].view(torch.int32).view(rows, self.max_blocks)
+        return ints, ctx, tables
+
+    def _fill_padding(self, raw: torch.Tensor) -> None:
+        ints, ctx, tables = self._views(raw, self.max_batch)
+        ints.zero_()
+        ints[2].fill_(-1)  # slot_mapping: the KV store skips these rows
+        ints[3].fill_(-1)  # prev_rows: take token_ids
+        ctx.zero_()
+        tables.zero_()
+
+    def view(self, kv_caches: list[KVCache], rows: int) -> DecodeView:
+        """The device buffers' first `rows` rows; the same tensors (addresses) every call."""
+        ints, ctx, tables = self._views(self._device_bytes, rows)
+        batch = ForwardBatch(
+            is_prefill=False,
+            positions=ints[1, :rows],
+            cu_seqlens_q=self._cu[: rows + 1],
+            cu_seqlens_q_host=list(range(rows + 1)),
+            max_seqlen_q=1,
+            context_lens=ctx,
+            max_context_len=self.max_context_len,
+            block_tables=tables,
+            slot_mapping=ints[2, :rows],
+            kv_caches=kv_caches,
+        )
+        return DecodeView(token_ids=ints[0, :rows], prev_rows=ints[3, :rows], batch=batch)
+
+    def fill(self, step: StepInput, rows: int) -> None:
+        """Write `step` (padded to `rows` rows) into the device buffers: one host->device copy, no sync."""
+        n = step.num_seqs
+        if not n <= rows <= self.max_batch:
+            raise ValueError(f"decode batch of {n} sequences padded to {rows} rows; the buffers hold {self.max_batch}")
+        staging = self._staging[self._next]
+        self._next ^= 1
+        ints, ctx, tables = (t.numpy() for t in self._views(staging, rows))
+        ints[:, n:rows] = np.array([[0], [0], [-1], [-1]])  # padding rows
+        ctx[n:rows] = 0
+        ints[0, :n] = step.token_ids
+        ints[1, :n] = step.positions
+        ints[2, :n] = step.slot_mapping
+        ints[3, :n] = step.prev_rows or [-1] * n
+        ctx[:n] = step.context_lens
+        # Table entries past a sequence's context are never read, so stale ones need no clearing.
+        for i, table in enumerate(step.block_tables):
+            if len(table) > self.max_blocks:
+                raise ValueError(f"sequence {i} has {len(table)} blocks; the buffers hold {self.max_blocks}")
+            tables[i, : len(table)] = table
+        used = self._int64_bytes + self._ctx_bytes + rows * self.max_blocks * 4
+        self._device_bytes[:used].copy_(staging[:used], non_blocking=self.device.type == "cuda")
