@@ -17,6 +17,7 @@ from infer.loader.model_loader import load_model
 from infer.loader.tokenizer import Tokenizer
 from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_chat
 from infer.models.registry import model_spec
+from infer.runners.cuda_graphs import bucket_sizes
 from infer.runners.torch_runner import TorchRunner
 from infer.sampling.params import SamplingParams
 
@@ -59,7 +60,7 @@ class LLM:
         )
         self.runner = TorchRunner(
             loaded.model, layout.num_blocks, layout.block_size, self.config.max_batch_size,
-            self.config.max_seq_len, self.config.cuda_graphs,
+            self.config.max_seq_len, bucket_sizes(self.config.max_batch_size) if self.config.cuda_graphs else (),
         )
         self.engine = Engine(self.config, self.runner, KVCacheManager(*layout), self.tokenizer)
         self.load_seconds = time.perf_counter() - started  # weights loaded, cache allocated, graphs captured

@@ -18,6 +18,7 @@ from infer.sampling import (
     SamplingParams,
     SamplingTensors,
     apply_repetition_penalty,
+    argmax_rows,
     filter_top_k_top_p,
     sample,
     uniform,
@@ -423,3 +424,12 @@ def test_vanishing_temperature_decodes_greedily() -> None:
         params = SamplingParams(temperature=temperature, top_p=0.9)
         assert params.greedy
         assert int(sample(logits, _tensors([params], [1], [0], 4))[0]) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.sampled_from([7, 256, 320, 1000, 4096, 128256 // 64]),
+       seed=st.integers(0, 2**31), levels=st.integers(1, 50))
+def test_argmax_rows_equals_torch_argmax_with_ties(rows: int, vocab: int, seed: int, levels: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, levels, (rows, vocab), generator=g).float()  # few levels: many tied maxima
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))

@@ -121,15 +121,16 @@ class Attention(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        tokens = x.shape[0]
+        tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = lz.linear(x, self.qkv_proj, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = lz.rope(q, cos, sin), lz.rope(k, cos, sin)
+        v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, dim)
+        if self.q_norm is None:  # q and k heads are adjacent in qkv: one rope launch rotates both
+            qk = lz.rope(qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, kv_heads, dim))
+            q, k = lz.rope(q, cos, sin), lz.rope(k, cos, sin)
         o = self._attend(q, k, v, batch)
         return lz.linear(o.reshape(tokens, self.q_size), self.o_proj)
 

@@ -24,10 +24,14 @@ class GraphStats:
     memory_bytes: int  # device memory the graphs hold (pool and outputs), measured around the capture
 
 
+MAX_GRAPH_BATCH = 512  # above this, launch overhead is small next to the step and graphs only cost memory
+
+
 def bucket_sizes(max_batch: int) -> tuple[int, ...]:
-    """Powers of two up to max_batch, and max_batch itself so every allowed batch has a graph."""
-    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch]
-    return tuple(sorted({*sizes, max_batch}))
+    """Powers of two up to max_batch (at most MAX_GRAPH_BATCH), and max_batch itself when it fits under the cap."""
+    top = min(max_batch, MAX_GRAPH_BATCH)
+    sizes = [1 << i for i in range(top.bit_length()) if 1 << i <= top]
+    return tuple(sorted({*sizes, top}))
 
 
 class DecodeGraphs:

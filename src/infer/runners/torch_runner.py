@@ -14,7 +14,7 @@ import torch
 
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
-from infer.runners.cuda_graphs import DecodeGraphs, GraphStats, bucket_sizes
+from infer.runners.cuda_graphs import DecodeGraphs, GraphStats
 from infer.runners.decode_buffers import DecodeBuffers
 from infer.transfer import Readback, upload
 from infer.runners.step import StepInput, StepKind, StepResult
@@ -51,7 +51,7 @@ class TorchRunner:
 
     def __init__(
         self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
-        max_seq_len: int = 4096, cuda_graphs: bool = False,
+        max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (),
     ) -> None:
         cfg = model.config
         self.model = model
@@ -71,11 +71,13 @@ class TorchRunner:
         self._readbacks = [Readback(self.device, max_batch_size) for _ in range(2)]  # one per step in flight
         self._next_readback = 0
         self.graphs: DecodeGraphs | None = None
-        if cuda_graphs:
+        if graph_batch_sizes:
             if self.device.type != "cuda":
                 raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
+            if max(graph_batch_sizes) > max_batch_size:
+                raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed max_batch_size={max_batch_size}")
             with torch.inference_mode():
-                self.graphs = DecodeGraphs(self._decode_logits, bucket_sizes(max_batch_size), self.device)
+                self.graphs = DecodeGraphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device)
 
     @property
     def graph_stats(self) -> GraphStats | None:

@@ -5,6 +5,7 @@ from infer.sampling.random import uniform
 from infer.sampling.sampler import (
     SamplingTensors,
     apply_repetition_penalty,
+    argmax_rows,
     filter_top_k_top_p,
     sample,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "SamplingTensors",
     "StopChecker",
     "apply_repetition_penalty",
+    "argmax_rows",
     "filter_top_k_top_p",
     "sample",
     "uniform",

@@ -14,6 +14,7 @@ subset of it. Without a tie at the cut the kept sets are identical.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -90,13 +91,34 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(logits < cut, float("-inf"))
 
 
+@functools.lru_cache(maxsize=64)
+def _argmax_chunks(vocab: int) -> int:
+    """Most chunks (<= 1024, each >= 128 ids) that split the vocabulary evenly; 1 if none does."""
+    return next((d for d in range(min(1024, vocab // 128), 1, -1) if vocab % d == 0), 1)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax over the last dim (first index among equal maxima), in two parallel passes.
+
+    torch.argmax reduces a row in one thread block: ~27 µs for one 128k-vocabulary row on an H100, the
+    largest kernel of a small model's decode step after the GEMMs. Chunks reduced side by side take a few.
+    """
+    rows, vocab = logits.shape
+    chunks = _argmax_chunks(vocab)
+    if chunks == 1:
+        return logits.argmax(dim=-1)
+    values, within = logits.view(rows, chunks, vocab // chunks).max(dim=-1)  # first maximum in each chunk
+    chunk = values.argmax(dim=-1, keepdim=True)  # first chunk holding the row maximum
+    return (chunk * (vocab // chunks) + within.gather(-1, chunk)).squeeze(-1)
+
+
 def sample(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None = None) -> torch.Tensor:
     """Next token id per row (int64 [B]) from float32 logits [B, V]; no host sync, graph-capturable."""
     if t.any_penalty:
         if seen is None:
             raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
         logits = apply_repetition_penalty(logits, seen, t.repetition_penalty)
-    greedy_tokens = logits.argmax(dim=-1)
+    greedy_tokens = argmax_rows(logits)
     if t.all_greedy:
         return greedy_tokens
     greedy = t.temperature == 0
@@ -105,5 +127,5 @@ def sample(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None =
         scaled = filter_top_k_top_p(scaled, t.top_k, t.top_p)
     # Gumbel-max: argmax(x - log E) with E = -log U ~ Exp(1) draws from softmax(x) (the exponential race).
     log_e = uniform(t.seeds, t.steps, logits.shape[-1]).log_().neg_().log_()
-    sampled_tokens = (scaled - log_e).argmax(dim=-1)
+    sampled_tokens = argmax_rows(scaled - log_e)
     return torch.where(greedy, greedy_tokens, sampled_tokens)
