@@ -37,7 +37,7 @@ class StepOutput:
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queue membership tests must not compare token lists field by field
 class Request:
     request_id: str
     prompt_token_ids: list[int]

@@ -1,0 +1,212 @@
+"""torch.profiler record of N steady-state decode steps of infer at one model shape and batch (random weights).
+
+    python benchmarks/profile_generation.py --model llama-3.2-1b --batch 1 --steps 20 --graphs --out DIR
+    python benchmarks/profile_generation.py --model tiny-llama --steps 4 --out /tmp/prof   # on the CPU
+
+Writes DIR/trace.json (Chrome trace: ui.perfetto.dev or chrome://tracing; gzipped to trace.json.gz when over
+15 MiB) and DIR/kernels.md: the top kernels by total GPU time (count, average µs, share of the step time),
+and GPU busy time (union of kernel intervals) against wall time per step; the difference is the GPU idle gap
+that launch overhead and host work leave. On the CPU the table lists operators by self CPU time instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import model_shapes as ms
+from infer import LLM, SamplingParams
+from infer.kv.sizing import kv_bytes_per_token
+
+TRACE_LIMIT_BYTES = 15 * 2**20  # the device tool brings back files of up to 16 MiB
+MODES = {True: "on", False: "off", None: "default"}
+STEP_RANGE = "decode_step"  # record_function name around each step (also projected onto the GPU timeline)
+
+
+@dataclass
+class KernelRow:
+    name: str
+    count: int
+    total_us: float
+
+
+def build_llm(args: argparse.Namespace) -> LLM:
+    """An LLM sized for `batch` sequences of prompt + warm-up + profiled steps, nothing more."""
+    seq = args.prompt_len + args.warmup + args.steps + 64
+    dtype = getattr(torch, args.dtype)
+    kv_gb = 1.2 * (args.batch + 1) * seq * kv_bytes_per_token(ms.model_config(args.model), dtype) / 2**30
+    path = ms.write_model_dir(args.model, Path(args.model_root))
+    return LLM(str(path), load_format="dummy", dtype=args.dtype, device=args.device, use_cuda_graphs=args.graphs,
+               max_batch_size=args.batch, max_seq_len=seq, kv_cache_memory_gb=kv_gb)
+
+
+def step(llm: LLM) -> int:
+    """One engine step; returns the tokens it output."""
+    outs = llm.engine.step()
+    errors = [o.error for o in outs if o.error]
+    if errors:
+        raise RuntimeError(f"engine step failed: {errors[0]}")
+    return sum(o.token_id is not None for o in outs)
+
+
+def start_decoding(llm: LLM, args: argparse.Namespace) -> None:
+    """Admit `batch` requests, run every prefill, then the warm-up decode steps."""
+    ids = [2 + (7 * i) % (llm.runner.vocab_size - 2) for i in range(args.prompt_len)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.warmup + args.steps + 32, ignore_eos=True)
+    requests = [llm.engine.add_request(ids, params) for _ in range(args.batch)]
+    while any(not r.output_token_ids for r in requests):
+        step(llm)
+    for _ in range(args.warmup):
+        step(llm)
+
+
+def record(llm: LLM, args: argparse.Namespace) -> tuple[profile, list[float], int]:
+    """Profile `steps` decode steps; returns the profiler, each step's wall seconds and the tokens output."""
+    cuda = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    walls, tokens = [], 0
+    with profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            with record_function(STEP_RANGE):
+                tokens += step(llm)
+            walls.append(time.perf_counter() - start)
+        if cuda:
+            start = time.perf_counter()
+            torch.cuda.synchronize()
+            walls[-1] += time.perf_counter() - start  # the last step's GPU work belongs to the window
+    return prof, walls, tokens
+
+
+def device_kernels(prof: profile) -> tuple[list[KernelRow], float]:
+    """Per-name GPU time of kernels, memcpys and memsets, and the union of their intervals (busy µs)."""
+    rows: dict[str, KernelRow] = {}
+    spans = []
+    for evt in prof.events():
+        annotation = getattr(evt, "is_user_annotation", False) or evt.name == STEP_RANGE
+        if evt.device_type != DeviceType.CUDA or annotation:
+            continue
+        row = rows.setdefault(evt.name, KernelRow(evt.name, 0, 0.0))
+        row.count += 1
+        row.total_us += evt.time_range.elapsed_us()
+        spans.append((evt.time_range.start, evt.time_range.end))
+    return sorted(rows.values(), key=lambda r: -r.total_us), union_us(spans)
+
+
+def union_us(spans: list[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def cpu_operators(prof: profile) -> list[KernelRow]:
+    """Operators by self CPU time (the CPU has no kernels to list)."""
+    rows = [KernelRow(a.key, a.count, a.self_cpu_time_total) for a in prof.key_averages()]
+    return sorted(rows, key=lambda r: -r.total_us)
+
+
+def export_trace(prof: profile, out: Path) -> Path:
+    """trace.json, gzipped when too large to bring back from the device machine."""
+    path = out / "trace.json"
+    prof.export_chrome_trace(str(path))
+    if path.stat().st_size <= TRACE_LIMIT_BYTES:
+        return path
+    gz = out / "trace.json.gz"
+    with path.open("rb") as src, gzip.open(gz, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    path.unlink()
+    return gz
+
+
+def graph_stats(llm: LLM) -> object:
+    stats = getattr(llm.runner, "graph_stats", None)
+    return asdict(stats) if is_dataclass(stats) else stats
+
+
+def summary_md(args: argparse.Namespace, llm: LLM, prof: profile, walls: list[float], tokens: int, trace: Path) -> str:
+    """kernels.md: setup, per-step wall vs GPU busy time, then the top kernels (or CPU operators)."""
+    cuda = args.device.startswith("cuda")
+    wall_us = 1e6 * sum(walls)
+    per_step = wall_us / args.steps
+    where = torch.cuda.get_device_name() if cuda else "CPU"
+    lines = [
+        f"# Decode profile: {args.model}, batch {args.batch}, CUDA graphs {MODES[args.graphs]}",
+        "",
+        f"{where}; torch {torch.__version__}; {args.dtype}; prompt {args.prompt_len} tokens; {args.steps} decode steps "
+        f"profiled after {args.warmup} warm-up steps; {tokens} tokens out. Trace: `{trace.name}`.",
+        f"graph_stats: `{json.dumps(graph_stats(llm), default=str)}`",
+        "",
+        f"Wall per step: {per_step:.1f} µs (mean; median {1e6 * statistics.median(walls):.1f} µs of host time per "
+        f"step() call).",
+    ]
+    if cuda:
+        rows, busy_us = device_kernels(prof)
+        kernels = sum(r.count for r in rows)
+        lines += [
+            f"GPU busy per step: {busy_us / args.steps:.1f} µs (union of kernel intervals) → idle gap "
+            f"{(wall_us - busy_us) / args.steps:.1f} µs per step; busy fraction {busy_us / wall_us:.2f}; "
+            f"{kernels / args.steps:.1f} kernels per step.",
+            "",
+            "| kernel | count | per step | total µs | avg µs | share of step time |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+    else:
+        rows = cpu_operators(prof)
+        lines += ["GPU busy time: n/a on the CPU; operators by self CPU time.", "",
+                  "| operator | count | per step | self µs | avg µs | share of step time |",
+                  "|---|---:|---:|---:|---:|---:|"]
+    for r in rows[: args.top]:
+        name = r.name if len(r.name) <= 100 else r.name[:97] + "..."
+        lines.append(f"| `{name}` | {r.count} | {r.count / args.steps:.1f} | {r.total_us:.0f} | "
+                     f"{r.total_us / r.count:.1f} | {r.total_us / wall_us:.3f} |")
+    lines += ["", f"EngineConfig: `{json.dumps(llm.config.as_dict(), default=str)}`", ""]
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama-3.2-1b", choices=list(ms.SHAPES))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20, help="decode steps recorded")
+    parser.add_argument("--warmup", type=int, default=8, help="decode steps run before recording")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                        help="use_cuda_graphs (default: the engine's default)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--top", type=int, default=30, help="kernels listed")
+    parser.add_argument("--model-root", default="/tmp/infer_bench_models")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    llm = build_llm(args)
+    start_decoding(llm, args)
+    prof, walls, tokens = record(llm, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    trace = export_trace(prof, args.out)
+    text = summary_md(args, llm, prof, walls, tokens, trace)
+    (args.out / "kernels.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
