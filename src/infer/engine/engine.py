@@ -163,8 +163,8 @@ class Engine:
 
     def _step_input(self, batch: ScheduledBatch) -> StepInput:
         step = StepInput(batch.kind)
-        in_flight = {r.request_id: i for i, r in enumerate(self._in_flight[0].requests)} if self._in_flight else {}
         if batch.kind is StepKind.DECODE:
+            in_flight = {r.request_id: i for i, r in enumerate(self._in_flight[0].requests)} if self._in_flight else {}
             step.prev_rows = [in_flight[r.request_id] if r.pending_tokens else -1 for r in batch.requests]
         for r in batch.requests:
             if batch.kind is StepKind.PREFILL:  # a preempted request recomputes its outputs too

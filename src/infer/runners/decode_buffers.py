@@ -19,6 +19,8 @@ from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.runners.step import StepInput
 
 _INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows")
+# A padding row: token 0 at position 0, slot -1 (the KV store skips it), prev_rows -1 (take token_ids).
+_PADDING = np.array([[0], [0], [-1], [-1]], dtype=np.int64)
 
 
 @dataclass
@@ -40,9 +42,10 @@ class DecodeBuffers:
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(total, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
         self._next = 0
-        self._device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
+        self._device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)  # context lengths 0
         self._cu = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
-        self._fill_padding(self._device_bytes)
+        ints = self._views(self._device_bytes, max_batch)[0]
+        ints.copy_(torch.from_numpy(_PADDING).expand_as(ints))
 
     def _views(self, raw: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(int64 [4, max_batch], context_lens [rows], block_tables [rows, max_blocks]) over raw bytes."""
@@ -51,14 +54,6 @@ class DecodeBuffers:
         start = self._int64_bytes + self._ctx_bytes
         tables = raw[start : start + rows * self.max_blocks * 4].view(torch.int32).view(rows, self.max_blocks)
         return ints, ctx, tables
-
-    def _fill_padding(self, raw: torch.Tensor) -> None:
-        ints, ctx, tables = self._views(raw, self.max_batch)
-        ints.zero_()
-        ints[2].fill_(-1)  # slot_mapping: the KV store skips these rows
-        ints[3].fill_(-1)  # prev_rows: take token_ids
-        ctx.zero_()
-        tables.zero_()
 
     def view(self, kv_caches: list[KVCache], rows: int) -> DecodeView:
         """The device buffers' first `rows` rows; the same tensors (addresses) every call."""
@@ -85,7 +80,7 @@ class DecodeBuffers:
         staging = self._staging[self._next]
         self._next ^= 1
         ints, ctx, tables = (t.numpy() for t in self._views(staging, rows))
-        ints[:, n:rows] = np.array([[0], [0], [-1], [-1]])  # padding rows
+        ints[:, n:rows] = _PADDING
         ctx[n:rows] = 0
         ints[0, :n] = step.token_ids
         ints[1, :n] = step.positions
