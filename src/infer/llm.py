@@ -76,13 +76,13 @@ class LLM:
             f"add one to {TEMPLATE_DIR} and register it in infer/models/registry.py"
         )
 
-    def render_chat(self, messages: Messages) -> str:
-        return render_chat(self.chat_template_name(), messages, add_generation_prompt=True,
+    def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+        return render_chat(self.chat_template_name(), messages, add_generation_prompt=add_generation_prompt,
                            bos_token=self.tokenizer.bos_token or "")
 
-    def encode_chat(self, messages: Messages) -> list[int]:
+    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
         # the template writes BOS itself, so the tokenizer must not add another
-        return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
     def encode(self, prompt: Prompt) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)

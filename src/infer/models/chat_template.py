@@ -52,6 +52,12 @@ def load_template(name: str) -> jinja2.Template:
     return _environment().get_template(f"{name}.jinja")
 
 
+def template_source(name: str) -> str:
+    """The Jinja text of template `name`, as clients that render prompts themselves read it (lm-eval)."""
+    load_template(name)  # the same error for an unknown name
+    return (TEMPLATE_DIR / f"{name}.jinja").read_text()
+
+
 def _validate(messages: list[dict[str, str]]) -> None:
     """Accept only a non-empty list of dicts with a supported `role` and a str `content`; name the bad index."""
     if not isinstance(messages, list) or not messages:

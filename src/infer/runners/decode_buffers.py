@@ -55,8 +55,12 @@ class DecodeBuffers:
         tables = raw[start : start + rows * self.max_blocks * 4].view(torch.int32).view(rows, self.max_blocks)
         return ints, ctx, tables
 
-    def view(self, kv_caches: list[KVCache], rows: int) -> DecodeView:
-        """The device buffers' first `rows` rows; the same tensors (addresses) every call."""
+    def view(self, kv_caches: list[KVCache], rows: int, max_context_len: int | None = None) -> DecodeView:
+        """The device buffers' first `rows` rows; the same tensors (addresses) every call.
+
+        max_context_len bounds the attention's work: a captured graph must take the buffers' capacity
+        (it serves every later step), an eager step passes its own longest context.
+        """
         ints, ctx, tables = self._views(self._device_bytes, rows)
         batch = ForwardBatch(
             is_prefill=False,
@@ -65,7 +69,7 @@ class DecodeBuffers:
             cu_seqlens_q_host=list(range(rows + 1)),
             max_seqlen_q=1,
             context_lens=ctx,
-            max_context_len=self.max_context_len,
+            max_context_len=self.max_context_len if max_context_len is None else max_context_len,
             block_tables=tables,
             slot_mapping=ints[2, :rows],
             kv_caches=kv_caches,

@@ -122,11 +122,15 @@ class TorchRunner:
         self.buffers.fill(step, bucket or n)
         if bucket is not None and self.graphs is not None:
             return self.graphs.replay(bucket)[:n]
-        return self._decode_logits(n)
+        return self._decode_logits(n, max(step.context_lens))
 
-    def _decode_logits(self, rows: int) -> torch.Tensor:
-        """The decode forward on the fixed buffers (what a graph captures): ids, model, LM head."""
-        view = self.buffers.view(self.kv_caches, rows)
+    def _decode_logits(self, rows: int, max_context_len: int | None = None) -> torch.Tensor:
+        """The decode forward on the fixed buffers (what a graph captures): ids, model, LM head.
+
+        Attention reads at most max_context_len positions per row: the step's longest context when
+        eager, the buffers' capacity (None) when captured, since a graph is replayed for every later step.
+        """
+        view = self.buffers.view(self.kv_caches, rows, max_context_len)
         previous = self.last_tokens[view.prev_rows.clamp(min=0)]
         token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
         return self.model.compute_logits(self.model(token_ids, view.batch))

@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, error handlers, and the engine thread's lifetime."""
+"""The FastAPI application: routes, error handlers, the OpenAPI document, and the engine thread's lifetime."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 
-from infer.server import chat, completions, prometheus, tokenizer_routes
-from infer.server.errors import APIError, api_error_handler, validation_error_handler
+from infer.server import chat, completions, openapi, prometheus, tokenizer_routes
+from infer.server.errors import (
+    APIError, LastResortMiddleware, api_error_handler, http_error_handler, validation_error_handler,
+)
+from infer.server.openapi import ERROR_RESPONSES
 from infer.server.state import ServerState
 
 
@@ -26,20 +30,30 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.infer = state
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)
+    app.add_middleware(LastResortMiddleware)
     for module in (completions, chat, tokenizer_routes, prometheus):
         app.include_router(module.router)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: ERROR_RESPONSES[503]})
     async def health(request: Request) -> dict[str, str]:
         if not request.app.state.infer.engine.alive:
             raise APIError(503, "the engine thread is not running")
         return {"status": "ok"}
 
+    def card(s: ServerState) -> dict[str, object]:
+        return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
+                "max_model_len": s.max_seq_len}
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, object]:
-        s: ServerState = request.app.state.infer
-        card = {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
-                "max_model_len": s.max_seq_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card(request.app.state.infer)]}
 
+    @app.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
+    async def model(model_id: str, request: Request) -> dict[str, object]:
+        s: ServerState = request.app.state.infer
+        s.check_model(model_id)
+        return card(s)
+
+    openapi.install(app, state.model_name)
     return app

@@ -8,47 +8,50 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from infer.server.errors import APIError
-from infer.server.generation import Choice, Generation, expand
+from infer.server.generation import Choice, Generation, client_gone, expand
+from infer.server.openapi import GENERATION_RESPONSES
 from infer.server.protocol import ChatCompletionRequest, ChatMessage
 from infer.server.responses import chat_logprobs, envelope, sse, stream_error, usage
 from infer.server.sampling import check_supported, sampling_params
 from infer.server.state import ServerState
 
 router = APIRouter()
-ROLES = ("system", "user", "assistant")
 
 
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Role/content pairs; content parts must be text and are joined."""
+    """Role/content pairs for the chat template: developer is the system role, text parts are joined."""
     out = []
     for i, m in enumerate(messages):
-        if m.role not in ROLES:
-            raise APIError(422, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}", f"messages.{i}.role")
         content = m.content
         if isinstance(content, list):
-            if any(part.type != "text" for part in content):
-                raise APIError(422, f"messages[{i}].content: only text parts are supported", f"messages.{i}.content")
+            for j, part in enumerate(content):
+                if part.type != "text" or part.model_extra:
+                    raise APIError(400, f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
+                                        "are supported", f"messages.{i}.content", "unsupported_parameter")
             content = "".join(part.text or "" for part in content)
-        out.append({"role": m.role, "content": content or ""})
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
     return out
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state: ServerState = request.app.state.infer
     state.check_model(body.model)
     check_supported(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(422, "top_logprobs requires logprobs=true", "top_logprobs")
+    state.check_parts(body.n)
     ids = state.encode_chat(plain_messages(body.messages))
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    max_tokens = max(state.max_seq_len - len(ids), 1) if limit is None else limit
+    state.check_context(len(ids), limit, "messages")
+    max_tokens = state.max_seq_len - len(ids) if limit is None else limit  # no limit: the rest of the context
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     gen = Generation(state.engine, expand([ids], sampling_params(body, max_tokens, logprobs=logprobs), body.n), "chatcmpl")
     view = _ChatView(state, body, len(ids), gen)
     if body.stream:
         return StreamingResponse(view.stream(), media_type="text/event-stream")
-    return JSONResponse(view.response(await gen.collect(request)))
+    choices = await gen.collect(request)
+    return JSONResponse(view.response(choices)) if choices is not None else client_gone(gen)
 
 
 class _ChatView:
@@ -56,7 +59,7 @@ class _ChatView:
         self.state, self.body, self.prompt_tokens, self.gen = state, body, prompt_tokens, gen
 
     def _envelope(self, kind: str, choices: list, **extra: object) -> dict[str, object]:
-        return envelope(kind, self.gen.id, self.state.created, self.state.model_name, choices, **extra)
+        return envelope(kind, self.gen.id, self.gen.created, self.state.model_name, choices, **extra)
 
     def response(self, choices: list[Choice]) -> dict[str, object]:
         body = [

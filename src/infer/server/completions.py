@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from infer.sampling.logprobs import TokenLogprob
 from infer.server.errors import APIError
-from infer.server.generation import Choice, Generation, expand
+from infer.server.generation import Choice, Generation, client_gone, expand
+from infer.server.openapi import GENERATION_RESPONSES
 from infer.server.protocol import CompletionRequest
 from infer.server.responses import completion_logprobs, envelope, sse, stream_error, usage
 from infer.server.sampling import check_supported, sampling_params
@@ -20,25 +21,36 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
 def prompt_ids(state: ServerState, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
-    """Every prompt as token ids, plus its text when it came as text."""
+    """Every prompt as token ids (each id checked against the vocabulary), plus its text when it came as text."""
     if isinstance(prompt, str):
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):
         prompt = [prompt]
     if not prompt:
         raise APIError(422, "prompt must not be empty", "prompt")
-    ids = [state.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+    ids = []
+    for i, p in enumerate(prompt):
+        param = "prompt" if len(prompt) == 1 else f"prompt.{i}"
+        if isinstance(p, str):
+            ids.append(state.encode(p, param))
+        else:
+            state.check_token_ids(p, param)
+            ids.append(list(p))
     return ids, [p if isinstance(p, str) else None for p in prompt]
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=GENERATION_RESPONSES)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state: ServerState = request.app.state.infer
     state.check_model(body.model)
     check_supported(body)
     if body.suffix:
-        raise APIError(422, "suffix is not supported", "suffix")
+        raise APIError(400, "suffix: is not supported (no fill-in-the-middle)", "suffix", "unsupported_parameter")
     prompts, texts = prompt_ids(state, body.prompt)
+    state.check_parts(len(prompts) * body.n)
+    for ids in prompts:
+        state.check_context(len(ids), body.max_tokens, "prompt")
+    # without max_tokens, OpenAI's default of 16; the engine also stops at the end of the context
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prompt_lp = body.logprobs if body.echo else None
     params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp)
@@ -47,7 +59,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     view = _CompletionView(state, body, prompts, echoes, gen)
     if body.stream:
         return StreamingResponse(view.stream(), media_type="text/event-stream")
-    return JSONResponse(view.response(await gen.collect(request)))
+    choices = await gen.collect(request)
+    return JSONResponse(view.response(choices)) if choices is not None else client_gone(gen)
 
 
 class _CompletionView:
@@ -80,7 +93,7 @@ class _CompletionView:
             body.append({"index": c.index, "text": echo + c.text, "finish_reason": c.finish_reason,
                          "logprobs": self._logprobs(c.index, c.prompt_logprobs, c.logprobs, 0)})
         completion = sum(len(c.token_ids) for c in choices)
-        return envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, body,
+        return envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, body,
                         usage=self._usage(completion))
 
     async def stream(self) -> AsyncIterator[str]:
@@ -104,8 +117,8 @@ class _CompletionView:
                 offsets[index] += sum(map(len, logprobs["tokens"]))
             completion += out.completion_tokens if out.finished else 0
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None}
-            yield sse(envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, [choice]))
+            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [choice]))
         if self.body.include_usage:
-            yield sse(envelope("text_completion", self.gen.id, self.state.created, self.state.model_name, [],
+            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [],
                                usage=self._usage(completion)))
         yield sse("[DONE]")

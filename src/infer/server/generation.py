@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from fastapi import Request
+from fastapi import Request, Response
 
 from infer.engine.async_engine import AsyncEngine, QueueFullError, RequestStream
 from infer.engine.request import StepOutput
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SEED_LIMIT, SamplingParams
 from infer.server.errors import APIError
+
+log = logging.getLogger("infer.server")
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Generation:
 
     def __init__(self, engine: AsyncEngine, jobs: list[Job], prefix: str) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())  # every response and chunk of this request carries it
         self.jobs = jobs
         self.streams: list[RequestStream] = []
         try:
@@ -101,8 +106,8 @@ class Generation:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def collect(self, request: Request) -> list[Choice]:
-        """Every choice to the end; a client that disconnects first aborts them all."""
+    async def collect(self, request: Request) -> list[Choice] | None:
+        """Every choice to the end; None when the client disconnected first (every choice is then aborted)."""
         choices = [Choice(i) for i in range(len(self.jobs))]
 
         async def gather() -> None:
@@ -116,12 +121,18 @@ class Generation:
             task.cancel()
         await asyncio.gather(work, watch, return_exceptions=True)
         if work not in done:
-            raise asyncio.CancelledError("client disconnected")
+            return None
         work.result()
         failed = next((c for c in choices if c.error), None)
         if failed is not None:
             raise APIError(500, f"generation failed: {failed.error}")
         return choices
+
+
+def client_gone(gen: Generation) -> Response:
+    """The answer to a client that left before its non-streamed response: one info line, nothing to send."""
+    log.info("client disconnected; %s aborted", gen.id)
+    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
 
 async def _until_disconnected(request: Request) -> None:

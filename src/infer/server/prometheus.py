@@ -48,6 +48,8 @@ def render(state: ServerState) -> str:
     return "\n".join(lines) + "\n"
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(request: Request) -> PlainTextResponse:
     return PlainTextResponse(render(request.app.state.infer), media_type="text/plain; version=0.0.4")

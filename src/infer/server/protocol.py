@@ -1,37 +1,58 @@
-"""Request bodies of the OpenAI-compatible API; unknown fields are accepted and ignored, as OpenAI clients expect."""
+"""Request bodies of the OpenAI-compatible API.
+
+Every field is either honoured, refused with a 400 that names it (OpenAI features infer does not
+have yet, checked in `infer/server/sampling.py`), or unknown, which is also a 400: nothing a client
+sends is silently ignored. The constraints here are what `/openapi.json` publishes.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from infer.sampling.logprobs import MAX_LOGPROBS
+from infer.sampling.params import SEED_LIMIT
+
+MAX_N = 16
+ROLES = ("system", "developer", "user", "assistant")  # developer is OpenAI's newer name for system
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
 class SamplingFields(_Body):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    repetition_penalty: float = 1.0
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=-1, description="vLLM extension; None, 0 or -1 disable it")
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False, description="vLLM extension")
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    n: int = 1
+    ignore_eos: bool = Field(False, description="vLLM extension")
+    n: int = Field(1, ge=1, le=MAX_N)
+    user: str | None = Field(None, description="an end-user identifier; accepted, has no effect on generation")
+    # OpenAI fields infer refuses (400) unless they leave generation unchanged; see infer/server/sampling.py.
     best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -41,28 +62,36 @@ class SamplingFields(_Body):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
 
 
-class ContentPart(_Body):
+class ContentPart(BaseModel):
+    """One part of a message's content; parts other than text are refused by the chat route, by name."""
+
+    model_config = ConfigDict(extra="allow")  # an image part carries its own fields, refused with the part
+
     type: str = "text"
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # lm-eval adds "type": "text" to every message
-
-    role: str
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
+    type: Literal["text"] | None = Field(None, description="lm-eval sends 'text' on every message; no effect")
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeRequest(_Body):

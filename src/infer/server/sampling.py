@@ -1,27 +1,42 @@
-"""Turn the OpenAI sampling fields into SamplingParams, refusing what infer does not support with a 422."""
+"""Turn the OpenAI sampling fields into SamplingParams; OpenAI features infer does not have are a 400 naming the field."""
 
 from __future__ import annotations
 
 from infer.sampling.params import SamplingParams
 from infer.server.errors import APIError
-from infer.server.protocol import SamplingFields
+from infer.server.protocol import ChatCompletionRequest, SamplingFields
 
-MAX_N = 16
+
+def _unsupported(param: str, message: str) -> APIError:
+    return APIError(400, f"{param}: {message}", param, "unsupported_parameter")
 
 
 def check_supported(body: SamplingFields) -> None:
-    """OpenAI fields with values infer cannot honour are refused rather than silently ignored."""
-    if body.best_of is not None and body.best_of > 1:
-        raise APIError(422, "best_of > 1 is not supported", "best_of")
-    if body.presence_penalty != 0 or body.frequency_penalty != 0:
-        param = "presence_penalty" if body.presence_penalty != 0 else "frequency_penalty"
-        raise APIError(422, f"{param} is not supported (use repetition_penalty)", param)
+    """Refuse what infer cannot honour; a value that leaves generation unchanged (the default, 'text') passes."""
+    if body.best_of is not None and body.best_of != 1:
+        raise _unsupported("best_of", "only best_of=1 is supported (use n for several choices)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) != 0:
+            raise _unsupported(name, "is not supported; use repetition_penalty")
     if body.logit_bias:
-        raise APIError(422, "logit_bias is not supported", "logit_bias")
-    if not 1 <= body.n <= MAX_N:
-        raise APIError(422, f"n must be between 1 and {MAX_N}, got {body.n}", "n")
+        raise _unsupported("logit_bias", "is not supported")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise _unsupported("response_format", f"type {body.response_format.type!r} is not supported yet "
+                                              "(structured output); only 'text' is accepted")
     if body.stream_options is not None and not body.stream:
         raise APIError(422, "stream_options is only allowed with stream=true", "stream_options")
+    if isinstance(body, ChatCompletionRequest):
+        _check_tools(body)
+
+
+def _check_tools(body: ChatCompletionRequest) -> None:
+    """No tool or function calling yet: any tool definition or choice other than 'none' is refused."""
+    for name in ("tools", "functions"):
+        if getattr(body, name):
+            raise _unsupported(name, "tool and function calling are not supported")
+    for name in ("tool_choice", "function_call"):
+        if getattr(body, name) not in (None, "none"):
+            raise _unsupported(name, "tool and function calling are not supported")
 
 
 def sampling_params(

@@ -1,4 +1,5 @@
-"""What every route needs: the loaded model and tokenizer, the async engine, the served model name."""
+"""What every route needs: the loaded model and tokenizer, the async engine, the served model name,
+and the checks that turn a bad prompt into a 4xx before anything is decoded or queued."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from functools import lru_cache
 
 from infer.engine.async_engine import AsyncEngine
 from infer.llm import LLM
+from infer.models.chat_template import template_source
 from infer.server.errors import APIError
 
 
@@ -16,7 +18,7 @@ class ServerState:
     llm: LLM
     engine: AsyncEngine
     model_name: str
-    created: int = field(default_factory=lambda: int(time.time()))
+    created: int = field(default_factory=lambda: int(time.time()))  # the model card's creation time
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
@@ -26,20 +28,70 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(422, f"model {model!r} is not served here; this server serves {self.model_name!r}", "model")
+            raise APIError(404, f"The model {model!r} does not exist; this server serves {self.model_name!r}",
+                           "model", "model_not_found")
 
     @property
     def max_seq_len(self) -> int:
         return self.llm.config.max_seq_len
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.llm.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    @property
+    def vocab_size(self) -> int:
+        return self.llm.runner.vocab_size
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja source of the chat template the server renders with, or None (a base model)."""
+        try:
+            return template_source(self.llm.chat_template_name())
+        except ValueError:
+            return None
+
+    def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        return self.llm.tokenizer.encode(check_text(text, param), add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.llm.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        for i, m in enumerate(messages):
+            check_text(m["content"], f"messages.{i}.content")
         try:
-            return self.llm.encode_chat(messages)
+            return self.llm.encode_chat(messages, add_generation_prompt)
         except Exception as exc:  # a template error is about the conversation the client sent
             raise APIError(422, f"cannot render the conversation with the chat template: {exc}", "messages") from exc
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        """Every id inside the vocabulary (422): checked before an id is decoded or queued."""
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise APIError(422, f"token id {bad} in {param} is outside the vocabulary [0, {self.vocab_size})", param)
+
+    def check_context(self, prompt_tokens: int, max_tokens: int | None, param: str) -> None:
+        """400 context_length_exceeded when the prompt, or the prompt plus max_tokens, does not fit the context."""
+        limit = self.max_seq_len
+        if prompt_tokens >= limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                                f"{prompt_tokens} tokens, which leaves no room to generate. Please shorten the prompt.",
+                           param, "context_length_exceeded")
+        if max_tokens is not None and prompt_tokens + max_tokens > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
+                                f"in the completion). Please reduce the length of the prompt or of max_tokens.",
+                           "max_tokens", "context_length_exceeded")
+
+    def check_parts(self, parts: int) -> None:
+        """A request with more parts (prompts x n) than the waiting queue can ever hold is a 400, not a 503."""
+        bound = self.engine.max_waiting_requests
+        if parts > bound:
+            raise APIError(400, f"this request needs {parts} sequences (prompts x n), more than the server queues "
+                                f"at once ({bound}); split it into smaller requests", "prompt")
+
+
+def check_text(text: str, param: str) -> str:
+    """Text that is valid Unicode: a lone UTF-16 surrogate (JSON allows "\\ud800") is a 400 naming the field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"{param} is not valid Unicode: a lone surrogate at character {exc.start}", param) from exc
+    return text

@@ -6,34 +6,32 @@ from fastapi import APIRouter, Request
 
 from infer.server.chat import plain_messages
 from infer.server.errors import APIError
+from infer.server.openapi import ERROR_RESPONSES
 from infer.server.protocol import DetokenizeRequest, TokenizeRequest
 from infer.server.state import ServerState
 
 router = APIRouter()
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", responses=ERROR_RESPONSES)
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, object]:
     state: ServerState = request.app.state.infer
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", "prompt")
-    if body.messages is not None:
-        ids = state.encode_chat(plain_messages(body.messages))
+    if body.messages is not None:  # the template writes the special tokens: add_special_tokens has no say
+        ids = state.encode_chat(plain_messages(body.messages), body.add_generation_prompt)
     else:
-        ids = state.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        ids = state.encode(body.prompt or "", "prompt", add_special_tokens=body.add_special_tokens)
     strs = [state.token_text(t) for t in ids] if body.return_token_strs else None
     return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids, "token_strs": strs}
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", responses=ERROR_RESPONSES)
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str]:
     state: ServerState = request.app.state.infer
     state.check_model(body.model)
-    vocab = state.llm.tokenizer.vocab_size
-    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise APIError(422, f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
+    state.check_token_ids(body.tokens, "tokens")
     return {"prompt": state.decode(body.tokens, skip_special_tokens=False)}
 
 
@@ -51,4 +49,5 @@ async def tokenizer_info(request: Request) -> dict[str, object]:
         "eos_token_ids": eos_ids,
         "model_max_length": state.max_seq_len,
         "vocab_size": state.llm.tokenizer.vocab_size,
+        "chat_template": state.chat_template,
     }

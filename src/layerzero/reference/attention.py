@@ -74,13 +74,17 @@ def paged_attention(
     window: int | None,
     max_context_len: int,
 ) -> torch.Tensor:
-    """One query token per sequence. q: [B, H, D]; caches [num_blocks, block_size, Hkv, D] -> [B, H, D]."""
+    """One query token per sequence. q: [B, H, D]; caches [num_blocks, block_size, Hkv, D] -> [B, H, D].
+
+    Whole blocks are gathered (up to the block holding position max_context_len - 1), so the work
+    follows the longest real context of the batch, never the block tables' capacity.
+    """
     block_size = key_cache.shape[1]
-    pos = torch.arange(max_context_len, device=q.device)
-    blocks = block_tables.long().index_select(1, pos // block_size)
-    slots = blocks * block_size + pos % block_size  # [B, L]
-    k = key_cache.view(-1, *key_cache.shape[2:])[slots]  # [B, L, Hkv, D]
-    v = value_cache.view(-1, *value_cache.shape[2:])[slots]
+    tables = block_tables[:, : -(-max_context_len // block_size)].long()
+    shape = (tables.shape[0], -1, *key_cache.shape[2:])  # [B, L, Hkv, D], L = blocks * block_size >= max_context_len
+    k = key_cache.index_select(0, tables.flatten()).view(shape)
+    v = value_cache.index_select(0, tables.flatten()).view(shape)
+    pos = torch.arange(k.shape[1], device=q.device)
     ctx = context_lens.long().unsqueeze(1)
     visible = pos.unsqueeze(0) < ctx
     if window is not None:

@@ -1,0 +1,77 @@
+"""oneDNN linear for float32 on the CPU: each weight is reordered once into oneDNN's blocked layout.
+
+torch's dense CPU linear (MKL sgemm on the row-major weight) reaches 15-40% of what oneDNN gets
+from a prepacked weight on the shapes of small LLMs (measured in docs/layerzero-kernels.md: 2-4x
+per matmul at batch 1-40, the 49k-row LM head most of all). The packed copy is made on a weight's
+first use and kept while the weight lives; an in-place change of the weight (its version counter)
+or a new storage repacks it. The price is one extra copy of every linear weight in host memory;
+lock `linear` to `reference.linear` (LZ_LOCK or `lz.lock`) to go without it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from layerzero.kernel_spec import KernelSpec
+from layerzero.reasons import NOT_INSTALLED, Reason
+
+PRIORITY = 60  # above the reference (F.linear), the only other CPU linear
+
+
+@dataclass(frozen=True)
+class _Packed:
+    weight: weakref.ref[torch.Tensor]
+    data_ptr: int
+    version: int
+    packed: torch.Tensor
+
+
+class PackedWeights:
+    """oneDNN-packed copies of weights by identity; an entry goes when its weight is collected."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, _Packed] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        version = -1 if torch.is_inference(weight) else weight._version  # inference tensors keep no counter
+        entry = self._entries.get(id(weight))
+        if entry is not None and entry.weight() is weight and entry.data_ptr == weight.data_ptr() \
+                and entry.version == version:
+            return entry.packed
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        key = id(weight)
+        ref = weakref.ref(weight, lambda _: self._entries.pop(key, None))
+        with self._lock:
+            self._entries[key] = _Packed(ref, weight.data_ptr(), version, packed)
+        return packed
+
+
+PACKED = PackedWeights()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ weight[out, in].T + bias through oneDNN with the weight's packed copy."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(rows, PACKED.get(weight), bias, "none", [], "")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _available() -> Reason | None:
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return Reason(NOT_INSTALLED, "this torch build has no oneDNN (mkldnn) linear")
+    return None
+
+
+def kernel_specs() -> list[KernelSpec]:
+    return [
+        KernelSpec("onednn.linear", "linear", "onednn", linear, torch.__version__, platforms=frozenset({"cpu"}),
+                   dtypes=frozenset({torch.float32}), priority=PRIORITY, available=_available),
+    ]
