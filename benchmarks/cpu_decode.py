@@ -1,27 +1,46 @@
-"""CPU batch-1 decode tokens/s of the bundled SmolLM2-135M: infer vs transformers' generate, same run.
+"""CPU decode of the bundled SmolLM2-135M at the server's default settings: infer vs transformers, same run.
 
-    .venv/bin/python benchmarks/cpu_decode.py [--tokens 128] [--runs 3]
+    .venv/bin/python benchmarks/cpu_decode.py [--tokens 64] [--runs 3]
 
-Writes benchmarks/reports/cpu_decode.{json,md}: medians, ratio ours/transformers, and the
-memory-bandwidth roofline (tokens/s if every weight byte is read once per token at measured copy speed).
+Three measurements, each interleaved run by run with its transformers peer so drift on a shared
+machine hits both alike:
+- batch 1: decode tok/s of one chat request (first token excluded) vs transformers' `generate`;
+- batch 16 engine: 16 different chat prompts submitted at once, generated tokens / wall time
+  (prefill included) vs transformers' batch-16 `generate` of the same prompts, left-padded;
+- batch 16 server: the same 16 prompts as concurrent HTTP requests to `infer serve`'s app.
+The engine runs with the default EngineConfig (max_seq_len 4096, max_batch_size 32), as `make serve`.
+Writes benchmarks/reports/cpu_decode.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
+import httpx
 import torch
 import transformers
 
 from infer import LLM, SamplingParams
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_harness import MODEL, running_server  # noqa: E402  (the tests' real-server harness)
+
 REPORTS = Path(__file__).parent / "reports"
-PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+QUESTIONS = [
+    "Write a short story about a robot who learns to paint.", "Why is the sky blue?",
+    "Explain photosynthesis to a child.", "What are the three states of matter?", "Give me a recipe for pancakes.",
+    "Describe the water cycle.", "What is a prime number? Give examples.", "Summarize the plot of Romeo and Juliet.",
+    "How do airplanes stay in the air?", "List five fruits and their colors.", "What causes the seasons on Earth?",
+    "Write a haiku about autumn leaves.", "How does a computer store numbers?", "What is the capital of Japan?",
+    "Explain what a noun is.", "Tell me a fun fact about octopuses.",
+]
 
 
 def copy_bandwidth_gbs(mb: int = 512, reps: int = 5) -> float:
@@ -36,63 +55,109 @@ def copy_bandwidth_gbs(mb: int = 512, reps: int = 5) -> float:
     return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
-def ours_decode_tps(llm: LLM, ids: list[int], tokens: int) -> float:
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    stamps = [time.perf_counter() for _ in llm.stream(ids, params)]
+def greedy(tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+
+
+def ours_batch1(llm: LLM, ids: list[int], tokens: int) -> float:
+    stamps = [time.perf_counter() for _ in llm.stream(ids, greedy(tokens))]
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-def hf_decode_tps(model, ids: list[int], tokens: int) -> float:
+def ours_engine(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
+    started = time.perf_counter()
+    outs = llm.generate_ids(prompts, greedy(tokens))
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - started)
+
+
+def ours_server(base_url: str, prompts: list[list[int]], tokens: int) -> float:
+    async def run() -> float:
+        async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
+            bodies = [{"model": MODEL, "prompt": p, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+                      for p in prompts]
+            started = time.perf_counter()
+            replies = await asyncio.gather(*[http.post("/v1/completions", json=b) for b in bodies])
+            elapsed = time.perf_counter() - started
+        return sum(r.json()["usage"]["completion_tokens"] for r in replies) / elapsed
+
+    return asyncio.run(run())
+
+
+def hf_batch1(model, ids: list[int], tokens: int) -> float:
     """(N-1) decode tokens over the time generate(N) takes beyond generate(1) (the prefill)."""
     x = torch.tensor([ids])
-    kwargs = dict(do_sample=False, min_new_tokens=tokens, pad_token_id=0)
+    kwargs = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(x))
     with torch.no_grad():
         t = time.perf_counter()
-        model.generate(x, max_new_tokens=1, **kwargs | {"min_new_tokens": 1})
+        model.generate(x, max_new_tokens=1, **kwargs)
         prefill = time.perf_counter() - t
         t = time.perf_counter()
-        model.generate(x, max_new_tokens=tokens, **kwargs)
+        model.generate(x, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
         total = time.perf_counter() - t
     return (tokens - 1) / (total - prefill)
 
 
+def hf_batch(model, prompts: list[list[int]], tokens: int, pad_id: int) -> float:
+    """Batched generate of left-padded prompts: generated tokens / wall time, prefill included."""
+    width = max(map(len, prompts))
+    x = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        t = time.perf_counter()
+        out = model.generate(x, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                             pad_token_id=pad_id)
+        elapsed = time.perf_counter() - t
+    return (out.shape[1] - width) * len(prompts) / elapsed
+
+
+def median_ratio(ours: list[float], theirs: list[float]) -> float:
+    return statistics.median(ours) / statistics.median(theirs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=128, help="new tokens per run")
-    parser.add_argument("--runs", type=int, default=3, help="runs per engine (median reported)")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
+    parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median reported)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    llm = LLM(None, max_seq_len=1024, max_batch_size=1)
-    ids = llm.encode_chat(PROMPT)
+    llm = LLM(None)  # the defaults `make serve` runs with
+    prompts = [llm.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         llm.path.parent, gguf_file=llm.path.name, dtype=torch.float32
     ).eval()
+    pad_id = llm.tokenizer.hf.pad_token_id or 0
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
     bandwidth = copy_bandwidth_gbs()
-
-    ours_decode_tps(llm, ids, 8)  # warm-up
-    hf_decode_tps(hf, ids, 8)
-    ours, theirs = [], []
-    for _ in range(args.runs):  # interleaved so drift on a shared machine hits both alike
-        ours.append(ours_decode_tps(llm, ids, args.tokens))
-        theirs.append(hf_decode_tps(hf, ids, args.tokens))
+    rows: dict[str, tuple[list[float], list[float]]] = {"batch1": ([], []), "batch16_engine": ([], []),
+                                                         "batch16_server": ([], [])}
+    with running_server(llm) as server:
+        ours_batch1(llm, prompts[0], 8)  # warm-up: oneDNN weight packing, first-call selection
+        hf_batch1(hf, prompts[0], 4)
+        for _ in range(args.runs):
+            rows["batch1"][0].append(ours_batch1(llm, prompts[0], args.tokens))
+            rows["batch1"][1].append(hf_batch1(hf, prompts[0], args.tokens))
+            hf16 = hf_batch(hf, prompts, args.tokens, pad_id)
+            rows["batch16_engine"][0].append(ours_engine(llm, prompts, args.tokens))
+            rows["batch16_engine"][1].append(hf16)
+            rows["batch16_server"][0].append(ours_server(server.base_url, prompts, args.tokens))
+            rows["batch16_server"][1].append(hf16)
     roofline = bandwidth * 1e9 / weight_bytes
+    results = {name: {"infer_tok_s": ours, "transformers_tok_s": theirs,
+                      "infer_median_tok_s": statistics.median(ours),
+                      "transformers_median_tok_s": statistics.median(theirs),
+                      "ratio_infer_over_transformers": median_ratio(ours, theirs)}
+               for name, (ours, theirs) in rows.items()}
     report = {
-        "benchmark": "cpu_decode_batch1",
+        "benchmark": "cpu_decode",
         "model": llm.path.name,
-        "prompt_tokens": len(ids),
+        "prompt_tokens": [len(p) for p in prompts],
         "new_tokens": args.tokens,
         "runs": args.runs,
-        "infer_tok_s": ours,
-        "transformers_tok_s": theirs,
-        "infer_median_tok_s": statistics.median(ours),
-        "transformers_median_tok_s": statistics.median(theirs),
-        "ratio_infer_over_transformers": statistics.median(ours) / statistics.median(theirs),
+        "results": results,
         "weight_bytes": weight_bytes,
         "copy_bandwidth_gb_s": bandwidth,
-        "roofline_tok_s": roofline,
-        "infer_fraction_of_roofline": statistics.median(ours) / roofline,
+        "roofline_batch1_tok_s": roofline,
+        "infer_batch1_fraction_of_roofline": results["batch1"]["infer_median_tok_s"] / roofline,
         "hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
@@ -100,22 +165,30 @@ def main() -> None:
     }
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / "cpu_decode.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    labels = {"batch1": ("batch 1, decode tok/s", "generate, batch 1"),
+              "batch16_engine": ("16 at once via `LLM.generate`, generated tok/s", "generate, batch 16, left-padded"),
+              "batch16_server": ("16 concurrent HTTP requests to the server, generated tok/s",
+                                 "generate, batch 16, left-padded")}
     md = [
-        "# CPU decode, batch 1 — SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32)",
+        "# CPU decode — SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), default engine settings",
         "",
         f"Hardware: {report['hardware']['cpu']}, {report['hardware']['threads']} threads. "
         f"Software: torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}.",
-        f"Prompt {len(ids)} tokens (chat), {args.tokens} new tokens, greedy, median of {args.runs} interleaved runs.",
+        f"16 different chat prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.tokens} new "
+        f"tokens each, greedy, EOS ignored; median of {args.runs} runs interleaved with the peer.",
+        "Batch-16 rows count generated tokens over wall time with the prefill included, for both engines.",
         "",
-        "| engine | decode tok/s (median) | ÷ transformers | ÷ roofline |",
+        "| measurement | infer tok/s | transformers tok/s (peer) | infer ÷ transformers |",
         "|---|---:|---:|---:|",
-        f"| infer | {report['infer_median_tok_s']:.1f} | {report['ratio_infer_over_transformers']:.2f} | "
-        f"{report['infer_fraction_of_roofline']:.2f} |",
-        f"| transformers generate | {report['transformers_median_tok_s']:.1f} | 1.00 | "
-        f"{report['transformers_median_tok_s'] / roofline:.2f} |",
+    ]
+    for name, r in results.items():
+        ours_label, peer_label = labels[name]
+        md.append(f"| {ours_label} | {r['infer_median_tok_s']:.1f} | {r['transformers_median_tok_s']:.1f} "
+                  f"({peer_label}) | {r['ratio_infer_over_transformers']:.2f} |")
+    md += [
         "",
-        f"Roofline: {weight_bytes / 1e6:.0f} MB of fp32 weights read per token at the measured copy bandwidth "
-        f"{bandwidth:.1f} GB/s = {roofline:.1f} tok/s.",
+        f"Batch-1 roofline: {weight_bytes / 1e6:.0f} MB of fp32 weights read per token at the measured copy bandwidth "
+        f"{bandwidth:.1f} GB/s = {roofline:.1f} tok/s; infer reaches {report['infer_batch1_fraction_of_roofline']:.2f} of it.",
         "",
         f"EngineConfig: `{json.dumps(llm.config.as_dict(), default=str)}`",
         "",

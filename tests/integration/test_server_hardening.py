@@ -1,0 +1,196 @@
+"""The server under inputs a new user's clients send: every one gets a 2xx or an OpenAI-shaped 4xx,
+nothing unsupported is silently ignored, and the openai client's model and role calls work."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import httpx
+import openai
+import pytest
+
+from server_harness import MODEL, running_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_llm):
+    with running_server(smollm2_llm) as running:
+        yield running
+
+
+@pytest.fixture()
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _post(server, path: str, body: dict | str | bytes) -> httpx.Response:
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(f"{server.base_url}{path}", content=content, headers={"content-type": "application/json"},
+                      timeout=120)
+
+
+def _error(r: httpx.Response, status: int) -> dict:
+    """The OpenAI error object of a response that must have `status`."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize(("path", "raw", "param"), [
+    ("/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 1}', "prompt"),
+    ("/v1/completions", '{"prompt": ["ok", "a\\ud800b"], "max_tokens": 1}', "prompt.1"),
+    ("/tokenize", '{"prompt": "a\\ud800b"}', "prompt"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\udc00"}], "max_tokens": 1}',
+     "messages.0.content"),
+])
+def test_lone_surrogate_is_a_400_naming_the_field(server, path, raw, param):
+    assert _error(_post(server, path, raw), 400)["param"] == param
+
+
+@pytest.mark.parametrize("prompt", [[1, 96029485282826], [1, -5]])
+def test_echo_of_an_out_of_vocabulary_id_is_refused_before_decoding(server, prompt):
+    err = _error(_post(server, "/v1/completions", {"prompt": prompt, "echo": True, "max_tokens": 1}), 422)
+    assert err["param"] == "prompt" and "vocabulary" in err["message"]
+
+
+def test_more_parts_than_the_queue_holds_is_a_400_and_queues_nothing(server):
+    bound = server.state.engine.max_waiting_requests
+    err = _error(_post(server, "/v1/completions", {"prompt": ["hi"] * (bound + 44), "max_tokens": 1}), 400)
+    assert str(bound) in err["message"]
+    assert server.state.engine.num_waiting == 0 and not server.engine.has_unfinished()
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 10**9}),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 16384}),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 1024}),
+])
+def test_max_tokens_beyond_the_context_is_a_400(server, path, body):
+    err = _error(_post(server, path, body), 400)
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert f"maximum context length is {server.state.max_seq_len} tokens" in err["message"]
+
+
+def test_prompt_that_fills_the_context_is_a_400(server):
+    err = _error(_post(server, "/v1/completions", {"prompt": [1] * server.state.max_seq_len, "max_tokens": 1}), 400)
+    assert err["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(("path", "extra", "param"), [
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+     "response_format"),
+    ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/v1/completions", {"best_of": 2}, "best_of"),
+    ("/v1/completions", {"logit_bias": {"1": 5}}, "logit_bias"),
+    ("/v1/completions", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/completions", {"suffix": "end"}, "suffix"),
+    ("/v1/completions", {"min_tokens": 4}, "min_tokens"),
+    ("/v1/chat/completions", {"store": True}, "store"),
+])
+def test_unsupported_fields_are_refused_by_name(server, path, extra, param):
+    body = ({"messages": CHAT} if "chat" in path else {"prompt": "Hi"}) | {"max_tokens": 2} | extra
+    err = _error(_post(server, path, body), 400)
+    assert err["param"] == param and param in err["message"]
+
+
+def test_fields_that_change_nothing_are_accepted(client):
+    text = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, temperature=0).choices[0].message.content
+    same = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, temperature=0, user="me",
+                                          response_format={"type": "text"}, tool_choice="none")
+    assert same.choices[0].message.content == text
+
+
+def test_models_retrieve_and_unknown_model_is_404_model_not_found(client, server):
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4")
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=CHAT, max_tokens=1)
+    assert _error(_post(server, "/v1/completions", {"model": "gpt-4", "prompt": "Hi"}), 404)["param"] == "model"
+
+
+def test_developer_role_is_the_system_role(client):
+    def reply(role: str) -> str:
+        messages = [{"role": role, "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"}]
+        return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0).choices[0].message.content
+
+    assert reply("developer") == reply("system")
+
+
+def test_created_is_the_time_of_each_response(client):
+    time.sleep(1.1)  # the server started at least a second ago: its start time would now be in the past
+    before = int(time.time())
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+    chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True))
+    assert before <= out.created <= time.time()
+    assert {c.created for c in chunks} == {chunks[0].created} and chunks[0].created >= before
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status"), [
+    ("GET", "/no/such/route", None, 404),
+    ("GET", "/v1/completions", None, 405),
+    ("POST", "/v1/completions", "{not json", 400),
+    ("POST", "/v1/completions", "[" * 100_000 + "]" * 100_000, 400),
+    ("POST", "/v1/completions", b"\xff\xfe{\x00", 400),
+    ("POST", "/v1/completions", '{"prompt": "Hi", "\\ud800": 1}', 400),
+])
+def test_every_failure_has_an_openai_error_body(server, method, path, body, status):
+    r = httpx.request(method, f"{server.base_url}{path}", content=body, headers={"content-type": "application/json"})
+    _error(r, status)
+
+
+def test_unexpected_exception_is_a_500_logged_once_and_serving_goes_on(server, monkeypatch, caplog):
+    def broken(model: str | None) -> None:
+        raise RuntimeError("planted bug")
+
+    monkeypatch.setattr(server.state, "check_model", broken)
+    with caplog.at_level(logging.ERROR):
+        err = _error(_post(server, "/tokenize", {"prompt": "Hi"}), 500)
+    monkeypatch.undo()
+    assert "RuntimeError" in err["message"]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert _post(server, "/tokenize", {"prompt": "Hi"}).status_code == 200
+
+
+def test_client_disconnect_is_one_info_line(server, caplog):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}
+    with caplog.at_level(logging.INFO, logger="infer.server"):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=1.0)
+        server.wait_idle()
+        time.sleep(0.5)  # the handler logs once it has seen the disconnect (it polls every 0.2 s)
+    assert [r.levelname for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("client disconnected" in r.getMessage() for r in caplog.records)
+    assert server.engine.kv.audit_blocks() == {}
+
+
+def test_tokenizer_info_carries_the_chat_template(server):
+    info = httpx.get(f"{server.base_url}/tokenizer_info").json()
+    assert "<|im_start|>" in info["chat_template"] and "messages" in info["chat_template"]
+
+
+def test_openapi_describes_the_server(server):
+    doc = httpx.get(f"{server.base_url}/openapi.json").json()
+    completions = doc["paths"]["/v1/completions"]["post"]["responses"]
+    assert {"200", "400", "404", "422", "500", "503"} <= set(completions)
+    assert set(completions["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    schemas = doc["components"]["schemas"]
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
+    assert schemas["CompletionRequest"]["properties"]["model"]["anyOf"][0]["enum"] == [MODEL]
+    assert "/v1/models/{model_id}" in doc["paths"]
