@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 DESCRIPTION = "infer: an LLM inference runtime (Llama 3, Qwen 3, Gemma 3; HF safetensors or GGUF)."
 
@@ -94,6 +95,21 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
 
 
+def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export-tokenizer",
+        help="write the model's tokenizer (with its chat template) as a Hugging Face tokenizer directory",
+        description="Write the tokenizer of --model (default: the bundled SmolLM2) to DIR as tokenizer.json + "
+                    "tokenizer_config.json, with the chat template the server renders, so clients that tokenize "
+                    "locally (guidellm --processor DIR, aiperf --tokenizer DIR) need no hub download.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("directory", metavar="DIR", help="where to write the tokenizer files (created if missing)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="HF model directory or a .gguf file; default: the bundled SmolLM2-135M-Instruct GGUF")
+    p.set_defaults(func=_export_tokenizer)
+
+
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
                 "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format")
@@ -104,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(sub)
     _add_serve(sub)
+    _add_export_tokenizer(sub)
     return parser
 
 
@@ -151,6 +168,23 @@ def _generate(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     sys.stdout.write("\n")
     print(f"[infer] {count} tokens in {elapsed:.2f}s ({count / elapsed:.1f} tok/s), finish_reason={reason}", file=sys.stderr)
+    return 0
+
+
+def _export_tokenizer(args: argparse.Namespace) -> int:
+    from infer.llm import chat_template_name, resolve_model_path
+    from infer.loader.model_loader import read_config
+    from infer.loader.tokenizer import Tokenizer
+    from infer.models.chat_template import ChatTemplateError, template_source
+
+    path = resolve_model_path(args.model)
+    tokenizer = Tokenizer.from_path(path)
+    try:
+        tokenizer.hf.chat_template = template_source(chat_template_name(read_config(path).model_type, tokenizer))
+    except ChatTemplateError:
+        pass  # a base model: no chat template to ship
+    written = tokenizer.hf.save_pretrained(args.directory)
+    print(f"[infer] wrote {', '.join(sorted(Path(f).name for f in written))} to {args.directory}", file=sys.stderr)
     return 0
 
 

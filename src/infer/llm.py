@@ -38,6 +38,17 @@ def resolve_model_path(model: str | None) -> Path:
     return bundled_smollm2() if model is None else Path(model).expanduser()
 
 
+def chat_template_name(model_type: str, tokenizer: Tokenizer) -> str:
+    """The bundled chat template for a model family whose tokenizer has the template's marker token."""
+    for name, marker in model_spec(model_type).chat_templates:
+        if tokenizer.has_token(marker):
+            return name
+    raise ChatTemplateError(
+        f"no chat template for this {model_type} tokenizer; "
+        f"add one to {TEMPLATE_DIR} and register it in infer/models/registry.py"
+    )
+
+
 class LLM:
     """Offline generation: `LLM().generate(["Hello"], SamplingParams(temperature=0))`.
 
@@ -68,13 +79,7 @@ class LLM:
     # prompts -----------------------------------------------------------------------------------
 
     def chat_template_name(self) -> str:
-        for name, marker in model_spec(self.model_config.model_type).chat_templates:
-            if self.tokenizer.has_token(marker):
-                return name
-        raise ChatTemplateError(
-            f"no chat template for this {self.model_config.model_type} tokenizer; "
-            f"add one to {TEMPLATE_DIR} and register it in infer/models/registry.py"
-        )
+        return chat_template_name(self.model_config.model_type, self.tokenizer)
 
     def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
         return render_chat(self.chat_template_name(), messages, add_generation_prompt=add_generation_prompt,

@@ -80,3 +80,16 @@ def test_serve_answers_a_chat_request():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_export_tokenizer_renders_chats_as_the_server_does(tmp_path, smollm2_llm):
+    from transformers import AutoTokenizer
+
+    result = _run("export-tokenizer", str(tmp_path / "tok"))
+    assert result.returncode == 0, result.stderr
+    exported = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    ids = exported.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert list(ids) == smollm2_llm.encode_chat(messages)
+    assert exported.encode("Hello world") == smollm2_llm.tokenizer.encode("Hello world")

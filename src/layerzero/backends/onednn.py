@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from layerzero.context import SelectionContext
 from layerzero.kernel_spec import KernelSpec
-from layerzero.reasons import NOT_INSTALLED, Reason
+from layerzero.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
 
 PRIORITY = 60  # above the reference (F.linear), the only other CPU linear
 
@@ -70,8 +71,15 @@ def _available() -> Reason | None:
     return None
 
 
+def _float32_only(ctx: SelectionContext) -> list[Reason]:
+    """No float32 upcast of low-precision calls: the cast weight is a new tensor, repacked on every call."""
+    if ctx.dtype == torch.float32:
+        return []
+    return [Reason(CONSTRAINT_FAILED, "packs float32 weights only (an upcast weight would be repacked every call)")]
+
+
 def kernel_specs() -> list[KernelSpec]:
     return [
         KernelSpec("onednn.linear", "linear", "onednn", linear, torch.__version__, platforms=frozenset({"cpu"}),
-                   dtypes=frozenset({torch.float32}), priority=PRIORITY, available=_available),
+                   dtypes=frozenset({torch.float32}), priority=PRIORITY, check=_float32_only, available=_available),
     ]
