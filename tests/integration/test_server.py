@@ -12,23 +12,12 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from server_harness import MODEL, running_server
+from server_harness import MODEL
 
 pytestmark = pytest.mark.slow
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,",
            "The best way to learn", "Water boils at", "My favourite colour is", "In 1492,", "Dear diary,"]
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_llm):
-    with running_server(smollm2_llm) as running:
-        yield running
-
-
-@pytest.fixture()
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _greedy(**kw):

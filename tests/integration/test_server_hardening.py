@@ -11,20 +11,9 @@ import httpx
 import openai
 import pytest
 
-from server_harness import MODEL, running_server
+from server_harness import MODEL
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_llm):
-    with running_server(smollm2_llm) as running:
-        yield running
-
-
-@pytest.fixture()
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _post(server, path: str, body: dict | str | bytes) -> httpx.Response:

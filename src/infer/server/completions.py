@@ -44,8 +44,6 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state: ServerState = request.app.state.infer
     state.check_model(body.model)
     check_supported(body)
-    if body.suffix:
-        raise APIError(400, "suffix: is not supported (no fill-in-the-middle)", "suffix", "unsupported_parameter")
     prompts, texts = prompt_ids(state, body.prompt)
     state.check_parts(len(prompts) * body.n)
     for ids in prompts:

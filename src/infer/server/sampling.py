@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from infer.sampling.params import SamplingParams
 from infer.server.errors import APIError
-from infer.server.protocol import ChatCompletionRequest, SamplingFields
+from infer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
 def _unsupported(param: str, message: str) -> APIError:
@@ -25,6 +25,8 @@ def check_supported(body: SamplingFields) -> None:
                                               "(structured output); only 'text' is accepted")
     if body.stream_options is not None and not body.stream:
         raise APIError(422, "stream_options is only allowed with stream=true", "stream_options")
+    if isinstance(body, CompletionRequest) and body.suffix:
+        raise _unsupported("suffix", "is not supported (no fill-in-the-middle)")
     if isinstance(body, ChatCompletionRequest):
         _check_tools(body)
 

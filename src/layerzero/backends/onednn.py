@@ -1,11 +1,11 @@
 """oneDNN linear for float32 on the CPU: each weight is reordered once into oneDNN's blocked layout.
 
-torch's dense CPU linear (MKL sgemm on the row-major weight) reaches 15-40% of what oneDNN gets
-from a prepacked weight on the shapes of small LLMs (measured in docs/layerzero-kernels.md: 2-4x
-per matmul at batch 1-40, the 49k-row LM head most of all). The packed copy is made on a weight's
-first use and kept while the weight lives; an in-place change of the weight (its version counter)
-or a new storage repacks it. The price is one extra copy of every linear weight in host memory;
-lock `linear` to `reference.linear` (LZ_LOCK or `lz.lock`) to go without it.
+torch's dense CPU linear (MKL sgemm on the row-major weight) is 2-4x slower than oneDNN with a
+prepacked weight on the shapes of small LLMs, at 1 to 40 rows, the 49k-row LM head most of all
+(numbers in docs/engine.md). The packed copy is made on a weight's first use and kept while the
+weight lives; an in-place change of the weight (its version counter) or a new storage repacks it.
+The price is one extra copy of every linear weight in host memory; lock `linear` to
+`reference.linear` (LAYERZERO_LOCK_LINEAR or `lz.lock`) to go without it.
 """
 
 from __future__ import annotations
