@@ -2,13 +2,14 @@
 
     .venv/bin/python benchmarks/cpu_decode.py [--tokens 64] [--runs 3]
 
-Three measurements, each interleaved run by run with its transformers peer so drift on a shared
-machine hits both alike:
-- batch 1: decode tok/s of one chat request (first token excluded) vs transformers' `generate`;
-- batch 16 engine: 16 different chat prompts submitted at once, generated tokens / wall time
-  (prefill included) vs transformers' batch-16 `generate` of the same prompts, left-padded;
-- batch 16 server: the same 16 prompts as concurrent HTTP requests to `infer serve`'s app.
-The engine runs with the default EngineConfig (max_seq_len 4096, max_batch_size 32), as `make serve`.
+Each measurement is interleaved run by run with its transformers peer, so drift on a shared machine
+hits both alike:
+- batch 1: decode tok/s of one chat request (first token excluded), in process (`LLM.stream`) and
+  streamed from a real `infer serve` process, vs transformers' `generate`;
+- batch 16: 16 different chat prompts at once, generated tokens / wall time (prefill included),
+  in process (`LLM.generate`) and as 16 concurrent HTTP requests to `infer serve`, vs transformers'
+  batch-16 `generate` of the same prompts, left-padded.
+Both run the default EngineConfig (max_seq_len 4096, max_batch_size 32), as `make serve` does.
 Writes benchmarks/reports/cpu_decode.{json,md}.
 """
 
@@ -30,9 +31,10 @@ import transformers
 from infer import LLM, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from server_harness import MODEL, running_server  # noqa: E402  (the tests' real-server harness)
+from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
 
 REPORTS = Path(__file__).parent / "reports"
+SERVED = "SmolLM2-135M-Instruct"
 QUESTIONS = [
     "Write a short story about a robot who learns to paint.", "Why is the sky blue?",
     "Explain photosynthesis to a child.", "What are the three states of matter?", "Give me a recipe for pancakes.",
@@ -41,6 +43,15 @@ QUESTIONS = [
     "Write a haiku about autumn leaves.", "How does a computer store numbers?", "What is the capital of Japan?",
     "Explain what a noun is.", "Tell me a fun fact about octopuses.",
 ]
+
+
+LABELS = {
+    "batch1": ("batch 1, decode tok/s, in process (`LLM.stream`)", "generate, batch 1"),
+    "batch1_server": ("batch 1, decode tok/s, streamed from `infer serve`", "generate, batch 1"),
+    "batch16": ("16 prompts at once (`LLM.generate`), generated tok/s", "generate, batch 16, left-padded"),
+    "batch16_server": ("16 concurrent HTTP requests to `infer serve`, generated tok/s",
+                       "generate, batch 16, left-padded"),
+}
 
 
 def copy_bandwidth_gbs(mb: int = 512, reps: int = 5) -> float:
@@ -70,11 +81,26 @@ def ours_engine(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - started)
 
 
-def ours_server(base_url: str, prompts: list[list[int]], tokens: int) -> float:
+def _body(prompt: list[int], tokens: int, stream: bool = False) -> dict[str, object]:
+    return {"model": SERVED, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+
+
+def server_batch1(base_url: str, ids: list[int], tokens: int) -> float:
+    """Decode tok/s of one streamed request: the tokens after the first over the time from first to last chunk
+    (EOS is ignored, so exactly `tokens` come; a chunk may carry two when text is held back mid-character)."""
+    stamps = []
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=_body(ids, tokens, stream=True), timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.perf_counter())
+    return (tokens - 1) / (stamps[-1] - stamps[0])
+
+
+def server_batch(base_url: str, prompts: list[list[int]], tokens: int) -> float:
     async def run() -> float:
         async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
-            bodies = [{"model": MODEL, "prompt": p, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
-                      for p in prompts]
+            bodies = [_body(p, tokens) for p in prompts]
             started = time.perf_counter()
             replies = await asyncio.gather(*[http.post("/v1/completions", json=b) for b in bodies])
             elapsed = time.perf_counter() - started
@@ -128,19 +154,21 @@ def main() -> None:
     pad_id = llm.tokenizer.hf.pad_token_id or 0
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
     bandwidth = copy_bandwidth_gbs()
-    rows: dict[str, tuple[list[float], list[float]]] = {"batch1": ([], []), "batch16_engine": ([], []),
-                                                         "batch16_server": ([], [])}
-    ours_batch1(llm, prompts[0], 8)  # warm-up: oneDNN weight packing, first-call selection
-    hf_batch1(hf, prompts[0], 4)
-    for _ in range(args.runs):
-        rows["batch1"][0].append(ours_batch1(llm, prompts[0], args.tokens))
-        rows["batch1"][1].append(hf_batch1(hf, prompts[0], args.tokens))
-        hf16 = hf_batch(hf, prompts, args.tokens, pad_id)
-        rows["batch16_engine"][0].append(ours_engine(llm, prompts, args.tokens))
-        rows["batch16_engine"][1].append(hf16)
-        with running_server(llm) as server:  # its engine thread owns the engine while it runs
-            rows["batch16_server"][0].append(ours_server(server.base_url, prompts, args.tokens))
-        rows["batch16_server"][1].append(hf16)
+    rows: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in LABELS}
+    with serve_process() as base_url:
+        ours_batch1(llm, prompts[0], 8)  # warm-up: oneDNN weight packing, first-call selection
+        server_batch1(base_url, prompts[0], 8)
+        hf_batch1(hf, prompts[0], 4)
+        for _ in range(args.runs):
+            hf1 = hf_batch1(hf, prompts[0], args.tokens)
+            hf16 = hf_batch(hf, prompts, args.tokens, pad_id)
+            measured = {"batch1": ours_batch1(llm, prompts[0], args.tokens),
+                        "batch1_server": server_batch1(base_url, prompts[0], args.tokens),
+                        "batch16": ours_engine(llm, prompts, args.tokens),
+                        "batch16_server": server_batch(base_url, prompts, args.tokens)}
+            for name, value in measured.items():
+                rows[name][0].append(value)
+                rows[name][1].append(hf16 if name.startswith("batch16") else hf1)
     roofline = bandwidth * 1e9 / weight_bytes
     results = {name: {"infer_tok_s": ours, "transformers_tok_s": theirs,
                       "infer_median_tok_s": statistics.median(ours),
@@ -158,6 +186,7 @@ def main() -> None:
         "copy_bandwidth_gb_s": bandwidth,
         "roofline_batch1_tok_s": roofline,
         "infer_batch1_fraction_of_roofline": results["batch1"]["infer_median_tok_s"] / roofline,
+        "server_flags": "infer serve (defaults)",
         "hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
@@ -165,10 +194,6 @@ def main() -> None:
     }
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / "cpu_decode.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    labels = {"batch1": ("batch 1, decode tok/s", "generate, batch 1"),
-              "batch16_engine": ("16 at once via `LLM.generate`, generated tok/s", "generate, batch 16, left-padded"),
-              "batch16_server": ("16 concurrent HTTP requests to the server, generated tok/s",
-                                 "generate, batch 16, left-padded")}
     md = [
         "# CPU decode — SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), default engine settings",
         "",
@@ -182,7 +207,7 @@ def main() -> None:
         "|---|---:|---:|---:|",
     ]
     for name, r in results.items():
-        ours_label, peer_label = labels[name]
+        ours_label, peer_label = LABELS[name]
         md.append(f"| {ours_label} | {r['infer_median_tok_s']:.1f} | {r['transformers_median_tok_s']:.1f} "
                   f"({peer_label}) | {r['ratio_infer_over_transformers']:.2f} |")
     md += [

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -73,3 +75,23 @@ def running_server(llm: LLM) -> Iterator[RunningServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextmanager
+def serve_process(*flags: str, timeout: float = 120) -> Iterator[str]:
+    """`infer serve` as a user starts it, in its own process on a free port; yields the base URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "infer.cli", "serve", "--port", str(port), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def still_running() -> None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"infer serve exited with {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}")
+
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, timeout=timeout, still_starting=still_running)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -128,13 +128,14 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from infer.engine.async_engine import AsyncEngine
+    from infer.engine.threads import build_off_main_thread
     from infer.llm import LLM
     from infer.server.app import create_app
     from infer.server.state import ServerState
 
     options = {name: getattr(args, name) for name in ENGINE_FLAGS}
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
-    llm = LLM(args.model, **options)
+    llm = build_off_main_thread(lambda: LLM(args.model, **options))  # the engine thread does all torch work
     name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else llm.path.stem)
     print(f"[infer] loaded {llm.path.name} in {llm.load_seconds:.1f}s; serving {name!r} on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)

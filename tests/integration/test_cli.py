@@ -61,25 +61,13 @@ def test_serve_bad_engine_option_fails_at_startup_naming_the_field():
 def test_serve_answers_a_chat_request():
     import httpx
 
-    from server_harness import free_port, wait_healthy
+    from server_harness import serve_process
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "infer.cli", "serve", "--port", str(port), "--max-seq-len", "512"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def still_running() -> None:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, timeout=120, still_starting=still_running)
+    with serve_process("--max-seq-len", "512") as base:
         body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 16,
                 "messages": [{"role": "user", "content": "What is the capital of France?"}]}
         reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
         assert "Paris" in reply["choices"][0]["message"]["content"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.slow
