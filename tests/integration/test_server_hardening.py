@@ -181,5 +181,8 @@ def test_openapi_describes_the_server(server):
     assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     schemas = doc["components"]["schemas"]
     assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
-    assert schemas["CompletionRequest"]["properties"]["model"]["anyOf"][0]["enum"] == [MODEL]
+    completion = schemas["CompletionRequest"]["properties"]
+    assert completion["model"]["anyOf"][0]["enum"] == [MODEL]
+    assert completion["max_tokens"]["anyOf"][0]["maximum"] == server.state.max_seq_len - 1
+    assert '"maximum": %d' % (server.state.vocab_size - 1) in json.dumps(completion["prompt"])
     assert "/v1/models/{model_id}" in doc["paths"]

@@ -55,5 +55,5 @@ def create_app(state: ServerState) -> FastAPI:
         s.check_model(model_id)
         return card(s)
 
-    openapi.install(app, state.model_name)
+    openapi.install(app, state.model_name, state.max_seq_len, state.vocab_size)
     return app

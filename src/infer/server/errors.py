@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = logging.getLogger("infer.server")
 
 # pydantic error types that mean "not a well-formed request" rather than "a bad value"
-MALFORMED = {"json_invalid", "missing", "model_type", "model_attributes_type", "dict_type", "extra_forbidden", "string_unicode"}
+MALFORMED = {"json_invalid", "missing", "model_type", "model_attributes_type", "dict_type", "string_unicode"}
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
                422: "invalid_request_error", 500: "internal_error", 503: "overloaded_error"}
 RETRY_AFTER_SECONDS = 1

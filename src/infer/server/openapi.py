@@ -1,5 +1,6 @@
 """The OpenAPI document describes what the server does: every error status with its body, streams as
-`text/event-stream`, `/metrics` as Prometheus text, and the served model name as the one valid `model`."""
+`text/event-stream`, `/metrics` as Prometheus text, and the served model's facts: its name as the one
+valid `model`, the context length as the bound of `max_tokens`, the vocabulary as the range of token ids."""
 
 from __future__ import annotations
 
@@ -41,20 +42,39 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 MODEL_BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest")
 
 
-def install(app: FastAPI, model_name: str) -> None:
-    """Make app.openapi() publish the served model name as an enum wherever a body names a model."""
+def install(app: FastAPI, model_name: str, max_seq_len: int, vocab_size: int) -> None:
+    """Make app.openapi() publish the served model's name, context length and vocabulary in the schemas."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
-            components = schema.get("components", {}).get("schemas", {})
-            for name in MODEL_BODIES:
-                if name in components:
-                    components[name]["properties"]["model"] = {
-                        "anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
-                        "title": "Model", "description": "the served model name (GET /v1/models)",
-                    }
+            _publish_model(schema.get("components", {}).get("schemas", {}), model_name, max_seq_len, vocab_size)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _publish_model(components: dict[str, Any], model_name: str, max_seq_len: int, vocab_size: int) -> None:
+    for name in MODEL_BODIES:
+        properties = components.get(name, {}).get("properties", {})
+        properties["model"] = {"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
+                               "title": "Model", "description": "the served model name (GET /v1/models)"}
+        for field in ("max_tokens", "max_completion_tokens"):
+            for option in properties.get(field, {}).get("anyOf", []):
+                if option.get("type") == "integer":
+                    option["maximum"] = max_seq_len - 1  # the prompt takes at least one position
+        for field in ("prompt", "tokens"):
+            _bound_token_ids(properties.get(field, {}), vocab_size)
+
+
+def _bound_token_ids(node: Any, vocab_size: int) -> None:
+    """Every integer inside a prompt or token list is a token id: 0 <= id < vocab_size."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            node.update(minimum=0, maximum=vocab_size - 1)
+        for value in node.values():
+            _bound_token_ids(value, vocab_size)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_token_ids(value, vocab_size)

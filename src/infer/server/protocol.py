@@ -15,7 +15,6 @@ from infer.sampling.logprobs import MAX_LOGPROBS
 from infer.sampling.params import SEED_LIMIT
 
 MAX_N = 16
-ROLES = ("system", "developer", "user", "assistant")  # developer is OpenAI's newer name for system
 
 
 class _Body(BaseModel):
@@ -77,7 +76,7 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
     content: str | list[ContentPart] | None = None
     type: Literal["text"] | None = Field(None, description="lm-eval sends 'text' on every message; no effect")
 
