@@ -34,6 +34,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="stop when TEXT is generated (repeatable); TEXT is not printed")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed for reproducible sampling")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    constraint = p.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", default=None, metavar="FILE",
+                            help="constrain the output to JSON valid under the JSON schema in FILE")
+    constraint.add_argument("--regex", default=None, metavar="R", help="constrain the output to match the regex R")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto")
@@ -144,6 +148,16 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _constraint(args: argparse.Namespace):  # -> Constraint | None (imported lazily: startup time)
+    from infer.structured import Constraint
+
+    if args.regex is not None:
+        return Constraint("regex", args.regex)
+    if args.json_schema is not None:
+        return Constraint.json_schema(Path(args.json_schema).read_text())
+    return None
+
+
 def _generate(args: argparse.Namespace) -> int:
     from infer.llm import LLM
     from infer.sampling.params import SamplingParams
@@ -152,6 +166,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
         repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, ignore_eos=args.ignore_eos,
+        structured=_constraint(args),
     )
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1)

@@ -30,6 +30,8 @@ from infer.runners.step import StepInput, StepKind, StepResult
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 from infer.sampling.stop import StopChecker
+from infer.structured.compiler import GrammarCompiler
+from infer.structured.masks import step_bitmask
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Engine:
         self.kv = kv
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(config, kv)
+        self.grammars = GrammarCompiler(tokenizer, runner.vocab_size)
         self._rng = random.Random(config.seed)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
@@ -81,6 +84,7 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_token_ids),
             stop_checker=StopChecker(params.stop),
             arrival_index=next(self._arrivals),
+            matcher=self.grammars.matcher(params.structured) if params.structured is not None else None,
         )
         self.scheduler.add(request)
         return request
@@ -129,9 +133,12 @@ class Engine:
 
     def _may_overlap(self) -> bool:
         """Whether the next step may launch before the in-flight one is read: only a decode of the running
-        requests that needs no host-side token (no queue to admit, no abort, no repetition penalty)."""
+        requests that needs no host-side token (no queue to admit, no abort, no repetition penalty, no
+        structured output, whose mask depends on the token before)."""
         s = self.scheduler
-        return not self._aborts and not s.waiting and not any(r.sampling_params.needs_history for r in s.running)
+        return not self._aborts and not s.waiting and not any(
+            r.sampling_params.needs_history or r.matcher is not None for r in s.running
+        )
 
     def _resolve(self) -> list[StepOutput]:
         """Read the in-flight step's tokens (the step boundary) and turn them into outputs."""
@@ -185,6 +192,7 @@ class Engine:
             step.prompt_logprobs.append(r.sampling_params.prompt_logprobs if first_prefill else None)
         if any(r.sampling_params.needs_history for r in batch.requests):
             step.history = [r.prompt_token_ids + r.output_token_ids for r in batch.requests]
+        step.token_bitmask = step_bitmask([r.matcher for r in batch.requests], self.runner.vocab_size)
         return step
 
     # outputs ----------------------------------------------------------------------------------
@@ -197,6 +205,8 @@ class Engine:
             return self._output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
         token = result.token_ids[row]
         request.output_token_ids.append(token)
+        if request.matcher is not None and not request.matcher.consume_token(token):
+            return self._fail(request, f"structured output: {request.matcher.get_error()}")
         if request.state is RequestState.PREFILL:  # not WAITING: a preempted request keeps waiting
             request.state = RequestState.DECODE
         is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
@@ -254,7 +264,7 @@ class Engine:
         )
 
     def _finish_reason(self, request: Request, is_eos: bool) -> str | None:
-        if is_eos:
+        if is_eos or (request.matcher is not None and request.matcher.is_stopped()):  # the grammar is complete
             return "stop"
         if len(request.output_token_ids) >= request.sampling_params.max_tokens:
             return "length"

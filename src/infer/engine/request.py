@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from typing import Any
+
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
@@ -57,6 +59,7 @@ class Request:
     num_preemptions: int = 0
     outputs_sent: bool = False
     pending_tokens: int = 0  # sampled on the device by launched steps, not read back yet
+    matcher: Any = None  # llguidance.LLMatcher of a structured request, advanced by every accepted token
 
     @property
     def num_scheduled_tokens(self) -> int:

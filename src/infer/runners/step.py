@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+import torch
+
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 
@@ -32,6 +34,7 @@ class StepInput:
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
     logprobs: list[int | None] = field(default_factory=list)  # per sequence: top-k count for the sampled token
     prompt_logprobs: list[int | None] = field(default_factory=list)  # per sequence (prefill): the same for its tokens
+    token_bitmask: torch.Tensor | None = None  # [num_seqs, ceil(vocab/32)] int32 on the host: allowed tokens, bit per id
 
     @property
     def num_seqs(self) -> int:

@@ -21,6 +21,7 @@ from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.sampling.logprobs import LogprobTensors, TokenLogprob, logprob_tensors
 from infer.sampling.sampler import SamplingTensors, sample
+from infer.sampling.token_mask import apply_token_bitmask
 
 
 @dataclass
@@ -102,6 +103,8 @@ class TorchRunner:
             tensors = SamplingTensors.from_params(
                 step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
             )
+            if step.token_bitmask is not None:  # structured output: disallowed tokens to -inf before sampling
+                apply_token_bitmask(logits, step.token_bitmask)
             token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
             self.last_tokens[: step.num_seqs].copy_(token_ids)
             readback = self._readbacks[self._next_readback]

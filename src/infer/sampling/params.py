@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from infer.sampling.logprobs import MAX_LOGPROBS
+from infer.structured.constraint import Constraint
 
 SEED_LIMIT = 2**63
 # Below this, logits / temperature overflows float32; such temperatures decode greedily (as vLLM does).
@@ -27,6 +28,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob and the k most likely
     prompt_logprobs: int | None = None  # the same for every prompt token (the first has none)
+    structured: Constraint | None = None  # what the output must match (infer/structured)
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)
@@ -51,6 +53,8 @@ class SamplingParams:
         self.stop = _stop_list(self.stop)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.structured is not None and not isinstance(self.structured, Constraint):
+            raise ValueError(f"structured must be an infer.structured.Constraint, got {type(self.structured).__name__}")
 
     @property
     def greedy(self) -> bool:

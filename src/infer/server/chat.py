@@ -14,6 +14,7 @@ from infer.server.protocol import ChatCompletionRequest, ChatMessage
 from infer.server.responses import chat_logprobs, envelope, sse, stream_error, usage
 from infer.server.sampling import check_supported, sampling_params
 from infer.server.state import ServerState
+from infer.server.structured import requested_constraint
 
 router = APIRouter()
 
@@ -46,7 +47,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state.check_context(len(ids), limit, "messages")
     max_tokens = state.max_seq_len - len(ids) if limit is None else limit  # no limit: the rest of the context
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    gen = Generation(state.engine, expand([ids], sampling_params(body, max_tokens, logprobs=logprobs), body.n), "chatcmpl")
+    params = sampling_params(body, max_tokens, logprobs=logprobs, structured=requested_constraint(state, body))
+    gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl")
     view = _ChatView(state, body, len(ids), gen)
     if body.stream:
         return StreamingResponse(view.stream(), media_type="text/event-stream")

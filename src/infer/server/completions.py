@@ -15,6 +15,7 @@ from infer.server.protocol import CompletionRequest
 from infer.server.responses import completion_logprobs, envelope, sse, stream_error, usage
 from infer.server.sampling import check_supported, sampling_params
 from infer.server.state import ServerState
+from infer.server.structured import requested_constraint
 
 router = APIRouter()
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -51,7 +52,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     # without max_tokens, OpenAI's default of 16; the engine also stops at the end of the context
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prompt_lp = body.logprobs if body.echo else None
-    params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp)
+    params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp,
+                             structured=requested_constraint(state, body))
     echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
     gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl")
     view = _CompletionView(state, body, prompts, echoes, gen)

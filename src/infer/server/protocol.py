@@ -25,9 +25,34 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+    description: str | None = None
+
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    type: str = Field(description="text, json_object or json_schema; any other type is a 400")
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Body):
+    """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar (Lark or GBNF), json_object."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
 
 
 class SamplingFields(_Body):
@@ -51,7 +76,15 @@ class SamplingFields(_Body):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    # Structured output (infer/server/structured.py): OpenAI's response_format, vLLM's structured_outputs
+    # and its older guided_* fields all become one constraint.
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @property
     def include_usage(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from infer.sampling.params import SamplingParams
 from infer.server.errors import APIError
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from infer.structured import Constraint
 
 
 def _unsupported(param: str, message: str) -> APIError:
@@ -20,9 +21,6 @@ def check_supported(body: SamplingFields) -> None:
             raise _unsupported(name, "is not supported; use repetition_penalty")
     if body.logit_bias:
         raise _unsupported("logit_bias", "is not supported")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise _unsupported("response_format", f"type {body.response_format.type!r} is not supported yet "
-                                              "(structured output); only 'text' is accepted")
     if body.stream_options is not None and not body.stream:
         raise APIError(422, "stream_options is only allowed with stream=true", "stream_options")
     if isinstance(body, CompletionRequest) and body.suffix:
@@ -42,13 +40,15 @@ def _check_tools(body: ChatCompletionRequest) -> None:
 
 
 def sampling_params(
-    body: SamplingFields, max_tokens: int, logprobs: int | None = None, prompt_logprobs: int | None = None
+    body: SamplingFields, max_tokens: int, logprobs: int | None = None, prompt_logprobs: int | None = None,
+    structured: Constraint | None = None,
 ) -> SamplingParams:
     try:
         return SamplingParams(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             repetition_penalty=body.repetition_penalty, max_tokens=max_tokens, stop=body.stop,  # type: ignore[arg-type]
             seed=body.seed, ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            structured=structured,
         )
     except ValueError as exc:  # SamplingParams names the field first
         raise APIError(422, str(exc), str(exc).split(" ", 1)[0]) from exc

@@ -11,6 +11,7 @@ from infer.engine.async_engine import AsyncEngine
 from infer.llm import LLM
 from infer.models.chat_template import template_source
 from infer.server.errors import APIError
+from infer.structured import GrammarCompiler
 
 
 @dataclass
@@ -38,6 +39,11 @@ class ServerState:
     @property
     def vocab_size(self) -> int:
         return self.llm.runner.vocab_size
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Structured-output grammars compiled against the served tokenizer (cached, shared with the engine)."""
+        return self.llm.engine.grammars
 
     @property
     def chat_template(self) -> str | None:

@@ -1,0 +1,66 @@
+"""Compile constraints against one model's tokenizer: the llguidance tokenizer is built once per model,
+compiled grammars are cached, and each request gets its own matcher."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import llguidance
+import llguidance.hf
+
+from infer.loader.tokenizer import Tokenizer
+from infer.structured.constraint import Constraint
+
+CACHE_SIZE = 1024
+
+
+class ConstraintError(ValueError):
+    """A constraint llguidance cannot compile; the message is llguidance's own (which keyword, which rule)."""
+
+
+class GrammarCompiler:
+    """Thread-safe: the server compiles on its event loop, the engine makes matchers on its thread."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._ll: llguidance.LLTokenizer | None = None
+        self._grammars: OrderedDict[Constraint, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        """Built on first use (about half a second), then shared by every grammar and matcher."""
+        with self._lock:
+            if self._ll is None:
+                self._ll = llguidance.hf.from_tokenizer(
+                    self._tokenizer.hf, n_vocab=self._vocab_size, eos_token=sorted(self._tokenizer.eos_token_ids)
+                )
+            return self._ll
+
+    def compile(self, constraint: Constraint) -> str:
+        """The checked grammar of `constraint`; ConstraintError names what llguidance could not do."""
+        with self._lock:
+            if constraint in self._grammars:
+                self._grammars.move_to_end(constraint)
+                return self._grammars[constraint]
+        try:
+            grammar = constraint.grammar()
+        except Exception as exc:  # llguidance raises ValueError/RuntimeError with its message
+            raise ConstraintError(str(exc)) from exc
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
+        if is_error:
+            raise ConstraintError("; ".join(messages) if isinstance(messages, list) else str(messages))
+        with self._lock:
+            self._grammars[constraint] = grammar
+            while len(self._grammars) > CACHE_SIZE:
+                self._grammars.popitem(last=False)
+        return grammar
+
+    def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
+        """A fresh matcher at the start of `constraint`'s grammar."""
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, self.compile(constraint))
+        if matcher.is_error():
+            raise ConstraintError(matcher.get_error())
+        return matcher
