@@ -206,7 +206,8 @@ class Engine:
         token = result.token_ids[row]
         request.output_token_ids.append(token)
         if request.matcher is not None and not request.matcher.consume_token(token):
-            return self._fail(request, f"structured output: {request.matcher.get_error()}")
+            error = f"the output constraint cannot be met with this model's tokenizer: {request.matcher.get_error()}"
+            return self._fail(request, error, client_error=True)
         if request.state is RequestState.PREFILL:  # not WAITING: a preempted request keeps waiting
             request.state = RequestState.DECODE
         is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
@@ -230,10 +231,12 @@ class Engine:
         logprob = result.logprobs[row] if result.logprobs else None
         return self._output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs)
 
-    def _fail(self, request: Request, error: str) -> StepOutput:
+    def _fail(self, request: Request, error: str, client_error: bool = False) -> StepOutput:
         self._retire(request, "error")
         request.state = RequestState.FAILED
-        return self._output(request, None, "", "error", error)
+        out = self._output(request, None, "", "error", error)
+        out.client_error = client_error
+        return out
 
     def _output(
         self,

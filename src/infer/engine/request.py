@@ -37,6 +37,7 @@ class StepOutput:
     logprob: TokenLogprob | None = None  # of token_id, when the request asked for logprobs
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output, when asked (first is None)
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
+    client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
 
 
 @dataclass(eq=False)  # identity: queue membership tests must not compare token lists field by field

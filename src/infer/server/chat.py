@@ -80,7 +80,7 @@ class _ChatView:
         completion = 0
         async for index, out in self.gen.events():
             if out.error:
-                yield stream_error(out.error)
+                yield stream_error(out.error, out.client_error)
                 return
             lps = [out.logprob] if out.logprob is not None else []
             if not (out.text_delta or out.finished or lps):

@@ -102,7 +102,7 @@ class _CompletionView:
         completion = 0
         async for index, out in self.gen.events():
             if out.error:
-                yield stream_error(out.error)
+                yield stream_error(out.error, out.client_error)
                 return
             text = out.text_delta
             prompt_lps = out.prompt_logprobs

@@ -40,6 +40,7 @@ class Choice:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    client_error: bool = False
     prompt_tokens: int = 0
 
     def add(self, out: StepOutput) -> None:
@@ -52,6 +53,7 @@ class Choice:
             self.prompt_logprobs = out.prompt_logprobs
         self.finish_reason = out.finish_reason or self.finish_reason
         self.error = out.error or self.error
+        self.client_error = self.client_error or out.client_error
         self.prompt_tokens = out.prompt_tokens
 
 
@@ -125,7 +127,7 @@ class Generation:
         work.result()
         failed = next((c for c in choices if c.error), None)
         if failed is not None:
-            raise APIError(500, f"generation failed: {failed.error}")
+            raise APIError(400 if failed.client_error else 500, f"generation failed: {failed.error}")
         return choices
 
 

@@ -17,9 +17,9 @@ def sse(payload: dict[str, object] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-def stream_error(error: str) -> str:
-    """The one terminal event of a stream whose generation failed."""
-    return sse(error_body(500, f"generation failed: {error}"))
+def stream_error(error: str, client_error: bool = False) -> str:
+    """The one terminal event of a stream whose generation failed (400 when the request's constraint did)."""
+    return sse(error_body(400 if client_error else 500, f"generation failed: {error}"))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

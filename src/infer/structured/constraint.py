@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -29,7 +30,7 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, schema: dict | str, whitespace_pattern: str | None = None) -> Constraint:
-        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        text = schema if isinstance(schema, str) else json.dumps(schema)  # key order is property order
         return cls("json_schema", text, whitespace_pattern)
 
     @classmethod
@@ -50,5 +51,4 @@ class Constraint:
         if self.kind == "choice":
             alternatives = " | ".join(json.dumps(c) for c in json.loads(self.spec))
             return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
-        lark = llguidance.gbnf_to_lark(self.spec) if "::=" in self.spec else self.spec
-        return llguidance.LLMatcher.grammar_from_lark(lark)
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(self.spec))  # GBNF is converted, Lark kept

@@ -1,0 +1,33 @@
+"""The device mask equals llguidance's own CPU kernel on fresh random bitmasks, and the step mask is
+all-ones for unconstrained rows and absent when nothing is constrained."""
+
+from __future__ import annotations
+
+import llguidance.torch
+import pytest
+import torch
+
+from infer.sampling.token_mask import apply_token_bitmask
+from infer.structured.masks import step_bitmask
+
+
+@pytest.mark.parametrize(("vocab", "padded"), [(100, 100), (100, 130), (4096, 4096)])
+def test_matches_llguidance_kernel(vocab, padded):
+    g = torch.Generator().manual_seed(vocab + padded)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), generator=g, dtype=torch.int64).to(torch.int32)
+    logits = torch.randn(3, padded, generator=g)
+    want = logits.clone()
+    llguidance.torch.apply_token_bitmask_inplace(want[:, :vocab], bitmask)
+    want[:, vocab:] = float("-inf")  # ids past the tokenizer's vocabulary are never allowed
+    got = logits.clone()
+    apply_token_bitmask(got, bitmask)
+    if padded == vocab:
+        torch.testing.assert_close(got, want)
+    else:
+        torch.testing.assert_close(got[:, :vocab], want[:, :vocab])
+        assert torch.isneginf(got[:, 32 * words:]).all()
+
+
+def test_step_bitmask_rows():
+    assert step_bitmask([None, None], 100) is None
