@@ -1,0 +1,162 @@
+"""Structured output on the CPU with the bundled SmolLM2: JSONSchemaBench compile and mask times, generation
+under every compilable schema (validated with jsonschema), and throughput at 0/50/100% constrained traffic.
+
+    .venv/bin/python benchmarks/structured_output.py [--max-tokens 256] [--throughput-tokens 64]
+
+Writes benchmarks/reports/structured_output_cpu.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import jsonschema
+import llguidance
+import llguidance.torch
+import torch
+
+import infer.structured.masks as masks
+from infer import LLM, SamplingParams
+from infer.structured import Constraint, ConstraintError
+
+REPORTS = Path(__file__).parent / "reports"
+SCHEMAS = sorted((Path(__file__).parents[1] / "tests" / "fixtures" / "jsonschema").glob("*.json"))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class MaskTimer:
+    """Times every per-row mask computation the engine makes (llguidance's fill into the step bitmask)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._fill = llguidance.torch.fill_next_token_bitmask
+
+    def __enter__(self) -> "MaskTimer":
+        def timed(matcher, bitmask, index=0):
+            started = time.perf_counter()
+            self._fill(matcher, bitmask, index)
+            self.seconds.append(time.perf_counter() - started)
+
+        masks.llguidance.torch.fill_next_token_bitmask = timed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        masks.llguidance.torch.fill_next_token_bitmask = self._fill
+
+
+def prompt_for(llm: LLM, schema: dict) -> list[int]:
+    text = json.dumps(schema)[:1500]
+    return llm.encode_chat([{"role": "user", "content": f"Reply with one JSON value valid under this schema: {text}"}])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-tokens", type=int, default=256, help="budget per schema-following generation")
+    parser.add_argument("--throughput-tokens", type=int, default=64, help="tokens per request in the mix runs")
+    args = parser.parse_args()
+    llm = LLM(None)
+    compiler = llm.engine.grammars
+    compiler.ll_tokenizer  # built once per model; not part of any compile time below
+
+    compiled, refused, compile_s = [], {}, []
+    for path in SCHEMAS:
+        schema = json.loads(path.read_text())["schema"]
+        started = time.perf_counter()
+        try:
+            compiler.compile(Constraint.json_schema(schema))
+            compiled.append((path.stem, schema))
+        except ConstraintError as exc:
+            refused[path.stem] = str(exc).splitlines()[0][:200]
+        compile_s.append(time.perf_counter() - started)
+
+    prompts = [prompt_for(llm, schema) for _, schema in compiled]
+    params = [SamplingParams(temperature=0, max_tokens=args.max_tokens, structured=Constraint.json_schema(schema))
+              for _, schema in compiled]
+    with MaskTimer() as timer:
+        started = time.perf_counter()
+        outs = llm.generate_ids(prompts, params)
+        generation_s = time.perf_counter() - started
+    results = {}
+    for (name, schema), out in zip(compiled, outs):
+        valid = None
+        if out.finish_reason == "stop":
+            try:
+                jsonschema.validate(json.loads(out.text), schema)
+                valid = True
+            except (ValueError, jsonschema.ValidationError):
+                valid = False
+        results[name] = {"finish_reason": out.finish_reason, "tokens": len(out.token_ids), "valid": valid}
+    stopped = [r for r in results.values() if r["finish_reason"] == "stop"]
+
+    mix_prompts = prompts[:16] if len(prompts) >= 16 else (prompts * 16)[:16]
+    mix_schemas = [schema for _, schema in compiled][: len(mix_prompts)]
+    throughput = {}
+    llm.generate_ids(mix_prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    for share in (0.0, 0.5, 1.0):
+        constrained = int(share * len(mix_prompts))
+        mix = [SamplingParams(temperature=0, max_tokens=args.throughput_tokens, ignore_eos=True,
+                              structured=Constraint.json_schema(s) if i < constrained else None)
+               for i, s in enumerate(mix_schemas)]
+        started = time.perf_counter()
+        outs = llm.generate_ids(mix_prompts, mix)
+        throughput[f"{int(share * 100)}%"] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - started)
+    base = throughput["0%"]
+
+    report = {
+        "benchmark": "structured_output_cpu",
+        "schemas": len(SCHEMAS), "compiled": len(compiled), "refused": refused,
+        "compile_ms_p50": statistics.median(compile_s) * 1e3, "compile_ms_p99": percentile(compile_s, 0.99) * 1e3,
+        "mask_us_p50": statistics.median(timer.seconds) * 1e6, "mask_us_p99": percentile(timer.seconds, 0.99) * 1e6,
+        "masks_timed": len(timer.seconds),
+        "generation_seconds": generation_s, "stop_share": len(stopped) / len(results),
+        "stop_valid_share": sum(bool(r["valid"]) for r in stopped) / max(len(stopped), 1),
+        "per_schema": results,
+        "throughput_tok_s": throughput, "throughput_vs_unconstrained": {k: v / base for k, v in throughput.items()},
+        "hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "software": {"python": platform.python_version(), "torch": torch.__version__,
+                     "llguidance": llguidance.__version__},
+        "engine_config": llm.config.as_dict(),
+    }
+    REPORTS.mkdir(exist_ok=True)
+    (REPORTS / "structured_output_cpu.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    md = [
+        "# Structured output, CPU — SmolLM2-135M-Instruct, JSONSchemaBench (100 schemas)",
+        "",
+        f"Hardware: {report['hardware']['cpu']}, {report['hardware']['threads']} threads. Software: torch "
+        f"{torch.__version__}, llguidance {llguidance.__version__}. Greedy, JSON compact (whitespace bounded).",
+        "",
+        "| measure | value |",
+        "|---|---:|",
+        f"| schemas compiled / refused (400 with llguidance's reason) | {len(compiled)} / {len(refused)} |",
+        f"| grammar compile p50 / p99 (ms) | {report['compile_ms_p50']:.2f} / {report['compile_ms_p99']:.2f} |",
+        f"| mask per token p50 / p99 (µs), {len(timer.seconds)} masks | {report['mask_us_p50']:.1f} / "
+        f"{report['mask_us_p99']:.1f} |",
+        f"| generations that finished with `stop` (the rest hit {args.max_tokens} tokens) | "
+        f"{report['stop_share']:.0%} |",
+        f"| `stop` outputs valid under their schema (jsonschema) | {report['stop_valid_share']:.0%} |",
+        "",
+        f"Throughput, 16 requests x {args.throughput_tokens} tokens (EOS ignored), same run:",
+        "",
+        "| constrained share | tok/s | ÷ unconstrained |",
+        "|---|---:|---:|",
+        *[f"| {k} | {v:.1f} | {v / base:.2f} |" for k, v in throughput.items()],
+        "",
+        "Refused schemas: " + "; ".join(f"`{k}`: {v}" for k, v in refused.items()),
+        "",
+        "Reproduce: `.venv/bin/python benchmarks/structured_output.py`",
+    ]
+    (REPORTS / "structured_output_cpu.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
