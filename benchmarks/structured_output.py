@@ -1,15 +1,16 @@
-"""Structured output on the CPU with the bundled SmolLM2: JSONSchemaBench compile and mask times, generation
+"""Structured output with the bundled SmolLM2 (CPU, or bf16 + CUDA graphs on a GPU): JSONSchemaBench compile and mask times, generation
 under every compilable schema (validated with jsonschema), and throughput at 0/50/100% constrained traffic.
 
     .venv/bin/python benchmarks/structured_output.py [--max-tokens 256] [--throughput-tokens 64]
 
-Writes benchmarks/reports/structured_output_cpu.{json,md}.
+Writes benchmarks/reports/structured_output_{cpu,gpu}.{json,md} (OUT_DIR=... writes there instead).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("--throughput-tokens", type=int, default=64, help="tokens per request in the mix runs")
     args = parser.parse_args()
     llm = LLM(None)
+    device = "gpu" if llm.config.resolved_device.startswith("cuda") else "cpu"
+    hardware = torch.cuda.get_device_name() if device == "gpu" else (platform.processor() or platform.machine())
     compiler = llm.engine.grammars
     compiler.ll_tokenizer  # built once per model; not part of any compile time below
 
@@ -112,7 +115,7 @@ def main() -> None:
     base = throughput["0%"]
 
     report = {
-        "benchmark": "structured_output_cpu",
+        "benchmark": f"structured_output_{device}",
         "schemas": len(SCHEMAS), "compiled": len(compiled), "refused": refused,
         "compile_ms_p50": statistics.median(compile_s) * 1e3, "compile_ms_p99": percentile(compile_s, 0.99) * 1e3,
         "mask_us_p50": statistics.median(timer.seconds) * 1e6, "mask_us_p99": percentile(timer.seconds, 0.99) * 1e6,
@@ -121,18 +124,20 @@ def main() -> None:
         "stop_valid_share": sum(bool(r["valid"]) for r in stopped) / max(len(stopped), 1),
         "per_schema": results,
         "throughput_tok_s": throughput, "throughput_vs_unconstrained": {k: v / base for k, v in throughput.items()},
-        "hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "hardware": {"device": hardware, "threads": torch.get_num_threads()},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "llguidance": llguidance.__version__},
         "engine_config": llm.config.as_dict(),
     }
-    REPORTS.mkdir(exist_ok=True)
-    (REPORTS / "structured_output_cpu.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    out_dir = Path(os.environ.get("OUT_DIR", REPORTS))
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / f"structured_output_{device}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     md = [
-        "# Structured output, CPU — SmolLM2-135M-Instruct, JSONSchemaBench (100 schemas)",
+        f"# Structured output, {device.upper()} — SmolLM2-135M-Instruct, JSONSchemaBench (100 schemas)",
         "",
-        f"Hardware: {report['hardware']['cpu']}, {report['hardware']['threads']} threads. Software: torch "
-        f"{torch.__version__}, llguidance {llguidance.__version__}. Greedy, JSON compact (whitespace bounded).",
+        f"Hardware: {hardware}, {report['hardware']['threads']} CPU threads. Software: torch "
+        f"{torch.__version__}, llguidance {llguidance.__version__}. Greedy, JSON compact (whitespace bounded). "
+        f"EngineConfig: `{json.dumps(llm.config.as_dict(), default=str)}`",
         "",
         "| measure | value |",
         "|---|---:|",
@@ -154,7 +159,7 @@ def main() -> None:
         "",
         "Reproduce: `.venv/bin/python benchmarks/structured_output.py`",
     ]
-    (REPORTS / "structured_output_cpu.md").write_text("\n".join(md) + "\n")
+    (out_dir / f"structured_output_{device}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 

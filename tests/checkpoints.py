@@ -55,3 +55,20 @@ def save_tiny(family: str, path: Path, sharded: bool = False, seed: int = 0, **o
     model = tiny_hf_model(family, seed, **overrides)
     model.save_pretrained(path, max_shard_size="60KB" if sharded else "1GB", safe_serialization=True)
     return path
+
+
+def save_tiny_with_tokenizer(family: str, path: Path, seed: int = 0) -> Path:
+    """A tiny checkpoint that `LLM(path)` serves: random weights plus a byte-level BPE tokenizer trained here
+    on a few sentences (every byte has a token, so any text is spellable), its vocabulary the model's 320."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = ["The cat sat on the mat.", '{"name": "Tom", "age": 3}', "Call 555-1234 today!", "yes no maybe"] * 20
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(corpus, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>").save_pretrained(path)
+    return save_tiny(family, path, seed=seed, eos_token_id=bpe.token_to_id("</s>"), bos_token_id=None)

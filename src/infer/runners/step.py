@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -34,7 +35,9 @@ class StepInput:
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
     logprobs: list[int | None] = field(default_factory=list)  # per sequence: top-k count for the sampled token
     prompt_logprobs: list[int | None] = field(default_factory=list)  # per sequence (prefill): the same for its tokens
-    token_bitmask: torch.Tensor | None = None  # [num_seqs, ceil(vocab/32)] int32 on the host: allowed tokens, bit per id
+    # Structured output: returns the [num_seqs, ceil(vocab/32)] int32 host bitmask of allowed tokens. The runner
+    # calls it once the forward is queued, so on a GPU the host computes the masks while the device runs.
+    token_bitmask: Callable[[], torch.Tensor] | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -104,7 +104,7 @@ class TorchRunner:
                 step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
             )
             if step.token_bitmask is not None:  # structured output: disallowed tokens to -inf before sampling
-                apply_token_bitmask(logits, step.token_bitmask)
+                apply_token_bitmask(logits, step.token_bitmask())
             token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
             self.last_tokens[: step.num_seqs].copy_(token_ids)
             readback = self._readbacks[self._next_readback]

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import llguidance
 import llguidance.torch
 import torch
 
 
-def step_bitmask(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -> torch.Tensor | None:
-    """[rows, ceil(vocab/32)] int32 on the host, or None when no row is constrained (then nothing is paid)."""
+def step_bitmask(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -> Callable[[], torch.Tensor] | None:
+    """What computes the step's mask (for StepInput.token_bitmask), or None when no row is constrained, so an
+    unconstrained step pays nothing. The matchers must not advance before the runner calls it."""
     if all(m is None for m in matchers):
         return None
+    return partial(_fill, matchers, vocab_size)
+
+
+def _fill(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -> torch.Tensor:
+    """[rows, ceil(vocab/32)] int32 on the host; all ones for rows without a constraint."""
     mask = torch.full((len(matchers), (vocab_size + 31) // 32), -1, dtype=torch.int32)
     for row, matcher in enumerate(matchers):
         if matcher is not None:

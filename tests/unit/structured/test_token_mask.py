@@ -31,3 +31,12 @@ def test_matches_llguidance_kernel(vocab, padded):
 
 def test_step_bitmask_rows():
     assert step_bitmask([None, None], 100) is None
+    from infer.loader.gguf_loader import bundled_smollm2
+    from infer.loader.tokenizer import Tokenizer
+    from infer.structured import Constraint, GrammarCompiler
+
+    matcher = GrammarCompiler(Tokenizer.from_path(bundled_smollm2()), 49152).matcher(Constraint.choice(["yes"]))
+    mask = step_bitmask([None, matcher], 49152)()
+    assert mask.shape == (2, 1536) and (mask[0] == -1).all()
+    allowed = ((mask[1].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten().nonzero().flatten()
+    assert 0 < len(allowed) < 100  # only the tokens that start "yes"
