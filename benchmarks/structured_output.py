@@ -1,7 +1,16 @@
 """Structured output with the bundled SmolLM2 (CPU, or bf16 + CUDA graphs on a GPU): JSONSchemaBench compile and mask times, generation
 under every compilable schema (validated with jsonschema), and throughput at 0/50/100% constrained traffic.
 
-    .venv/bin/python benchmarks/structured_output.py [--max-tokens 256] [--throughput-tokens 64]
+    .venv/bin/python benchmarks/structured_output.py [--max-tokens 256] [--throughput-tokens 64] [--batch 16]
+
+On a GPU, at the Llama-3.2-1B shape with random weights and the SmolLM2 tokenizer (vocabulary 49152,
+not Llama's 128256: the masks need a real tokenizer), prepared here and carried to the GPU machine:
+
+    .venv/bin/infer export-tokenizer .bench/llama1b-smollm2
+    .venv/bin/python -c "import json, sys; sys.path.insert(0, 'benchmarks'); from model_shapes import LLAMA_3_2_1B; \
+      json.dump(LLAMA_3_2_1B | {'vocab_size': 49152, 'bos_token_id': 1, 'eos_token_id': 2}, \
+      open('.bench/llama1b-smollm2/config.json', 'w'))"
+    python3 benchmarks/structured_output.py --model .bench/llama1b-smollm2 --load-format dummy --batch 64
 
 Writes benchmarks/reports/structured_output_{cpu,gpu}.{json,md} (OUT_DIR=... writes there instead).
 """
@@ -23,6 +32,7 @@ import torch
 
 import infer.structured.masks as masks
 from infer import LLM, SamplingParams
+from infer.models.chat_template import ChatTemplateError
 from infer.structured import Constraint, ConstraintError
 
 REPORTS = Path(__file__).parent / "reports"
@@ -35,11 +45,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class MaskTimer:
-    """Times every per-row mask computation the engine makes (llguidance's fill into the step bitmask)."""
+    """Times the engine's mask fills: per row for a single constrained row, per step ÷ rows for a parallel fill."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
         self._fill = llguidance.torch.fill_next_token_bitmask
+        self._fill_par = llguidance.torch.fill_next_token_bitmask_par
 
     def __enter__(self) -> "MaskTimer":
         def timed(matcher, bitmask, index=0):
@@ -47,24 +58,38 @@ class MaskTimer:
             self._fill(matcher, bitmask, index)
             self.seconds.append(time.perf_counter() - started)
 
+        def timed_par(executor, rows, bitmask):
+            started = time.perf_counter()
+            self._fill_par(executor, rows, bitmask)
+            self.seconds += [(time.perf_counter() - started) / len(rows)] * len(rows)
+
         masks.llguidance.torch.fill_next_token_bitmask = timed
+        masks.llguidance.torch.fill_next_token_bitmask_par = timed_par
         return self
 
     def __exit__(self, *exc: object) -> None:
         masks.llguidance.torch.fill_next_token_bitmask = self._fill
+        masks.llguidance.torch.fill_next_token_bitmask_par = self._fill_par
 
 
 def prompt_for(llm: LLM, schema: dict) -> list[int]:
-    text = json.dumps(schema)[:1500]
-    return llm.encode_chat([{"role": "user", "content": f"Reply with one JSON value valid under this schema: {text}"}])
+    text = f"Reply with one JSON value valid under this schema: {json.dumps(schema)[:1500]}"
+    try:
+        return llm.encode_chat([{"role": "user", "content": text}])
+    except ChatTemplateError:  # a random-weight model at a real shape has no chat template
+        return llm.encode(text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=256, help="budget per schema-following generation")
     parser.add_argument("--throughput-tokens", type=int, default=64, help="tokens per request in the mix runs")
+    parser.add_argument("--batch", type=int, default=16, help="requests per mix run")
+    parser.add_argument("--model", default=None, help="model directory or GGUF; default: the bundled SmolLM2")
+    parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"], help="dummy: random weights")
     args = parser.parse_args()
-    llm = LLM(None)
+    llm = LLM(args.model, load_format=args.load_format, max_batch_size=max(32, args.batch))
+    model_name = llm.path.name if args.model is None else f"{llm.path.name} ({args.load_format} weights)"
     device = "gpu" if llm.config.resolved_device.startswith("cuda") else "cpu"
     hardware = torch.cuda.get_device_name() if device == "gpu" else (platform.processor() or platform.machine())
     compiler = llm.engine.grammars
@@ -100,8 +125,8 @@ def main() -> None:
         results[name] = {"finish_reason": out.finish_reason, "tokens": len(out.token_ids), "valid": valid}
     stopped = [r for r in results.values() if r["finish_reason"] == "stop"]
 
-    mix_prompts = prompts[:16] if len(prompts) >= 16 else (prompts * 16)[:16]
-    mix_schemas = [schema for _, schema in compiled][: len(mix_prompts)]
+    mix_prompts = (prompts * (args.batch // len(prompts) + 1))[: args.batch]
+    mix_schemas = ([schema for _, schema in compiled] * (args.batch // len(compiled) + 1))[: args.batch]
     throughput = {}
     llm.generate_ids(mix_prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     for share in (0.0, 0.5, 1.0):
@@ -133,7 +158,7 @@ def main() -> None:
     out_dir.mkdir(exist_ok=True)
     (out_dir / f"structured_output_{device}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     md = [
-        f"# Structured output, {device.upper()} — SmolLM2-135M-Instruct, JSONSchemaBench (100 schemas)",
+        f"# Structured output, {device.upper()} — {model_name}, JSONSchemaBench (100 schemas)",
         "",
         f"Hardware: {hardware}, {report['hardware']['threads']} CPU threads. Software: torch "
         f"{torch.__version__}, llguidance {llguidance.__version__}. Greedy, JSON compact (whitespace bounded). "
@@ -149,7 +174,7 @@ def main() -> None:
         f"{report['stop_share']:.0%} |",
         f"| `stop` outputs valid under their schema (jsonschema) | {report['stop_valid_share']:.0%} |",
         "",
-        f"Throughput, 16 requests x {args.throughput_tokens} tokens (EOS ignored), same run:",
+        f"Throughput, {args.batch} requests x {args.throughput_tokens} tokens (EOS ignored), same run:",
         "",
         "| constrained share | tok/s | ÷ unconstrained |",
         "|---|---:|---:|",

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from functools import partial
 
 import llguidance
 import llguidance.torch
 import torch
+
+
+@functools.cache
+def _executor() -> llguidance.LLExecutor:
+    """llguidance's thread pool: the rows of a step are filled in parallel."""
+    return llguidance.LLExecutor()
 
 
 def step_bitmask(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -> Callable[[], torch.Tensor] | None:
@@ -21,7 +28,9 @@ def step_bitmask(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -
 def _fill(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -> torch.Tensor:
     """[rows, ceil(vocab/32)] int32 on the host; all ones for rows without a constraint."""
     mask = torch.full((len(matchers), (vocab_size + 31) // 32), -1, dtype=torch.int32)
-    for row, matcher in enumerate(matchers):
-        if matcher is not None:
-            llguidance.torch.fill_next_token_bitmask(matcher, mask, row)
+    rows = [(matcher, row) for row, matcher in enumerate(matchers) if matcher is not None]
+    if len(rows) == 1:
+        llguidance.torch.fill_next_token_bitmask(rows[0][0], mask, rows[0][1])
+    else:
+        llguidance.torch.fill_next_token_bitmask_par(_executor(), rows, mask)
     return mask
