@@ -98,8 +98,11 @@ class LLM:
         per_request = params if isinstance(params, list) else [params] * len(prompts)
         if len(per_request) != len(prompts):
             raise ValueError(f"got {len(per_request)} SamplingParams for {len(prompts)} prompts")
-        for ids in prompts:  # all or nothing: a bad prompt must not leave the others queued
+        for ids in prompts:  # all or nothing: a bad prompt or constraint must not leave the others queued
             self.engine.validate_prompt(ids)
+        for p in per_request:
+            if p.structured is not None:
+                self.engine.grammars.compile(p.structured)  # ConstraintError (a ValueError) names the problem
         requests = [self.engine.add_request(ids, p) for ids, p in zip(prompts, per_request)]
         errors: dict[str, str] = {}
         while self.engine.has_unfinished():

@@ -10,7 +10,8 @@ import pytest
 from infer.cli import build_parser
 
 FLAGS = ["--model", "--chat", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k",
-         "--repetition-penalty", "--stop", "--seed", "--ignore-eos", "--dtype", "--device", "--max-seq-len"]
+         "--repetition-penalty", "--stop", "--seed", "--ignore-eos", "--json-schema", "--regex", "--dtype", "--device",
+         "--max-seq-len"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -37,6 +37,14 @@ def test_constraints_hold_for_random_weights(llm):
     assert outs[2].text in ("yes", "no", "maybe")
 
 
+def test_a_bad_constraint_queues_nothing(llm):
+    from infer.structured import ConstraintError
+
+    with pytest.raises(ConstraintError):
+        llm.generate(["a", "b"], [SamplingParams(max_tokens=2), SamplingParams(structured=Constraint("regex", "(["))])
+    assert not llm.engine.has_unfinished()
+
+
 def test_free_request_beside_a_constrained_one_is_unchanged(llm):
     free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     alone = llm.generate("The cat", free)[0].token_ids
