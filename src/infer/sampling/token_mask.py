@@ -8,11 +8,10 @@ import torch
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set logits [B, V] to -inf where bit (id % 32) of word bitmask[row, id // 32] is 0; in place, no sync.
 
-    `bitmask` [B, W] int32 lives on the host (pinned on CUDA so the upload is asynchronous); ids at or
-    past 32 * W (padding rows of an LM head wider than the tokenizer) are never allowed.
+    `bitmask` [B, W] int32 lives on the host (pinned by its maker where CUDA is, so the upload is
+    asynchronous); ids at or past 32 * W (padding rows of an LM head wider than the tokenizer) are never allowed.
     """
-    words = bitmask.pin_memory() if logits.is_cuda else bitmask
-    words = words.to(logits.device, non_blocking=True)
+    words = bitmask.to(logits.device, non_blocking=bitmask.is_pinned())
     shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((words.unsqueeze(-1) >> shifts) & 1).flatten(1).bool()  # [B, 32 * W]
     vocab = logits.shape[-1]

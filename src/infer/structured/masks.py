@@ -26,8 +26,10 @@ def step_bitmask(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -
 
 
 def _fill(matchers: list[llguidance.LLMatcher | None], vocab_size: int) -> torch.Tensor:
-    """[rows, ceil(vocab/32)] int32 on the host; all ones for rows without a constraint."""
-    mask = torch.full((len(matchers), (vocab_size + 31) // 32), -1, dtype=torch.int32)
+    """[rows, ceil(vocab/32)] int32 on the host, pinned where CUDA is (filled once, uploaded without a copy);
+    all ones for rows without a constraint."""
+    mask = torch.full((len(matchers), (vocab_size + 31) // 32), -1, dtype=torch.int32,
+                      pin_memory=torch.cuda.is_available())
     rows = [(matcher, row) for row, matcher in enumerate(matchers) if matcher is not None]
     if len(rows) == 1:
         llguidance.torch.fill_next_token_bitmask(rows[0][0], mask, rows[0][1])
