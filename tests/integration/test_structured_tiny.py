@@ -51,3 +51,26 @@ def test_free_request_beside_a_constrained_one_is_unchanged(llm):
     mixed = llm.generate(["The cat", "The cat"], [free, SamplingParams(temperature=0, max_tokens=12,
                                                                       structured=Constraint("regex", r"[0-9]+"))])
     assert mixed[0].token_ids == alone and re.fullmatch(r"[0-9]+", mixed[1].text)
+
+
+def test_constrained_steps_overlap_with_the_same_tokens(llm, monkeypatch):
+    prompts = ["The cat", "Call", "yes", "The dog"]
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=24, structured=c) for s, c in enumerate([
+        Constraint.json_schema(SCHEMA), Constraint("regex", r"[a-z]{3}-[0-9]{2}"), None, Constraint.choice(["yes", "no"])])]
+    overlapped_masked_steps = []
+    launch = llm.engine.runner.launch
+
+    def spy(step):
+        fed = any(r >= 0 for r in step.prev_rows or [])
+        overlapped_masked_steps.append(fed and step.token_bitmask is not None)
+        return launch(step)
+
+    monkeypatch.setattr(llm.engine.runner, "launch", spy)
+    overlapped = llm.generate(prompts, params)
+    assert any(overlapped_masked_steps), "no masked step launched before its predecessor was read"
+    monkeypatch.setattr(llm.engine, "_may_overlap", lambda: False)
+    synchronous = llm.generate(prompts, params)
+    assert [o.token_ids for o in overlapped] == [o.token_ids for o in synchronous]
+    assert [o.finish_reason for o in overlapped] == [o.finish_reason for o in synchronous]
+    assert re.fullmatch(r"[a-z]{3}-[0-9]{2}", overlapped[1].text) and overlapped[3].text in ("yes", "no")
+    assert llm.engine.kv.audit_blocks() == {}

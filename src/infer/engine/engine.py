@@ -8,7 +8,9 @@ queue, is deterministic.
 Overlap: in the steady state (every request decoding, nothing queued) step() launches step N+1
 before it reads step N's tokens, so the host prepares the next step while the device runs this
 one; rows of N+1 take their input ids from N's device output. The tokens are the same as without
-overlap. A request that N ends (EOS, stop string) wastes one step, whose token is dropped.
+overlap. A request that N ends (EOS, stop string) wastes one step, whose token is dropped. With
+structured requests in the batch, N+1's sampling waits for its masks, and they for N's tokens: N is
+resolved inside N+1's launch, after N+1's forward is queued (`_bitmask`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ import itertools
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+
+import torch
 
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestState, StepOutput
@@ -31,7 +37,7 @@ from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 from infer.sampling.stop import StopChecker
 from infer.structured.compiler import GrammarCompiler
-from infer.structured.masks import step_bitmask
+from infer.structured.masks import Grammar, advance, fill_bitmask, has_open
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Engine:
         self._arrivals = itertools.count()
         self._aborts: deque[str] = deque()  # appends and pops are atomic, so other threads may abort
         self._in_flight: tuple[ScheduledBatch, LaunchedStep] | None = None  # launched, tokens not read yet
+        self._resolved_in_launch: list[StepOutput] = []  # outputs of the step resolved by `_bitmask`
 
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
         """Raise ValueError for a prompt the engine cannot run (checked before anything is queued)."""
@@ -84,7 +91,7 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_token_ids),
             stop_checker=StopChecker(params.stop),
             arrival_index=next(self._arrivals),
-            matcher=self.grammars.matcher(params.structured) if params.structured is not None else None,
+            grammar=Grammar(self.grammars.matcher(params.structured)) if params.structured is not None else None,
         )
         self.scheduler.add(request)
         return request
@@ -123,25 +130,23 @@ class Engine:
         try:
             launched = self.runner.launch(self._step_input(batch))
         except Exception as exc:  # the batch fails, the engine keeps serving everyone else
-            outputs += self._resolve()
+            outputs += self._take_resolved_in_launch() + self._resolve()
             return outputs + [self._fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
         for request in batch.requests:
             request.pending_tokens += 1
-        outputs += self._resolve()
+        outputs += self._take_resolved_in_launch() + self._resolve()
         self._in_flight = (batch, launched)
         return outputs
 
     def _may_overlap(self) -> bool:
         """Whether the next step may launch before the in-flight one is read: only a decode of the running
-        requests that needs no host-side token (no queue to admit, no abort, no repetition penalty, no
-        structured output, whose mask depends on the token before)."""
+        requests that needs no host-side token history (no queue to admit, no abort, no repetition penalty)."""
         s = self.scheduler
-        return not self._aborts and not s.waiting and not any(
-            r.sampling_params.needs_history or r.matcher is not None for r in s.running
-        )
+        return not self._aborts and not s.waiting and not any(r.sampling_params.needs_history for r in s.running)
 
-    def _resolve(self) -> list[StepOutput]:
-        """Read the in-flight step's tokens (the step boundary) and turn them into outputs."""
+    def _resolve(self, on_advanced: Callable[[], None] | None = None) -> list[StepOutput]:
+        """Read the in-flight step's tokens (the step boundary) and turn them into outputs. The grammars take
+        their tokens first; `on_advanced` runs then, before the outputs are processed."""
         if self._in_flight is None:
             return []
         batch, launched = self._in_flight
@@ -153,7 +158,30 @@ class Engine:
         except Exception as exc:
             return [self._fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
         # a request ended while this step was in flight (stop found in the step before, abort) drops its token
-        return [self._process(r, result, i) for i, r in enumerate(batch.requests) if not r.finished]
+        rows = [(i, r) for i, r in enumerate(batch.requests) if not r.finished]
+        advance([(r.grammar, result.token_ids[i]) for i, r in rows if r.grammar and r.sampling_params.max_tokens])
+        if on_advanced is not None:
+            on_advanced()
+        return [self._process(r, result, i) for i, r in rows]
+
+    def _bitmask(self, batch: ScheduledBatch) -> torch.Tensor:
+        """StepInput.token_bitmask, called inside the launch of `batch` once its forward is queued. With a step
+        in flight (the overlap) the masks need its tokens: it is resolved here, its outputs kept for step(), and
+        the masks are filled on the mask thread while this thread processes those outputs."""
+        fills = []
+
+        def start_fill() -> None:
+            fills.append(fill_bitmask([None if r.finished else r.grammar for r in batch.requests], self.runner.vocab_size))
+
+        if self._in_flight is not None:
+            self._resolved_in_launch += self._resolve(on_advanced=start_fill)
+        if not fills:  # nothing was in flight, or its result failed
+            start_fill()
+        return fills[0].result()
+
+    def _take_resolved_in_launch(self) -> list[StepOutput]:
+        outputs, self._resolved_in_launch = self._resolved_in_launch, []
+        return outputs
 
     def fail_all(self, error: str) -> list[StepOutput]:
         """Fail every queued and running request (after an unexpected error outside the runner)."""
@@ -192,7 +220,8 @@ class Engine:
             step.prompt_logprobs.append(r.sampling_params.prompt_logprobs if first_prefill else None)
         if any(r.sampling_params.needs_history for r in batch.requests):
             step.history = [r.prompt_token_ids + r.output_token_ids for r in batch.requests]
-        step.token_bitmask = step_bitmask([r.matcher for r in batch.requests], self.runner.vocab_size)
+        if has_open([r.grammar for r in batch.requests]):
+            step.token_bitmask = partial(self._bitmask, batch)
         return step
 
     # outputs ----------------------------------------------------------------------------------
@@ -205,8 +234,8 @@ class Engine:
             return self._output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
         token = result.token_ids[row]
         request.output_token_ids.append(token)
-        if request.matcher is not None and not request.matcher.consume_token(token):
-            error = f"the output constraint cannot be met with this model's tokenizer: {request.matcher.get_error()}"
+        if request.grammar is not None and request.grammar.error is not None:
+            error = f"the output constraint cannot be met with this model's tokenizer: {request.grammar.error}"
             return self._fail(request, error, client_error=True)
         if request.state is RequestState.PREFILL:  # not WAITING: a preempted request keeps waiting
             request.state = RequestState.DECODE
@@ -267,7 +296,7 @@ class Engine:
         )
 
     def _finish_reason(self, request: Request, is_eos: bool) -> str | None:
-        if is_eos or (request.matcher is not None and request.matcher.is_stopped()):  # the grammar is complete
+        if is_eos or (request.grammar is not None and request.grammar.complete):  # the grammar has ended
             return "stop"
         if len(request.output_token_ids) >= request.sampling_params.max_tokens:
             return "length"

@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-
-from typing import Any
+from typing import TYPE_CHECKING
 
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 from infer.sampling.stop import StopChecker
+
+if TYPE_CHECKING:
+    from infer.structured.masks import Grammar
 
 
 class RequestState(str, Enum):
@@ -60,7 +62,7 @@ class Request:
     num_preemptions: int = 0
     outputs_sent: bool = False
     pending_tokens: int = 0  # sampled on the device by launched steps, not read back yet
-    matcher: Any = None  # llguidance.LLMatcher of a structured request, advanced by every accepted token
+    grammar: Grammar | None = None  # a structured request's matcher, advanced by every accepted token
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -36,7 +36,8 @@ class StepInput:
     logprobs: list[int | None] = field(default_factory=list)  # per sequence: top-k count for the sampled token
     prompt_logprobs: list[int | None] = field(default_factory=list)  # per sequence (prefill): the same for its tokens
     # Structured output: returns the [num_seqs, ceil(vocab/32)] int32 host bitmask of allowed tokens. The runner
-    # calls it once the forward is queued, so on a GPU the host computes the masks while the device runs.
+    # calls it once the forward is queued and outside the sync-free scope: it may read the step before (the
+    # step boundary) to advance the grammars, all while the device runs this step's forward.
     token_bitmask: Callable[[], torch.Tensor] | None = None
 
     @property

@@ -103,8 +103,11 @@ class TorchRunner:
             tensors = SamplingTensors.from_params(
                 step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
             )
-            if step.token_bitmask is not None:  # structured output: disallowed tokens to -inf before sampling
-                apply_token_bitmask(logits, step.token_bitmask())
+        # structured output: the mask may wait for the step before (its boundary), so it is made outside the scope
+        bitmask = step.token_bitmask() if step.token_bitmask is not None else None
+        with step_scope(self.device):
+            if bitmask is not None:  # disallowed tokens to -inf before sampling
+                apply_token_bitmask(logits, bitmask)
             token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
             self.last_tokens[: step.num_seqs].copy_(token_ids)
             readback = self._readbacks[self._next_readback]

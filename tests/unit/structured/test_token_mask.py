@@ -1,5 +1,5 @@
 """The device mask equals llguidance's own CPU kernel on fresh random bitmasks, and the step mask is
-all-ones for unconstrained rows and absent when nothing is constrained."""
+all-ones for rows without an open grammar; advancing reads each grammar's error and end."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from infer.sampling.token_mask import apply_token_bitmask
-from infer.structured.masks import step_bitmask
+from infer.structured.masks import Grammar, advance, fill_bitmask, has_open
 
 
 @pytest.mark.parametrize(("vocab", "padded"), [(100, 100), (100, 130), (4096, 4096)])
@@ -29,14 +29,30 @@ def test_matches_llguidance_kernel(vocab, padded):
         assert torch.isneginf(got[:, 32 * words:]).all()
 
 
-def test_step_bitmask_rows():
-    assert step_bitmask([None, None], 100) is None
+def test_fill_bitmask_rows():
     from infer.loader.gguf_loader import bundled_smollm2
     from infer.loader.tokenizer import Tokenizer
     from infer.structured import Constraint, GrammarCompiler
 
-    matcher = GrammarCompiler(Tokenizer.from_path(bundled_smollm2()), 49152).matcher(Constraint.choice(["yes"]))
-    mask = step_bitmask([None, matcher], 49152)()
-    assert mask.shape == (2, 1536) and (mask[0] == -1).all()
+    compiler = GrammarCompiler(Tokenizer.from_path(bundled_smollm2()), 49152)
+    grammar, ended = Grammar(compiler.matcher(Constraint.choice(["yes"]))), Grammar(compiler.matcher(Constraint.choice(["no"])))
+    ended.complete = True
+    assert not has_open([None, ended]) and has_open([None, grammar])
+    mask = fill_bitmask([None, grammar, ended], 49152).result()
+    assert mask.shape == (3, 1536) and (mask[0] == -1).all() and (mask[2] == -1).all()
     allowed = ((mask[1].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten().nonzero().flatten()
     assert 0 < len(allowed) < 100  # only the tokens that start "yes"
+
+
+def test_advance_reads_error_and_end():
+    from infer.loader.gguf_loader import bundled_smollm2
+    from infer.loader.tokenizer import Tokenizer
+    from infer.structured import Constraint, GrammarCompiler
+
+    tokenizer = Tokenizer.from_path(bundled_smollm2())
+    compiler = GrammarCompiler(tokenizer, 49152)
+    yes, no = (Grammar(compiler.matcher(Constraint.choice([c]))) for c in ("yes", "no"))
+    (token,) = tokenizer.encode("yes", add_special_tokens=False)
+    advance([(yes, token), (no, token)])  # in parallel: several rows
+    assert yes.error is None and no.error and not yes.open and not no.open
+    assert yes.complete  # "yes" is the whole grammar: the matcher stops without waiting for EOS
