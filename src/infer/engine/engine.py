@@ -37,7 +37,7 @@ from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 from infer.sampling.stop import StopChecker
 from infer.structured.compiler import GrammarCompiler
-from infer.structured.masks import Grammar, advance, fill_bitmask, has_open
+from infer.structured.masks import BitmaskFiller, Grammar, advance, has_open
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(config, kv)
         self.grammars = GrammarCompiler(tokenizer, runner.vocab_size)
+        self.masks = BitmaskFiller(config.max_batch_size, runner.vocab_size)
         self._rng = random.Random(config.seed)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
@@ -171,7 +172,7 @@ class Engine:
         fills = []
 
         def start_fill() -> None:
-            fills.append(fill_bitmask([None if r.finished else r.grammar for r in batch.requests], self.runner.vocab_size))
+            fills.append(self.masks.fill([None if r.finished else r.grammar for r in batch.requests]))
 
         if self._in_flight is not None:
             self._resolved_in_launch += self._resolve(on_advanced=start_fill)

@@ -1,5 +1,5 @@
 """Compile constraints against one model's tokenizer: the llguidance tokenizer is built once per model,
-compiled grammars are cached, and each request gets its own matcher."""
+compiled grammars are cached as unused matchers, and each request gets its own copy."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._ll: llguidance.LLTokenizer | None = None
-        self._grammars: OrderedDict[Constraint, str] = OrderedDict()
+        self._matchers: OrderedDict[Constraint, llguidance.LLMatcher] = OrderedDict()  # unused templates, copied
         self._lock = threading.Lock()
 
     @property
@@ -39,12 +39,22 @@ class GrammarCompiler:
                 )
             return self._ll
 
-    def compile(self, constraint: Constraint) -> str:
-        """The checked grammar of `constraint`; ConstraintError names what llguidance could not do."""
+    def compile(self, constraint: Constraint) -> None:
+        """Check `constraint` against the tokenizer and cache it; ConstraintError names what llguidance could not do."""
+        self._template(constraint)
+
+    def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
+        """A fresh matcher at the start of `constraint`'s grammar: a copy of the cached one (microseconds, where
+        building a matcher from its grammar takes milliseconds)."""
+        template = self._template(constraint)
         with self._lock:
-            if constraint in self._grammars:
-                self._grammars.move_to_end(constraint)
-                return self._grammars[constraint]
+            return template.deep_copy()
+
+    def _template(self, constraint: Constraint) -> llguidance.LLMatcher:
+        with self._lock:
+            if constraint in self._matchers:
+                self._matchers.move_to_end(constraint)
+                return self._matchers[constraint]
         try:
             grammar = constraint.grammar()
         except Exception as exc:  # llguidance raises ValueError/RuntimeError with its message
@@ -52,15 +62,11 @@ class GrammarCompiler:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
         if is_error:
             raise ConstraintError("; ".join(messages) if isinstance(messages, list) else str(messages))
+        template = llguidance.LLMatcher(self.ll_tokenizer, grammar)
+        if template.is_error():
+            raise ConstraintError(template.get_error())
         with self._lock:
-            self._grammars[constraint] = grammar
-            while len(self._grammars) > CACHE_SIZE:
-                self._grammars.popitem(last=False)
-        return grammar
-
-    def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
-        """A fresh matcher at the start of `constraint`'s grammar."""
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, self.compile(constraint))
-        if matcher.is_error():
-            raise ConstraintError(matcher.get_error())
-        return matcher
+            self._matchers[constraint] = template
+            while len(self._matchers) > CACHE_SIZE:
+                self._matchers.popitem(last=False)
+        return template

@@ -1,7 +1,7 @@
 """Per-request grammar state and the step's token bitmask, filled off the engine thread.
 
-llguidance releases the GIL while it computes masks, so `fill_bitmask` runs on a worker thread while
-the engine thread detokenizes and stop-checks the previous step's outputs (docs/structured-output.md).
+llguidance releases the GIL while it computes masks, so `BitmaskFiller` runs the fill on a worker thread
+while the engine thread detokenizes and stop-checks the previous step's outputs (docs/structured-output.md).
 Invariant: nothing touches a matcher while a fill that reads it is in flight; the engine reads each
 matcher's state (error, complete) in `advance`, before the fill starts, and only from `Grammar` after.
 """
@@ -9,6 +9,7 @@ matcher's state (error, complete) in `advance`, before the fill starts, and only
 from __future__ import annotations
 
 import functools
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -37,12 +38,6 @@ def _executor() -> llguidance.LLExecutor:
     return llguidance.LLExecutor()
 
 
-@functools.cache
-def _worker() -> ThreadPoolExecutor:
-    """The thread a step's fill runs on while the engine thread processes outputs."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-masks")
-
-
 def advance(pairs: list[tuple[Grammar, int]]) -> None:
     """Feed each grammar its request's sampled token (in parallel for several) and read the new state."""
     if not pairs:
@@ -62,18 +57,38 @@ def has_open(grammars: list[Grammar | None]) -> bool:
     return any(g is not None and g.open for g in grammars)
 
 
-def fill_bitmask(grammars: list[Grammar | None], vocab_size: int) -> Future[torch.Tensor]:
-    """[rows, ceil(vocab/32)] int32 on the host, filled on the worker thread: each open grammar's allowed
-    tokens, all ones for the other rows (unconstrained, or ending this step: their token is dropped).
-    Pinned where CUDA is, so the upload needs no copy and does not block."""
-    rows = [(g.matcher, row) for row, g in enumerate(grammars) if g is not None and g.open]
-    return _worker().submit(_fill, rows, len(grammars), vocab_size)
+class BitmaskFiller:
+    """Fills a step's [rows, ceil(vocab/32)] int32 bitmask on a worker thread into one of two host buffers,
+    pinned where CUDA is so the upload neither copies nor blocks. The buffers take turns: a buffer is
+    refilled two steps after its upload was queued, and the host has read a step's tokens in between, so
+    that upload has ended."""
+
+    def __init__(self, max_rows: int, vocab_size: int) -> None:
+        self._shape = (max(max_rows, 1), (vocab_size + 31) // 32)
+        self._buffers: list[torch.Tensor] = []  # made at the first fill: a model never asked for structure pays nothing
+        self._next = 0
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-masks")
+
+    def fill(self, grammars: list[Grammar | None]) -> Future[torch.Tensor]:
+        """Each open grammar's allowed tokens; all ones for the other rows (unconstrained, or ending this
+        step: their token is dropped). Returns once the worker is inside llguidance."""
+        if not self._buffers:
+            pinned = torch.cuda.is_available()
+            self._buffers = [torch.empty(self._shape, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        mask = self._buffers[self._next][: len(grammars)]
+        self._next ^= 1
+        mask.numpy().fill(-1)  # numpy's plain memset: a torch CPU op would wake its thread pool, which then spins
+        rows = [(g.matcher, row) for row, g in enumerate(grammars) if g is not None and g.open]
+        started = threading.Event()
+        future = self._worker.submit(_fill, rows, mask, started)
+        # The worker needs the GIL until it is inside llguidance; waiting here hands it over now, where the
+        # interpreter would otherwise let this thread run on for its 5 ms switch interval first.
+        started.wait()
+        return future
 
 
-def _fill(rows: list[tuple[llguidance.LLMatcher, int]], num_rows: int, vocab_size: int) -> torch.Tensor:
-    mask = torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
-    if len(rows) == 1:
-        llguidance.torch.fill_next_token_bitmask(rows[0][0], mask, rows[0][1])
-    elif rows:
+def _fill(rows: list[tuple[llguidance.LLMatcher, int]], mask: torch.Tensor, started: threading.Event) -> torch.Tensor:
+    started.set()
+    if rows:
         llguidance.torch.fill_next_token_bitmask_par(_executor(), rows, mask)
     return mask

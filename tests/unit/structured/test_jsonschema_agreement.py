@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import llguidance
 import pytest
 
 from infer.loader.gguf_loader import bundled_smollm2
@@ -76,6 +77,14 @@ def test_what_cannot_compile_is_a_constraint_error(compiler, constraint):
         compiler.compile(constraint)
 
 
-def test_compiled_grammars_are_cached(compiler):
-    constraint = Constraint("regex", "[a-z]{3}")
-    assert compiler.compile(constraint) is compiler.compile(Constraint("regex", "[a-z]{3}"))
+def test_each_request_gets_its_own_matcher_from_one_compile(compiler, monkeypatch):
+    compiler.compile(Constraint("regex", "[a-z]{3}"))
+    built = []
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a: built.append(a))  # a second build would show here
+    first, second = compiler.matcher(Constraint("regex", "[a-z]{3}")), compiler.matcher(Constraint("regex", "[a-z]{3}"))
+    assert not built and first is not second
+    (token,) = compiler.ll_tokenizer.tokenize_str("a")[:1]
+    assert first.consume_token(token)
+    abc = compiler.ll_tokenizer.tokenize_str("abc")
+    assert second.validate_tokens(abc) == len(abc)  # untouched by the first: still at the start
+    assert first.validate_tokens(abc) < len(abc)  # "a" + "abc" is one letter too many

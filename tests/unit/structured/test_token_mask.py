@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from infer.sampling.token_mask import apply_token_bitmask
-from infer.structured.masks import Grammar, advance, fill_bitmask, has_open
+from infer.structured.masks import BitmaskFiller, Grammar, advance, has_open
 
 
 @pytest.mark.parametrize(("vocab", "padded"), [(100, 100), (100, 130), (4096, 4096)])
@@ -38,8 +38,12 @@ def test_fill_bitmask_rows():
     grammar, ended = Grammar(compiler.matcher(Constraint.choice(["yes"]))), Grammar(compiler.matcher(Constraint.choice(["no"])))
     ended.complete = True
     assert not has_open([None, ended]) and has_open([None, grammar])
-    mask = fill_bitmask([None, grammar, ended], 49152).result()
+    filler = BitmaskFiller(max_rows=4, vocab_size=49152)
+    mask = filler.fill([None, grammar, ended]).result().clone()
     assert mask.shape == (3, 1536) and (mask[0] == -1).all() and (mask[2] == -1).all()
+    filler.fill([grammar]).result()  # the other buffer
+    again = filler.fill([None, None, grammar]).result()  # back to the first: refilled, not left over
+    assert (again[:2] == -1).all() and torch.equal(again[2], mask[1])
     allowed = ((mask[1].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten().nonzero().flatten()
     assert 0 < len(allowed) < 100  # only the tokens that start "yes"
 
