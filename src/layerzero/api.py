@@ -100,6 +100,37 @@ def paged_attention(
     return out.unsqueeze(1) if squeeze else out
 
 
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_context_len: int,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+    host_bounds: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> torch.Tensor:
+    """Prefill (or mixed) attention over a paged cache: query [T, H, D] packed by cu_seqlens_q [B+1].
+
+    Sequence i's q_len queries are its last q_len cached positions (their keys already stored):
+    a chunk attends causally to itself and to everything before it in the cache (earlier chunks,
+    cached prefixes). context_lens [B] counts cached tokens including the new ones; max_seqlen_q and
+    max_context_len are host ints; host_bounds = (cu_seqlens_q, context_lens) on the host, so that no
+    implementation needs to read them back.
+    """
+    limit = block_tables.shape[1] * key_cache.shape[1]
+    if max_context_len > limit:
+        raise ValueError(f"max_context_len={max_context_len} exceeds the block tables' capacity ({limit} tokens)")
+    host_q, host_ctx = (None, None) if host_bounds is None else (list(host_bounds[0]), list(host_bounds[1]))
+    return _call("paged_prefill_attention", query, key_cache, value_cache, block_tables=block_tables,
+                 cu_seqlens_q=cu_seqlens_q, context_lens=context_lens, max_seqlen_q=int(max_seqlen_q),
+                 max_context_len=int(max_context_len), scale=_scale(scale, query.shape[-1]),
+                 sliding_window=sliding_window, cu_seqlens_q_host=host_q, context_lens_host=host_ctx)
+
+
 def store_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,

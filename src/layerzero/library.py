@@ -107,6 +107,38 @@ def _(query, key_cache, value_cache, block_tables, context_lens, *, scale, slidi
     return query.new_empty(_attention_shape(query, value_cache))
 
 
+@custom_op("layerzero::paged_prefill_attention", mutates_args=())
+def paged_prefill_attention(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    cu_seqlens_q: Tensor,
+    context_lens: Tensor,
+    *,
+    max_seqlen_q: int,
+    max_context_len: int,
+    scale: float,
+    sliding_window: int | None,
+    cu_seqlens_q_host: list[int] | None,
+    context_lens_host: list[int] | None,
+) -> Tensor:
+    """Packed prefill attention over a paged KV cache: query [T, H, D] -> [T, H, Dv]."""
+    out = _dispatch(
+        "paged_prefill_attention", query, key_cache, value_cache, block_tables=block_tables,
+        cu_seqlens_q=cu_seqlens_q, context_lens=context_lens, max_seqlen_q=max_seqlen_q,
+        max_context_len=max_context_len, scale=scale, sliding_window=sliding_window,
+        cu_seqlens_q_host=cu_seqlens_q_host, context_lens_host=context_lens_host,
+    )
+    return _fresh(out, (query, key_cache, value_cache))
+
+
+@paged_prefill_attention.register_fake
+def _(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, *, max_seqlen_q, max_context_len,
+      scale, sliding_window, cu_seqlens_q_host, context_lens_host):
+    return query.new_empty(_attention_shape(query, value_cache))
+
+
 @custom_op("layerzero::store_kv_cache", mutates_args=("key_cache", "value_cache"))
 def store_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor) -> None:
     """Scatter key/value [T, Hkv, D] into the paged caches, in place; slots < 0 are skipped."""
@@ -264,7 +296,7 @@ def _(q, scale, *, axis, out_dtype):
 
 OPS: dict[str, Any] = {
     "attention": attention, "varlen_attention": varlen_attention, "paged_attention": paged_attention,
-    "store_kv_cache": store_kv_cache, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
+    "paged_prefill_attention": paged_prefill_attention, "store_kv_cache": store_kv_cache, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
     "layer_norm": layer_norm, "rope": rope, "silu_and_mul": silu_and_mul, "gelu_and_mul": gelu_and_mul,
     "linear": linear, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
     "quantize": quantize, "dequantize": dequantize,

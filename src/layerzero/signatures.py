@@ -67,6 +67,16 @@ def _paged(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+def _paged_prefill(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    q, key_cache = args[:2]
+    return dict(
+        batch=max(kw["cu_seqlens_q"].shape[0] - 1, 1), seq_q=int(kw["max_seqlen_q"]), seq_k=int(kw["max_context_len"]),
+        tokens=q.shape[0], num_heads=q.shape[1], num_kv_heads=key_cache.shape[2], head_dim=q.shape[2], layout="THD",
+        causal=True, sliding_window=kw.get("sliding_window") is not None, kv_cache_layout="NHD",
+        kv_cache_dtype=key_cache.dtype, kv_strategy="paged", params=(("block_size", key_cache.shape[1]),),
+    )
+
+
 def _store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     key, _, key_cache = args[:3]
     return dict(
@@ -152,6 +162,9 @@ SIGNATURES: dict[str, OpSignature] = {
         _varlen, (0, 1, 2), ("cu_seqlens_q", "max_seqlen_q", "max_seqlen_k", "causal", "sliding_window")
     ),
     "paged_attention": OpSignature(_paged, (0, 1, 2), ("block_tables", "max_context_len", "sliding_window")),
+    "paged_prefill_attention": OpSignature(
+        _paged_prefill, (0, 1, 2), ("block_tables", "cu_seqlens_q", "max_seqlen_q", "max_context_len", "sliding_window")
+    ),
     "store_kv_cache": OpSignature(_store, (0, 1, 2, 3), ()),
     "rms_norm": OpSignature(_rowwise, (0, 1), ()),
     "fused_add_rms_norm": OpSignature(_rowwise, (0, 1, 2), ()),

@@ -42,6 +42,16 @@ def paged_attention(
                                     max_context_len)
 
 
+def paged_prefill_attention(
+    q, key_cache, value_cache, *, block_tables, cu_seqlens_q, context_lens, max_seqlen_q: int, max_context_len: int,
+    scale: float, sliding_window: int | None, cu_seqlens_q_host: list[int] | None, context_lens_host: list[int] | None,
+) -> torch.Tensor:
+    bounds = cu_seqlens_q.tolist() if cu_seqlens_q_host is None else cu_seqlens_q_host
+    lens = context_lens.tolist() if context_lens_host is None else context_lens_host
+    return attn_ref.paged_prefill_attention(q, key_cache, value_cache, block_tables, bounds, lens, scale,
+                                            sliding_window)
+
+
 def rms_norm(x, weight, *, eps: float, weight_offset: float) -> torch.Tensor:
     return norm.rms_norm(x, weight, eps, weight_offset)
 
@@ -70,6 +80,7 @@ _CORE = {
     "attention": (attention, True),
     "varlen_attention": (varlen_attention, False),
     "paged_attention": (paged_attention, True),
+    "paged_prefill_attention": (paged_prefill_attention, False),
     "store_kv_cache": (kv_cache.store_kv_cache, False),
     "rms_norm": (rms_norm, True),
     "fused_add_rms_norm": (fused_add_rms_norm, True),

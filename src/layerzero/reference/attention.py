@@ -1,4 +1,4 @@
-"""Attention references: dense (BSHD/BHSD), packed variable-length prefill, and paged decode.
+"""Attention references: dense (BSHD/BHSD), packed variable-length prefill, paged decode and paged prefill.
 
 Semantics shared by all three: GQA (query heads grouped over KV heads), causal masking aligned
 to the end of the keys, and an optional sliding window where a query at position i sees keys
@@ -99,3 +99,32 @@ def paged_attention(
         enable_gqa=q.shape[1] != k.shape[2],
     )
     return o.squeeze(2)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    bounds_q: Sequence[int],
+    context_lens: Sequence[int],
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Packed q [T, H, D] over a paged cache: sequence i's queries are the last q_len of its context_lens[i]
+    cached keys (earlier chunks and cached prefixes included), causal. Only each sequence's own blocks are read."""
+    out = torch.empty_like(q)
+    block_size = key_cache.shape[1]
+    for i in range(len(bounds_q) - 1):
+        qs, qe, ctx = bounds_q[i], bounds_q[i + 1], context_lens[i]
+        if qe == qs:
+            continue
+        table = block_tables[i, : -(-ctx // block_size)].long()
+        k = key_cache.index_select(0, table).flatten(0, 1)[:ctx].to(q.dtype)
+        v = value_cache.index_select(0, table).flatten(0, 1)[:ctx].to(q.dtype)
+        o = attention_bhsd(
+            q[qs:qe].transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+            True, scale, window,
+        )
+        out[qs:qe] = o.squeeze(0).transpose(0, 1)
+    return out

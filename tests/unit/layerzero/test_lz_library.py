@@ -45,6 +45,12 @@ def _cases() -> list[tuple[str, tuple, dict, object]]:
     cases.append(("paged_attention", (pq, kc, vc), dict(
         block_tables=tables, context_lens=lens, scale=0.3, sliding_window=None, max_context_len=8),
         attn_ref.paged_attention(pq, kc, vc, tables, lens, 0.3, None, 8)))
+    cu_p, cq = torch.tensor([0, 3, 4], dtype=torch.int32), _rand(4, 4, 8)  # a 3-token chunk after 2 cached, a decode row
+    expected = attn_ref.paged_prefill_attention(cq, kc, vc, tables, [0, 3, 4], [5, 8], 0.3, None)
+    for host in (([0, 3, 4], [5, 8]), (None, None)):
+        cases.append(("paged_prefill_attention", (cq, kc, vc, tables, cu_p, lens), dict(
+            max_seqlen_q=3, max_context_len=8, scale=0.3, sliding_window=None, cu_seqlens_q_host=host[0],
+            context_lens_host=host[1]), expected))
 
     x, res, w = _rand(3, 16), _rand(3, 16), _rand(16)
     cases.append(("rms_norm", (x, w), dict(eps=1e-6, weight_offset=1.0), norm.rms_norm(x, w, 1e-6, 1.0)))
@@ -110,7 +116,7 @@ def _schema_call(op: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def test_every_tensor_op_is_registered() -> None:
-    expected = {"attention", "varlen_attention", "paged_attention", "store_kv_cache", "rms_norm",
+    expected = {"attention", "varlen_attention", "paged_attention", "paged_prefill_attention", "store_kv_cache", "rms_norm",
                 "fused_add_rms_norm", "layer_norm", "rope", "silu_and_mul", "gelu_and_mul", "linear", "embedding",
                 "sample_topk", "sample_topp", "quantize", "dequantize"}
     assert set(OPS) == expected

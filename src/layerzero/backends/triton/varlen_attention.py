@@ -1,4 +1,4 @@
-"""Variable-length (packed) prefill attention in Triton, flash-attention style.
+"""Variable-length (packed) prefill attention in Triton, flash-attention style, over packed K/V or a paged cache.
 
 Grid (query tiles of max_seqlen_q, sequences, query heads): a program loads a BLOCK_M x D query tile
 once and streams the sequence's keys in BLOCK_N tiles with an online float32 softmax (base 2),
@@ -6,6 +6,10 @@ skipping key tiles that the causal limit or the sliding window hide. Each sequen
 last q_len positions of its k_len keys (decode-after-prefix and chunked prefill). GQA reads the
 query head's KV head directly. Sequence bounds are read from cu_seqlens on the device; the grid
 comes from max_seqlen_q, a host int, so no launch reads device memory.
+
+Paged (`paged_prefill_attention`): the keys are the sequence's context_lens[seq] cached tokens, each
+row resolved through its block table inside the kernel, so a prefill chunk attends to earlier chunks
+and cached prefixes without a gathered copy of the cache.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ def _varlen_fwd_kernel(
     out_ptr,
     cu_q_ptr,
     cu_k_ptr,
+    bt_ptr,
+    ctx_ptr,
+    block_size,
+    k_sb,
+    v_sb,
+    bt_sb,
     qk_scale,
     window,
     group,
@@ -63,6 +73,7 @@ def _varlen_fwd_kernel(
     o_sh,
     CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    PAGED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -73,8 +84,12 @@ def _varlen_fwd_kernel(
     h = tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    k_start = tl.load(cu_k_ptr + seq)
-    k_len = tl.load(cu_k_ptr + seq + 1) - k_start
+    if PAGED:
+        k_start = 0
+        k_len = tl.load(ctx_ptr + seq)
+    else:
+        k_start = tl.load(cu_k_ptr + seq)
+        k_len = tl.load(cu_k_ptr + seq + 1) - k_start
     kvh = h // group
 
     rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -106,9 +121,17 @@ def _varlen_fwd_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         c_mask = cols < k_len
-        k_rows = (k_start + cols).to(tl.int64)
+        if PAGED:
+            page = tl.load(bt_ptr + seq.to(tl.int64) * bt_sb + cols // block_size, mask=c_mask, other=0).to(tl.int64)
+            in_page = (cols % block_size).to(tl.int64)
+            k_off = page * k_sb + in_page * k_st
+            v_off = page * v_sb + in_page * v_st
+        else:
+            k_rows = (k_start + cols).to(tl.int64)
+            k_off = k_rows * k_st
+            v_off = k_rows * v_st
         kv_mask = c_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + k_rows[:, None] * k_st + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(k_base + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = c_mask[None, :]
         if CAUSAL:
@@ -122,7 +145,7 @@ def _varlen_fwd_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + k_rows[:, None] * v_st + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_base + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -176,29 +199,88 @@ def varlen_attention(
     n_seqs = cu_seqlens_q.shape[0] - 1
     if n_tokens == 0 or n_seqs == 0 or max_seqlen_q == 0:
         return out
+    _launch(query, key, value, out, cu_seqlens_q, max_seqlen_q, n_kv_heads, scale, sliding_window, causal,
+            cu_seqlens_k=cu_seqlens_k)
+    return out
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    *,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_context_len: int,
+    scale: float,
+    sliding_window: int | None,
+    cu_seqlens_q_host: list[int] | None = None,
+    context_lens_host: list[int] | None = None,
+) -> torch.Tensor:
+    """Packed q [T, H, D] against caches [NB, BS, Hkv, D] -> [T, H, D] in query.dtype; sequence i's queries are
+    the last q_len of its context_lens[i] cached keys (causal). Host copies of the bounds are not needed."""
+    del max_context_len, cu_seqlens_q_host, context_lens_host
+    n_tokens, n_heads, head_dim = query.shape
+    n_kv_heads = key_cache.shape[2]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads")
+    if key_cache.shape[3] != head_dim or value_cache.shape != key_cache.shape:
+        raise ValueError(
+            f"caches {tuple(key_cache.shape)} / {tuple(value_cache.shape)} do not fit query {tuple(query.shape)}"
+        )
+    if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("KV caches must be contiguous in their last dimension")
+    query = last_dim_contiguous(query)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if n_tokens == 0 or cu_seqlens_q.shape[0] < 2 or max_seqlen_q == 0:
+        return out
+    _launch(query, key_cache, value_cache, out, cu_seqlens_q, max_seqlen_q, n_kv_heads, scale, sliding_window,
+            True, block_tables=block_tables, context_lens=context_lens)
+    return out
+
+
+def _launch(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int, n_kv_heads: int, scale: float, sliding_window: int | None, causal: bool, *,
+    cu_seqlens_k: torch.Tensor | None = None, block_tables: torch.Tensor | None = None,
+    context_lens: torch.Tensor | None = None,
+) -> None:
+    """One launch of the kernel: packed K/V [Tk, Hkv, D] with cu_seqlens_k, or paged caches [NB, BS, Hkv, D]."""
+    n_heads, head_dim = query.shape[1], query.shape[2]
+    paged = block_tables is not None
+    token_dim = 1 if paged else 0  # the per-token stride of K/V: inside a block, or along the packed rows
     cfg = tile_config(head_dim, query.dtype)
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), n_seqs, n_heads)
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), cu_seqlens_q.shape[0] - 1, n_heads)
     _varlen_fwd_kernel[grid](
         query,
         key,
         value,
         out,
         cu_seqlens_q,
-        cu_seqlens_k,
+        cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
+        block_tables if paged else cu_seqlens_q,
+        context_lens if paged else cu_seqlens_q,
+        key.shape[1] if paged else 1,
+        key.stride(0) if paged else 0,
+        value.stride(0) if paged else 0,
+        block_tables.stride(0) if paged else 0,
         scale * math.log2(math.e),
         sliding_window or 0,
         n_heads // n_kv_heads,
         head_dim,
         query.stride(0),
         query.stride(1),
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
+        key.stride(token_dim),
+        key.stride(token_dim + 1),
+        value.stride(token_dim),
+        value.stride(token_dim + 1),
         out.stride(0),
         out.stride(1),
         CAUSAL=causal,
         HAS_WINDOW=sliding_window is not None,
+        PAGED=paged,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=max(16, next_pow2(head_dim)),  # tl.dot needs K >= 16
@@ -206,4 +288,3 @@ def varlen_attention(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return out
