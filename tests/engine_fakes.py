@@ -8,6 +8,7 @@ sequence's context back through its block table, fails loudly if a slot holds th
 from __future__ import annotations
 
 import hashlib
+import itertools
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
@@ -52,9 +53,10 @@ class FakeRunner:
         self.served.append((step.step_kind, list(step.seeds)))
         self.prev_rows.append(list(step.prev_rows or []))
         tokens = list(step.token_ids)
+        ends = list(itertools.accumulate(step.query_lens))
         for i, prev in enumerate(step.prev_rows or []):
-            if prev >= 0:
-                tokens[i] = self.last[prev]
+            if prev >= 0:  # the row's last input token
+                tokens[ends[i] - 1] = self.last[prev]
         for slot, pos, tok in zip(step.slot_mapping, step.positions, tokens):
             self.cache[slot] = (pos, tok)
         out = []
@@ -75,7 +77,8 @@ class FakeRunner:
 def fake_engine(num_blocks: int = 64, block_size: int = 4, **options: object) -> tuple[Engine, FakeRunner]:
     config = EngineConfig(max_seq_len=options.pop("max_seq_len", 256), **options)  # type: ignore[arg-type]
     runner = FakeRunner(block_size)
-    return Engine(config, runner, KVCacheManager(num_blocks, block_size), FakeTokenizer()), runner  # type: ignore[arg-type]
+    kv = KVCacheManager(num_blocks, block_size, prefix_caching=bool(config.use_prefix_caching))
+    return Engine(config, runner, kv, FakeTokenizer()), runner  # type: ignore[arg-type]
 
 
 def run_all(engine: Engine, max_steps: int = 10_000) -> dict[str, list]:

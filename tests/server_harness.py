@@ -63,7 +63,7 @@ def wait_healthy(base_url: str, timeout: float, still_starting: Callable[[], Non
 
 @contextmanager
 def running_server(llm: LLM) -> Iterator[RunningServer]:
-    state = ServerState(llm, AsyncEngine(llm.engine, llm.config.max_waiting_requests), MODEL)
+    state = ServerState(llm.built, AsyncEngine(llm.engine, llm.config.max_waiting_requests), MODEL)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -42,6 +42,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto")
     p.add_argument("--max-seq-len", type=int, default=4096, metavar="N", help="longest prompt + output, in tokens")
+    _add_prefill_flags(p.add_argument_group("prefill"))
     p.set_defaults(func=_generate)
 
 
@@ -76,12 +77,13 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-seq-len", type=int, default=d.max_seq_len, metavar="N", help="longest prompt + output, in tokens")
     g.add_argument("--max-batch-size", type=int, default=d.max_batch_size, metavar="N", help="most requests running at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
-                   help="most prompt tokens in one prefill step (default: max(8192, max-seq-len))")
+                   help="most tokens in one step, decodes and prefill chunks together (default: max(8192, max-seq-len))")
     g.add_argument("--batching-mode", default=d.batching_mode, choices=BATCHING_MODES,
                    help="continuous admits requests every step; static only once the running batch has finished")
     g.add_argument("--scheduler-policy", default=d.scheduler_policy, choices=SCHEDULER_POLICIES,
                    help="fcfs: admit in arrival order; prefill_first: admit whatever fits, overtaking a blocked "
-                        "request at most --fairness-steps times; decode_round_robin: alternate prefill and decode steps")
+                        "request at most --fairness-steps times; decode_round_robin: prefill (chunks) every other "
+                        "step while requests decode")
     g.add_argument("--fairness-steps", type=int, default=d.fairness_steps, metavar="N",
                    help="every decoding request gets a token at least once every N steps")
     g.add_argument("--kv-cache-backend", default=d.kv_cache_backend, choices=KV_BACKENDS, help="KV cache layout")
@@ -97,6 +99,23 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "paged cache); --no-cuda-graphs runs decode eagerly")
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS,
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
+    _add_prefill_flags(g)
+
+
+def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
+    from infer.engine.config import EngineConfig
+
+    d = EngineConfig()
+    g.add_argument("--chunked-prefill", dest="use_chunked_prefill", action=argparse.BooleanOptionalAction,
+                   default=None, help="split long prompts into chunks that share steps with running decodes "
+                                      "(default: on with continuous batching)")
+    g.add_argument("--prefill-chunk-size", type=int, default=d.prefill_chunk_size, metavar="N",
+                   help="most prompt tokens of one request in one step (chunked prefill)")
+    g.add_argument("--max-prefill-chunks-per-step", type=int, default=None, metavar="N",
+                   help="most requests prefilling in one step (default: as the token budget allows)")
+    g.add_argument("--prefix-caching", dest="use_prefix_caching", action=argparse.BooleanOptionalAction,
+                   default=d.use_prefix_caching, help="reuse the KV blocks of prompt prefixes seen before "
+                                                      "(needs chunked prefill and the paged cache)")
 
 
 def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
@@ -114,9 +133,10 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_export_tokenizer)
 
 
+PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
-                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format")
+                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", *PREFILL_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,18 +152,19 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from infer.engine.async_engine import AsyncEngine
+    from infer.engine.builder import build_engine
+    from infer.engine.config import EngineConfig
     from infer.engine.threads import build_off_main_thread
-    from infer.llm import LLM
     from infer.server.app import create_app
     from infer.server.state import ServerState
 
-    options = {name: getattr(args, name) for name in ENGINE_FLAGS}
+    config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS})
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
-    llm = build_off_main_thread(lambda: LLM(args.model, **options))  # the engine thread does all torch work
-    name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else llm.path.stem)
-    print(f"[infer] loaded {llm.path.name} in {llm.load_seconds:.1f}s; serving {name!r} on http://{args.host}:{args.port}",
+    built = build_off_main_thread(lambda: build_engine(config))  # the engine thread does all torch work
+    name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else built.path.stem)
+    print(f"[infer] loaded {built.path.name} in {built.load_seconds:.1f}s; serving {name!r} on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
-    state = ServerState(llm, AsyncEngine(llm.engine, llm.config.max_waiting_requests), name)
+    state = ServerState(built, AsyncEngine(built.engine, built.config.max_waiting_requests), name)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -169,7 +190,8 @@ def _generate(args: argparse.Namespace) -> int:
         structured=_constraint(args),
     )
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
+              **{name: getattr(args, name) for name in PREFILL_FLAGS})
     print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
@@ -188,7 +210,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _export_tokenizer(args: argparse.Namespace) -> int:
-    from infer.llm import chat_template_name, resolve_model_path
+    from infer.engine.builder import chat_template_name, resolve_model_path
     from infer.loader.model_loader import read_config
     from infer.loader.tokenizer import Tokenizer
     from infer.models.chat_template import ChatTemplateError, template_source

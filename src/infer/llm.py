@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 
+from infer.engine.builder import BuiltEngine, Messages, build_engine
 from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
 from infer.engine.request import StepOutput
-from infer.kv.kv_manager import KVCacheManager
-from infer.kv.sizing import kv_layout
-from infer.loader.gguf_loader import bundled_smollm2
-from infer.loader.model_loader import load_model
-from infer.loader.tokenizer import Tokenizer
-from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_chat
-from infer.models.registry import model_spec
-from infer.runners.cuda_graphs import bucket_sizes
-from infer.runners.torch_runner import TorchRunner
 from infer.sampling.params import SamplingParams
 
 Prompt = str | list[int]
-Messages = list[dict[str, str]]
 
 
 @dataclass
@@ -31,63 +19,33 @@ class RequestOutput:
     text: str
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-
-
-def resolve_model_path(model: str | None) -> Path:
-    """None means the bundled SmolLM2-135M-Instruct GGUF."""
-    return bundled_smollm2() if model is None else Path(model).expanduser()
-
-
-def chat_template_name(model_type: str, tokenizer: Tokenizer) -> str:
-    """The bundled chat template for a model family whose tokenizer has the template's marker token."""
-    for name, marker in model_spec(model_type).chat_templates:
-        if tokenizer.has_token(marker):
-            return name
-    raise ChatTemplateError(
-        f"no chat template for this {model_type} tokenizer; "
-        f"add one to {TEMPLATE_DIR} and register it in infer/models/registry.py"
-    )
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache
 
 
 class LLM:
     """Offline generation: `LLM().generate(["Hello"], SamplingParams(temperature=0))`.
 
-    One caller at a time: each call drives the engine until its own requests finish.
+    Keyword arguments are `EngineConfig` fields. One caller at a time: each call drives the engine until
+    its own requests finish.
     """
 
     def __init__(self, model: str | None = None, **engine_options: object) -> None:
-        self.config = EngineConfig(model=model, **engine_options)  # type: ignore[arg-type]
-        self.path = resolve_model_path(model)
-        started = time.perf_counter()
-        loaded = load_model(self.path, self.config.torch_dtype, self.config.resolved_device, self.config.max_seq_len,
-                            self.config.load_format)
-        self.model_config = loaded.config
-        self.tokenizer = Tokenizer.from_path(self.path)
-        self.config = replace(self.config, max_seq_len=min(self.config.max_seq_len, loaded.config.max_position_embeddings))
-        layout = kv_layout(
-            loaded.config, self.config.torch_dtype, self.config.kv_cache_backend, self.config.block_size,
-            self.config.max_seq_len, self.config.max_batch_size, self.config.num_kv_blocks,
-            self.config.kv_cache_memory_gb * 2**30,
-        )
-        self.runner = TorchRunner(
-            loaded.model, layout.num_blocks, layout.block_size, self.config.max_batch_size,
-            self.config.max_seq_len, bucket_sizes(self.config.max_batch_size) if self.config.cuda_graphs else (),
-        )
-        self.engine = Engine(self.config, self.runner, KVCacheManager(*layout), self.tokenizer)
-        self.load_seconds = time.perf_counter() - started  # weights loaded, cache allocated, graphs captured
+        self.built: BuiltEngine = build_engine(EngineConfig(model=model, **engine_options))  # type: ignore[arg-type]
+        self.engine = self.built.engine
+        self.config = self.built.config
+        self.tokenizer = self.built.tokenizer
+        self.model_config = self.built.model_config
+        self.path = self.built.path
+        self.load_seconds = self.built.load_seconds
+        self.runner = self.engine.runner
 
     # prompts -----------------------------------------------------------------------------------
 
     def chat_template_name(self) -> str:
-        return chat_template_name(self.model_config.model_type, self.tokenizer)
-
-    def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
-        return render_chat(self.chat_template_name(), messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=self.tokenizer.bos_token or "")
+        return self.built.chat_template_name()
 
     def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-        # the template writes BOS itself, so the tokenizer must not add another
-        return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.built.encode_chat(messages, add_generation_prompt)
 
     def encode(self, prompt: Prompt) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
@@ -110,7 +68,8 @@ class LLM:
         if errors:
             raise RuntimeError(f"generation failed: {errors}")
         return [
-            RequestOutput(r.prompt_token_ids, r.text, r.output_token_ids, r.finish_reason) for r in requests
+            RequestOutput(r.prompt_token_ids, r.text, r.output_token_ids, r.finish_reason, r.num_cached_tokens)
+            for r in requests
         ]
 
     def generate(

@@ -271,3 +271,29 @@ def test_graph_capture_replay_varlen_attention():
         _close(out, expected)
 
     _graph_replay(run, refresh, check)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window", ATTENTION_SHAPES)
+def test_paged_prefill_attention(dtype, heads, kv_heads, head_dim, window):
+    """Chunks after cached prefixes, a whole prompt and decode rows in one mixed batch, over scattered blocks."""
+    q_lens, ctx_lens, block_size = [512, 1, 300, 77, 1], [1536, 513, 300, 1100, 9], 16
+    g = torch.Generator(device="cuda").manual_seed(1)
+    width = -(-max(ctx_lens) // block_size)
+    blocks = len(ctx_lens) * width + 5
+    kc = torch.randn(blocks, block_size, kv_heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    vc = torch.randn(blocks, block_size, kv_heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    tables = torch.randperm(blocks, device="cuda", generator=g)[: len(ctx_lens) * width].view(len(ctx_lens), width).int()
+    q = torch.randn(sum(q_lens), heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    bounds = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    ctx = torch.tensor(ctx_lens, dtype=torch.int32, device="cuda")
+    scale = head_dim**-0.5
+    with _NoSync():
+        out = varlen_attention.paged_prefill_attention(
+            q, kc, vc, block_tables=tables, cu_seqlens_q=cu, context_lens=ctx, max_seqlen_q=max(q_lens),
+            max_context_len=max(ctx_lens), scale=scale, sliding_window=window,
+        )
+    expected = _attention_expected(attn_ref.paged_prefill_attention, dtype, q, kc, vc, tables, bounds, ctx_lens,
+                                   scale, window)
+    _close(out, expected)

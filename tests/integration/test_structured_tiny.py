@@ -11,6 +11,7 @@ import torch
 
 from checkpoints import save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
+from infer.engine.overlap import InFlight
 from infer.structured import Constraint
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -68,7 +69,7 @@ def test_constrained_steps_overlap_with_the_same_tokens(llm, monkeypatch):
     monkeypatch.setattr(llm.engine.runner, "launch", spy)
     overlapped = llm.generate(prompts, params)
     assert any(overlapped_masked_steps), "no masked step launched before its predecessor was read"
-    monkeypatch.setattr(llm.engine, "_may_overlap", lambda: False)
+    monkeypatch.setattr(InFlight, "may_launch_ahead", staticmethod(lambda *args: False))
     synchronous = llm.generate(prompts, params)
     assert [o.token_ids for o in overlapped] == [o.token_ids for o in synchronous]
     assert [o.finish_reason for o in overlapped] == [o.finish_reason for o in synchronous]

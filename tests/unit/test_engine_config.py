@@ -16,7 +16,10 @@ from infer.engine.config import EngineConfig, EngineConfigError
         ({"max_waiting_requests": 0}, "max_waiting_requests"),
         ({"quantization": "int4"}, "quantization"),
         ({"use_chunked_prefill": True, "batching_mode": "static"}, "use_chunked_prefill"),
-        ({"use_prefix_caching": True}, "use_prefix_caching"),
+        ({"use_prefix_caching": True, "kv_cache_backend": "contiguous"}, "use_prefix_caching"),
+        ({"use_prefix_caching": True, "use_chunked_prefill": False}, "use_prefix_caching"),
+        ({"prefill_chunk_size": 0}, "prefill_chunk_size"),
+        ({"max_prefill_chunks_per_step": 0}, "max_prefill_chunks_per_step"),
         ({"use_cuda_graphs": True, "kv_cache_backend": "contiguous"}, "use_cuda_graphs"),
         ({"use_speculative_decoding": True}, "use_speculative_decoding"),
     ],
@@ -29,7 +32,6 @@ def test_invalid_or_incompatible_options_name_the_field(options: dict, field: st
 @pytest.mark.parametrize(
     ("options", "field", "message"),
     [
-        ({"use_chunked_prefill": True}, "use_chunked_prefill", "not implemented yet"),
         ({"use_cuda_graphs": True, "device": "cpu"}, "use_cuda_graphs", "requires a CUDA device"),
         ({"quantization": "fp8"}, "quantization", "not implemented yet"),
     ],
@@ -42,4 +44,6 @@ def test_compatible_but_unbuilt_features_are_refused_clearly(options: dict, fiel
 def test_defaults_are_valid_and_continuous():
     config = EngineConfig()
     assert config.batching_mode == "continuous" and config.scheduler_policy == "fcfs"
+    assert config.use_chunked_prefill and not config.use_prefix_caching
+    assert not EngineConfig(batching_mode="static").use_chunked_prefill
     assert config.max_num_batched_tokens == max(8192, config.max_seq_len)

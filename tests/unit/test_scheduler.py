@@ -31,11 +31,12 @@ def _tokens(outputs: dict[str, list]) -> dict[str, list[int]]:
 WORK = [(13, 9), (3, 20), (30, 5), (7, 7), (21, 12), (5, 30)]
 
 
-def test_preemption_recomputes_to_the_same_tokens_and_leaks_nothing():
+@pytest.mark.parametrize("options", [{}, {"use_chunked_prefill": False}, {"use_prefix_caching": True}])
+def test_preemption_recomputes_to_the_same_tokens_and_leaks_nothing(options):
     roomy, _ = fake_engine(num_blocks=256)
     _submit(roomy, WORK)
     expected = _tokens(run_all(roomy))
-    tight, _ = fake_engine(num_blocks=16)  # 64 slots for ~160 tokens of work
+    tight, _ = fake_engine(num_blocks=16, prefill_chunk_size=5, **options)  # 64 slots for ~160 tokens of work
     _submit(tight, WORK)
     got = run_all(tight)
     assert tight.scheduler.num_preemptions > 0
@@ -70,7 +71,7 @@ def test_batch_size_and_token_budget_are_respected():
 
 
 def test_decode_round_robin_alternates_prefill_and_decode():
-    engine, runner = fake_engine(scheduler_policy="decode_round_robin", max_batch_size=1)
+    engine, runner = fake_engine(scheduler_policy="decode_round_robin", max_batch_size=1, use_chunked_prefill=False)
     engine.add_request([5, 6], _params(6))
     engine.step()
     engine.step()
@@ -85,7 +86,9 @@ def test_decode_round_robin_alternates_prefill_and_decode():
 
 @pytest.mark.parametrize("policy", ["fcfs", "prefill_first", "decode_round_robin"])
 def test_fairness_rule_bounds_the_wait_of_every_decoding_sequence(policy: str):
-    engine, runner = fake_engine(scheduler_policy=policy, fairness_steps=3, max_batch_size=64, num_blocks=512)
+    """Without chunked prefill a step is prefill or decode: the fairness rule forces a decode step in time."""
+    engine, runner = fake_engine(scheduler_policy=policy, fairness_steps=3, max_batch_size=64, num_blocks=512,
+                                 use_chunked_prefill=False)
     engine.add_request([1, 2, 3], _params(30), request_id="long")
     for i in range(20):  # a new arrival before every step keeps prefill always possible
         engine.add_request([4, 5, 6], _params(1), request_id=f"short{i}")
@@ -100,7 +103,7 @@ def test_fcfs_blocks_behind_a_request_that_does_not_fit_and_prefill_first_overta
         engine, runner = fake_engine(scheduler_policy=policy, num_blocks=12, fairness_steps=2, max_seq_len=48)
         engine.add_request(list(range(1, 31)), _params(10), request_id="big")  # 8 of 12 blocks after one token
         engine.step()
-        engine.add_request(list(range(1, 21)), _params(5), request_id="mid")  # does not fit beside big
+        engine.add_request(list(range(100, 120)), _params(5), request_id="mid")  # does not fit beside big
         engine.add_request([1, 2], _params(5), request_id="small")  # fits
         engine.step()
         assert (runner.log[-1][0] is StepKind.PREFILL) == overtakes

@@ -39,6 +39,7 @@ class StepOutput:
     logprob: TokenLogprob | None = None  # of token_id, when the request asked for logprobs
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output, when asked (first is None)
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
     client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
 
 
@@ -62,6 +63,8 @@ class Request:
     num_preemptions: int = 0
     outputs_sent: bool = False
     pending_tokens: int = 0  # sampled on the device by launched steps, not read back yet
+    num_computed_tokens: int = 0  # positions whose KV is in the cache or written by a launched step
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     grammar: Grammar | None = None  # a structured request's matcher, advanced by every accepted token
 
     @property
@@ -75,6 +78,24 @@ class Request:
             return False
         outputs = len(self.output_token_ids) + self.pending_tokens
         return outputs >= self.sampling_params.max_tokens or self.num_scheduled_tokens >= max_seq_len
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Positions still to run through the model: the prompt's rest while prefilling, 1 while decoding."""
+        return self.num_scheduled_tokens - self.num_computed_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt and output ids known on the host (pending ones excluded)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    def tokens_at(self, start: int, count: int) -> list[int]:
+        """Ids of positions [start, start + count); 0 stands in for a pending one (still on the device)."""
+        prompt, outputs = self.prompt_token_ids, self.output_token_ids
+        out = prompt[start : start + count]
+        if len(out) < count:
+            out += outputs[max(0, start - len(prompt)) : start + count - len(prompt)]
+        return out + [0] * (count - len(out))
 
     @property
     def num_tokens(self) -> int:

@@ -1,9 +1,12 @@
-"""The scheduler: which requests run in the next step, admitting, preempting and retiring them.
+"""The scheduler: which requests run in the next step and how many tokens each, and every state change.
 
-A step is either a prefill (newly admitted requests, their whole prompt packed without padding)
-or a decode (one token for every running request). The policy picks the kind of step, the
-fairness rule bounds how long a decoding sequence can wait, and when the KV cache runs out of
-blocks the most recently admitted request is preempted and later recomputed from its tokens.
+A step is a list of rows (request, new tokens) within `max_num_batched_tokens`. With chunked prefill
+(continuous batching) every step carries each running decode first, then prefill chunks of at most
+`prefill_chunk_size` tokens fill what is left of the budget: a long prompt runs over many steps
+beside the decodes instead of stalling them. Without it a step is either whole prompts or decodes,
+as the policy picks. When the KV cache runs out of blocks (cached prefixes are evicted first) the
+most recently admitted request is preempted and later recomputed from its tokens. The scheduler is
+the only owner of `Request.state` and of the KV manager's accounting (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -14,17 +17,37 @@ from dataclasses import dataclass
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestState
 from infer.kv.kv_manager import KVCacheManager
-from infer.runners.step import StepKind
+
+
+@dataclass(frozen=True)
+class ScheduledRow:
+    """One request's part of a step: positions [start, start + num_new) computed, slots where their KV goes."""
+
+    request: Request
+    start: int
+    num_new: int
+    slots: list[int]
+    block_table: list[int]
+    samples: bool  # the row reaches the request's last known token: its sampled token is kept
+    prompt_logprobs: int | None = None  # top-k for the prompt's tokens (a first, whole-prompt prefill only)
 
 
 @dataclass
 class ScheduledBatch:
-    kind: StepKind
-    requests: list[Request]
+    rows: list[ScheduledRow]
+
+    @property
+    def requests(self) -> list[Request]:
+        return [row.request for row in self.rows]
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token per row: the decode fast path (fixed buffers, CUDA graphs) can run it."""
+        return all(row.num_new == 1 for row in self.rows)
 
 
 class Scheduler:
-    """Owns the waiting queue and the running set; all state changes happen inside schedule()/finish()."""
+    """Owns the waiting queue and the running set; all state changes happen inside its methods."""
 
     def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
         self.config = config
@@ -33,7 +56,8 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: preemption takes from the end
         self.step_index = 0
         self.num_preemptions = 0
-        self._last_kind: StepKind | None = None
+        self._chunked = config.use_chunked_prefill
+        self._last_had_prefill = False
         self._head_skips = 0  # times the head of the queue was overtaken (prefill_first)
         self._watermark = kv.allocator.num_blocks // 100  # free blocks kept back at admission
 
@@ -44,31 +68,57 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch | None:
-        """Pick the next step's batch, or None when there is nothing to run."""
-        batch = self._pick()
-        if batch is not None:
-            self.step_index += 1
-            self._last_kind = batch.kind
-            for request in batch.requests:
-                request.last_step = self.step_index
-        return batch
+        """Pick the next step's rows, or None when there is nothing to run."""
+        rows = self._pick()
+        if not rows:
+            return None
+        self.step_index += 1
+        self._last_had_prefill = any(r.request.state is RequestState.PREFILL or r.num_new > 1 for r in rows)
+        for row in rows:
+            row.request.last_step = self.step_index
+        return ScheduledBatch(rows)
 
-    def finish(self, request: Request) -> None:
-        """Drop a finished or aborted request from the queues and free its blocks."""
+    def launched(self, batch: ScheduledBatch) -> None:
+        """The batch is queued on the device: its positions count as computed, sampling rows owe a token,
+        a request whose prompt is now computed decodes, and its full blocks join the prefix cache."""
+        for row in batch.rows:
+            request = row.request
+            request.num_computed_tokens = row.start + row.num_new
+            if row.samples:
+                request.pending_tokens += 1
+                request.state = RequestState.DECODE if request.state is RequestState.PREFILL else request.state
+            known = min(request.num_computed_tokens, request.num_tokens)  # a pending token is not known yet
+            # (a request may have finished during the launch: structured output reads the step before there)
+            if not request.finished and self.kv.publishable(request.request_id, known):
+                self.kv.publish(request.request_id, request.token_ids, known)
+
+    def resolved(self, request: Request) -> None:
+        """One of the request's pending tokens has been read (appended to its outputs, or dropped)."""
+        request.pending_tokens -= 1
+
+    def finish(self, request: Request, reason: str, failed: bool = False) -> None:
+        """End a request: out of the queues, its blocks freed, its final state set."""
+        request.state = RequestState.FAILED if failed else RequestState.FINISHED
+        request.finish_reason = reason
         if request in self.waiting:
             self.waiting.remove(request)
         if request in self.running:
             self.running.remove(request)
         self.kv.free(request.request_id)
 
-    # step kind --------------------------------------------------------------------------------
+    # what runs -------------------------------------------------------------------------------
 
-    def _pick(self) -> ScheduledBatch | None:
+    def _pick(self) -> list[ScheduledRow]:
         if self.config.batching_mode == "static":
-            return self._prefill() if not self.running else self._decode()
+            return self._admit(self.config.max_num_batched_tokens) if not self.running else self._decodes()
+        if self._chunked:
+            rows = self._decodes()
+            if self.config.scheduler_policy == "decode_round_robin" and rows and self._last_had_prefill:
+                return rows  # prefill chunks every other step while requests decode
+            return rows + self._chunks(rows, self.config.max_num_batched_tokens - len(rows))
         if self.running and (self._overdue() or self._decode_turn()):
-            return self._decode()
-        return self._prefill() or self._decode()
+            return self._decodes()
+        return self._admit(self.config.max_num_batched_tokens) or self._decodes()
 
     def _overdue(self) -> bool:
         """The fairness rule: some decoding sequence has waited fairness_steps steps."""
@@ -76,78 +126,113 @@ class Scheduler:
         return any(next_step - r.last_step >= self.config.fairness_steps for r in self.running)
 
     def _decode_turn(self) -> bool:
-        return self.config.scheduler_policy == "decode_round_robin" and self._last_kind is StepKind.PREFILL
+        return self.config.scheduler_policy == "decode_round_robin" and self._last_had_prefill
 
-    # prefill ----------------------------------------------------------------------------------
-
-    def _prefill(self) -> ScheduledBatch | None:
-        admitted = self._admit()
-        if not admitted:
-            return None
-        self.running.extend(admitted)
-        return ScheduledBatch(StepKind.PREFILL, admitted)
-
-    def _admit(self) -> list[Request]:
-        """Admit waiting requests while batch size, token budget and free blocks allow."""
-        admitted: list[Request] = []
-        tokens = 0
-        head = self.waiting[0] if self.waiting else None
-        overtake = self.config.scheduler_policy == "prefill_first" and self._head_skips < self.config.fairness_steps
-        for request in list(self.waiting):
-            if len(self.running) + len(admitted) >= self.config.max_batch_size:
-                break
-            fits = tokens + request.num_tokens <= self.config.max_num_batched_tokens and self._reserve(request)
-            if not fits:
-                if not overtake:
-                    break
-                continue
-            self.waiting.remove(request)
-            request.state = RequestState.PREFILL
-            admitted.append(request)
-            tokens += request.num_tokens
-        if head is not None and head not in self.waiting:
-            self._head_skips = 0
-        elif admitted:
-            self._head_skips += 1  # the head was overtaken; after fairness_steps times it no longer is
-        return admitted
-
-    def _reserve(self, request: Request) -> bool:
-        need = request.num_tokens
-        if not self.kv.can_allocate(request.request_id, need):
-            return False
-        free_after = self.kv.num_free_blocks - self.kv.blocks_for(request.request_id, need)
-        if free_after < self._watermark and self.running:
-            return False
-        self.kv.allocate(request.request_id, need)
-        return True
-
-    # decode -----------------------------------------------------------------------------------
-
-    def _decode(self) -> ScheduledBatch | None:
-        """Every running request gets a slot for its next token; preempt from the back when blocks run out.
+    def _decodes(self) -> list[ScheduledRow]:
+        """A row for every decoding request's next token; preempt from the back when blocks run out.
 
         A request whose pending (not yet read) tokens already end it sits this step out.
         """
-        batch: list[Request] = []
+        rows: list[ScheduledRow] = []
         for request in list(self.running):
-            if request not in self.running or request.budget_reached(self.config.max_seq_len):
-                continue  # preempted earlier in this loop, or finishing
-            need = request.num_scheduled_tokens
-            while not self.kv.can_allocate(request.request_id, need):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is request:
+            if request not in self.running or request.state is not RequestState.DECODE:
+                continue  # preempted earlier in this loop, or still prefilling
+            if request.budget_reached(self.config.max_seq_len):
+                continue
+            if self._grow(request, request.num_scheduled_tokens, rows):
+                rows.append(self._row(request, 1))
+        return rows
+
+    def _chunks(self, decodes: list[ScheduledRow], budget: int) -> list[ScheduledRow]:
+        """Prefill chunks: requests part-way through their prompt first, then admissions, within the budget."""
+        rows: list[ScheduledRow] = []
+        limit = self.config.max_prefill_chunks_per_step or self.config.max_batch_size
+        for request in list(self.running):
+            if budget <= 0 or len(rows) >= limit:
+                return rows
+            if request in self.running and request.state is RequestState.PREFILL:
+                n = min(request.num_uncomputed, self.config.prefill_chunk_size, budget)
+                if self._grow(request, request.num_computed_tokens + n, decodes + rows):
+                    rows.append(self._row(request, n))
+                    budget -= n
+        return rows + self._admit(budget, limit - len(rows))
+
+    # admission ---------------------------------------------------------------------------------
+
+    def _admit(self, budget: int, max_rows: int | None = None) -> list[ScheduledRow]:
+        """Admit waiting requests while batch size, token budget and free blocks allow."""
+        rows: list[ScheduledRow] = []
+        head = self.waiting[0] if self.waiting else None
+        overtake = self.config.scheduler_policy == "prefill_first" and self._head_skips < self.config.fairness_steps
+        for request in list(self.waiting):
+            if len(self.running) >= self.config.max_batch_size or budget <= 0 or len(rows) == (max_rows or -1):
+                break
+            row = self._try_admit(request, budget)
+            if row is None:
+                if not overtake:
                     break
-            else:
-                self.kv.allocate(request.request_id, need)
-                batch.append(request)
-        return ScheduledBatch(StepKind.DECODE, batch) if batch else None
+                continue
+            rows.append(row)
+            budget -= row.num_new
+        if head is not None and head not in self.waiting:
+            self._head_skips = 0
+        elif rows:
+            self._head_skips += 1  # the head was overtaken; after fairness_steps times it no longer is
+        return rows
+
+    def _try_admit(self, request: Request, budget: int) -> ScheduledRow | None:
+        """Reserve blocks for the request's first chunk (after its cached prefix) and move it to running."""
+        if request.pending_tokens:  # preempted with a token still on the device: admit once it is read
+            return None
+        whole = request.sampling_params.prompt_logprobs is not None and request.num_preemptions == 0
+        # a full hit still computes the last token (its logits); prompt logprobs need every position computed
+        cached = 0 if whole else self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1)
+        n = request.num_tokens - cached
+        if self._chunked and not whole:
+            n = min(n, self.config.prefill_chunk_size, budget)
+        fits = n <= budget and self.kv.can_allocate(request.request_id, cached + n)
+        if fits and self.running:
+            fits = self.kv.num_free_blocks - self.kv.blocks_for(request.request_id, cached + n) >= self._watermark
+        if not fits:
+            self.kv.free(request.request_id)  # drops the prefix references taken above
+            return None
+        self.kv.allocate(request.request_id, cached + n)
+        self.waiting.remove(request)
+        self.running.append(request)
+        request.state = RequestState.PREFILL
+        request.num_computed_tokens = cached
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = cached
+        return self._row(request, n, request.sampling_params.prompt_logprobs if whole else None)
+
+    def _grow(self, request: Request, num_tokens: int, scheduled: list[ScheduledRow]) -> bool:
+        """Blocks for num_tokens positions, preempting from the back of the running set (never a request that
+        already has a row in this step: its slots would be freed under it). False: preempted, or must wait."""
+        taken = {id(row.request) for row in scheduled}
+        while not self.kv.can_allocate(request.request_id, num_tokens):
+            victim = next((r for r in reversed(self.running) if id(r) not in taken), None)
+            if victim is None:
+                return False
+            self._preempt(victim)
+            if victim is request:
+                return False
+        self.kv.allocate(request.request_id, num_tokens)
+        return True
+
+    def _row(self, request: Request, num_new: int, prompt_logprobs: int | None = None) -> ScheduledRow:
+        start = request.num_computed_tokens
+        return ScheduledRow(
+            request, start, num_new, self.kv.slots(request.request_id, start, num_new),
+            self.kv.block_table(request.request_id), samples=start + num_new == request.num_scheduled_tokens,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     def _preempt(self, request: Request) -> None:
         """Recompute later: free the blocks, keep the tokens, go back to the front of the queue."""
         self.running.remove(request)
         self.kv.free(request.request_id)
         request.state = RequestState.WAITING
+        request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)

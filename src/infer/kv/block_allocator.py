@@ -39,6 +39,12 @@ class BlockAllocator:
         del self._owner[block]
         self._free.append(block)
 
+    def reassign(self, block: int, owner: str, new_owner: str) -> None:
+        """Hand an allocated block to another owner (a request's full block to the prefix cache)."""
+        if self._owner.get(block) != owner:
+            raise BlockAllocatorError(f"block {block} is owned by {self._owner.get(block)!r}, not {owner!r}")
+        self._owner[block] = new_owner
+
     def audit_blocks(self) -> dict[int, str]:
         """Blocks currently allocated, with their owners: empty when every request has released its blocks."""
         return dict(self._owner)

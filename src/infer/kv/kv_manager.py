@@ -1,8 +1,11 @@
-"""Per-request block tables over one allocator: slots for new tokens, release, capacity queries."""
+"""Per-request block tables over one allocator, optionally sharing full blocks through the prefix cache."""
 
 from __future__ import annotations
 
 from infer.kv.block_allocator import BlockAllocator
+from infer.kv.prefix_cache import BlockNode, PrefixCache
+
+CACHE_OWNER = "<prefix-cache>"  # the allocator's owner of every block the prefix cache holds
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -10,16 +13,26 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
 
 class KVCacheManager:
-    """Owns block accounting for every live request. Contiguous mode is block_size = max_seq_len."""
+    """Owns block accounting for every live request. Contiguous mode is block_size = max_seq_len.
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    With prefix caching, a request's table starts with the cached blocks it matched at admission;
+    its own full blocks join the cache once computed (`publish`), and unreferenced cached blocks count
+    as free: allocation evicts them, least recently used first, when the free list is empty.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
+        self.prefix = PrefixCache(block_size) if prefix_caching else None
         self._tables: dict[str, list[int]] = {}
+        self._chains: dict[str, list[BlockNode]] = {}  # cached blocks a request references, from the start
+        self.prefix_queries = 0  # prompt tokens looked up at admission
+        self.prefix_hits = 0  # of which found in the cache
 
     @property
     def num_free_blocks(self) -> int:
-        return self.allocator.num_free
+        evictable = self.prefix.num_unreferenced if self.prefix is not None else 0
+        return self.allocator.num_free + evictable
 
     def block_table(self, request_id: str) -> list[int]:
         return list(self._tables.get(request_id, ()))
@@ -31,7 +44,7 @@ class KVCacheManager:
 
     def can_allocate(self, request_id: str, num_tokens: int) -> bool:
         """Whether the request can grow to num_tokens cached tokens with the blocks free now."""
-        return self.blocks_for(request_id, num_tokens) <= self.allocator.num_free
+        return self.blocks_for(request_id, num_tokens) <= self.num_free_blocks
 
     def allocate(self, request_id: str, num_tokens: int) -> None:
         """Grow the request's table to hold num_tokens tokens (all or nothing)."""
@@ -39,7 +52,50 @@ class KVCacheManager:
             raise MemoryError(f"not enough free KV blocks for {request_id!r} to hold {num_tokens} tokens")
         table = self._tables.setdefault(request_id, [])
         while len(table) < blocks_needed(num_tokens, self.block_size):
+            if not self.allocator.num_free and self.prefix is not None:
+                self.allocator.free(self._evict(), CACHE_OWNER)
             table.append(self.allocator.allocate(request_id))
+
+    def _evict(self) -> int:
+        block = self.prefix.evict() if self.prefix is not None else None
+        if block is None:
+            raise MemoryError("no free KV block and nothing evictable in the prefix cache")
+        return block
+
+    def admit(self, request_id: str, tokens: list[int], max_tokens: int) -> int:
+        """Start the request's table with the longest cached prefix of tokens[:max_tokens]; tokens matched."""
+        if self.prefix is None:
+            return 0
+        chain = self.prefix.match(tokens, max_tokens)
+        self.prefix.acquire(chain)
+        self._chains[request_id] = chain
+        self._tables[request_id] = [node.block for node in chain]
+        self.prefix_queries += len(tokens)
+        self.prefix_hits += len(chain) * self.block_size
+        return len(chain) * self.block_size
+
+    def publishable(self, request_id: str, num_computed: int) -> bool:
+        """Whether `publish` would cache a block: a full block past the ones the request already references."""
+        return self.prefix is not None and num_computed // self.block_size > len(self._chains.get(request_id, ()))
+
+    def publish(self, request_id: str, tokens: list[int], num_computed: int) -> None:
+        """Cache the request's full blocks among its first num_computed positions (tokens known on the host).
+
+        A block whose prefix is cached already under another block stays the request's own; the request
+        references the cached node instead, so the blocks after it can still be published beneath it.
+        """
+        if self.prefix is None:
+            return
+        chain, table, bs = self._chains.setdefault(request_id, []), self._tables[request_id], self.block_size
+        for i in range(len(chain), num_computed // bs):
+            key = tuple(tokens[i * bs : (i + 1) * bs])
+            parent = chain[-1] if chain else None
+            node, inserted = self.prefix.insert(parent, key, table[i])
+            if inserted:
+                self.allocator.reassign(table[i], request_id, CACHE_OWNER)
+            else:  # the same tokens are cached in another block
+                self.prefix.acquire([node])
+            chain.append(node)
 
     def slots(self, request_id: str, start: int, count: int) -> list[int]:
         """Flat cache slots (block * block_size + offset) of positions [start, start + count)."""
@@ -47,8 +103,17 @@ class KVCacheManager:
         return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
 
     def free(self, request_id: str) -> None:
-        for block in self._tables.pop(request_id, []):
-            self.allocator.free(block, request_id)
+        """Release the request's references and free the blocks it owns."""
+        chain = self._chains.pop(request_id, [])
+        if self.prefix is not None:
+            self.prefix.release(chain)
+        for i, block in enumerate(self._tables.pop(request_id, [])):
+            if i >= len(chain) or chain[i].block != block:
+                self.allocator.free(block, request_id)
 
     def audit_blocks(self) -> dict[int, str]:
-        return self.allocator.audit_blocks()
+        """Blocks held by requests or still referenced in the prefix cache: empty once every request is gone."""
+        held = {b: o for b, o in self.allocator.audit_blocks().items() if o != CACHE_OWNER}
+        if self.prefix is not None:
+            held |= {n.block: f"{CACHE_OWNER} ({n.refs} refs)" for n in self.prefix.nodes() if n.refs}
+        return held

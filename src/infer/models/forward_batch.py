@@ -19,9 +19,11 @@ def cu_seqlens(lengths: list[int]) -> list[int]:
 class ForwardBatch:
     """Packed tokens of one step.
 
-    Prefill: each sequence's new tokens, starting at position 0, attend among themselves
-    (cu_seqlens_q delimits them). Decode: one token per sequence attends over the paged cache.
-    With kv_caches=None the forward is a pure recomputation (no cache read or write).
+    Prefill: each sequence's new tokens (cu_seqlens_q delimits them) are the last of its context_lens
+    cached positions and attend to all of them through the block tables: a whole prompt, a chunk after
+    earlier chunks or a cached prefix, or a decode row in a mixed step. Decode: one token per sequence
+    attends over the paged cache from fixed buffers. With kv_caches=None the forward is a pure
+    recomputation of whole prompts from position 0 (no cache read or write).
     """
 
     is_prefill: bool
@@ -31,6 +33,7 @@ class ForwardBatch:
     max_seqlen_q: int
     context_lens: torch.Tensor  # [B] int32: tokens in cache after this step
     max_context_len: int
+    context_lens_host: list[int] | None = None  # the same on the host (prefill over the paged cache)
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
     slot_mapping: torch.Tensor | None = None  # [T] int64
     kv_caches: list[KVCache] | None = None

@@ -138,6 +138,12 @@ class Attention(nn.Module):
         cache = batch.kv_caches[self.layer] if batch.kv_caches is not None else None
         if cache is not None:
             lz.store_kv_cache(k, v, cache[0], cache[1], batch.slot_mapping)
+        if batch.is_prefill and cache is not None:
+            return lz.paged_prefill_attention(
+                q, cache[0], cache[1], batch.block_tables, batch.cu_seqlens_q, batch.context_lens,
+                batch.max_seqlen_q, batch.max_context_len, scale=self.scale, sliding_window=self.window,
+                host_bounds=None if batch.context_lens_host is None else (batch.cu_seqlens_q_host, batch.context_lens_host),
+            )
         if batch.is_prefill:
             cu = batch.cu_seqlens_q
             host = batch.cu_seqlens_q_host

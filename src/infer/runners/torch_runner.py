@@ -98,7 +98,7 @@ class TorchRunner:
                 logits, hidden, batch = self._decode(step), None, None
             else:
                 batch = self._prefill_batch(step)
-                hidden = self.model(upload(step.token_ids, torch.int64, self.device), batch)
+                hidden = self.model(self._packed_token_ids(step), batch)
                 logits = self.model.compute_logits(hidden[batch.last_token_indices])
             tensors = SamplingTensors.from_params(
                 step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
@@ -141,7 +141,18 @@ class TorchRunner:
         token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
         return self.model.compute_logits(self.model(token_ids, view.batch))
 
-    # prefill ----------------------------------------------------------------------------------
+    # prefill and mixed steps -------------------------------------------------------------------
+
+    def _packed_token_ids(self, step: StepInput) -> torch.Tensor:
+        """The step's input ids; a row whose last input is still on the device (prev_rows) takes it from there."""
+        ids = upload(step.token_ids, torch.int64, self.device)
+        if step.prev_rows is None:
+            return ids
+        cu = cu_seqlens(step.query_lens)
+        rows = [(cu[i + 1] - 1, prev) for i, prev in enumerate(step.prev_rows) if prev >= 0]
+        index = upload([[t for t, _ in rows], [p for _, p in rows]], torch.int64, self.device)
+        ids[index[0]] = self.last_tokens[index[1]]
+        return ids
 
     def _prefill_batch(self, step: StepInput) -> ForwardBatch:
         cu = cu_seqlens(step.query_lens)
@@ -154,6 +165,7 @@ class TorchRunner:
             cu_seqlens_q_host=cu,
             max_seqlen_q=max(step.query_lens),
             context_lens=upload(step.context_lens, torch.int32, self.device),
+            context_lens_host=step.context_lens,
             max_context_len=max(step.context_lens),
             block_tables=upload(tables, torch.int32, self.device),
             slot_mapping=upload(step.slot_mapping, torch.int64, self.device),

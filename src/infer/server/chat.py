@@ -71,13 +71,14 @@ class _ChatView:
             for c in choices
         ]
         completion = sum(len(c.token_ids) for c in choices)
-        return self._envelope("chat.completion", body, usage=usage(self.prompt_tokens, completion))
+        cached = max(c.cached_tokens for c in choices)  # the n choices share one prompt
+        return self._envelope("chat.completion", body, usage=usage(self.prompt_tokens, completion, cached))
 
     async def stream(self) -> AsyncIterator[str]:
         for index in range(len(self.gen.jobs)):
             delta = {"role": "assistant", "content": ""}
             yield sse(self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "finish_reason": None}]))
-        completion = 0
+        completion = cached = 0
         async for index, out in self.gen.events():
             if out.error:
                 yield stream_error(out.error, out.client_error)
@@ -89,7 +90,8 @@ class _ChatView:
                       "logprobs": chat_logprobs(lps, self.state.token_text) if self.body.logprobs else None,
                       "finish_reason": out.finish_reason if out.finished else None}
             completion += out.completion_tokens if out.finished else 0
+            cached = max(cached, out.cached_tokens)
             yield sse(self._envelope("chat.completion.chunk", [choice]))
         if self.body.include_usage:
-            yield sse(self._envelope("chat.completion.chunk", [], usage=usage(self.prompt_tokens, completion)))
+            yield sse(self._envelope("chat.completion.chunk", [], usage=usage(self.prompt_tokens, completion, cached)))
         yield sse("[DONE]")

@@ -83,8 +83,9 @@ class _CompletionView:
         entries += [(lp.token_id, lp) for lp in lps]
         return completion_logprobs(entries, self.state.token_text, offset)
 
-    def _usage(self, completion_tokens: int) -> dict[str, int]:
-        return usage(sum(len(p) for p in self.prompts), completion_tokens)
+    def _usage(self, completion_tokens: int, cached: dict[int, int]) -> dict[str, object]:
+        """cached: prompt index -> its cached tokens (the n choices of a prompt share it)."""
+        return usage(sum(len(p) for p in self.prompts), completion_tokens, sum(cached.values()))
 
     def response(self, choices: list[Choice]) -> dict[str, object]:
         body = []
@@ -93,13 +94,16 @@ class _CompletionView:
             body.append({"index": c.index, "text": echo + c.text, "finish_reason": c.finish_reason,
                          "logprobs": self._logprobs(c.index, c.prompt_logprobs, c.logprobs, 0)})
         completion = sum(len(c.token_ids) for c in choices)
+        cached: dict[int, int] = {}
+        for c in choices:
+            cached[self._prompt(c.index)] = max(cached.get(self._prompt(c.index), 0), c.cached_tokens)
         return envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, body,
-                        usage=self._usage(completion))
+                        usage=self._usage(completion, cached))
 
     async def stream(self) -> AsyncIterator[str]:
         offsets = [0] * len(self.gen.jobs)
         started = [False] * len(self.gen.jobs)
-        completion = 0
+        completion, cached = 0, {}
         async for index, out in self.gen.events():
             if out.error:
                 yield stream_error(out.error, out.client_error)
@@ -116,9 +120,10 @@ class _CompletionView:
             if logprobs is not None:
                 offsets[index] += sum(map(len, logprobs["tokens"]))
             completion += out.completion_tokens if out.finished else 0
+            cached[self._prompt(index)] = max(cached.get(self._prompt(index), 0), out.cached_tokens)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None}
             yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [choice]))
         if self.body.include_usage:
             yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [],
-                               usage=self._usage(completion)))
+                               usage=self._usage(completion, cached)))
         yield sse("[DONE]")

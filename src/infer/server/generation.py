@@ -42,6 +42,7 @@ class Choice:
     error: str | None = None
     client_error: bool = False
     prompt_tokens: int = 0
+    cached_tokens: int = 0
 
     def add(self, out: StepOutput) -> None:
         self.text += out.text_delta
@@ -55,6 +56,7 @@ class Choice:
         self.error = out.error or self.error
         self.client_error = self.client_error or out.client_error
         self.prompt_tokens = out.prompt_tokens
+        self.cached_tokens = out.cached_tokens
 
 
 def expand(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job]:

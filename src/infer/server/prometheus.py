@@ -37,6 +37,12 @@ def render(state: ServerState) -> str:
     _metric(lines, "infer:kv_cache_usage_perc", "gauge", "KV cache usage (1 = full).", [(label, used)])
     _metric(lines, "infer:prompt_tokens_total", "counter", "Prompt tokens of finished requests.", [(label, m.prompt_tokens)])
     _metric(lines, "infer:generation_tokens_total", "counter", "Generated tokens.", [(label, m.generation_tokens)])
+    _metric(lines, "infer:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+            [(label, stats.prefix_cache_queries)])
+    _metric(lines, "infer:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+            [(label, stats.prefix_cache_hits)])
+    _metric(lines, "infer:prefix_cache_hit_rate", "gauge", "Prefix-cache hits / queries since start.",
+            [(label, stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1))])
     _metric(lines, "infer:num_preemptions_total", "counter", "Requests preempted for recomputation.",
             [(label, stats.num_preemptions)])
     _metric(lines, "infer:request_success_total", "counter", "Finished requests by finish reason.",

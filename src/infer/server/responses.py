@@ -22,9 +22,10 @@ def stream_error(error: str, client_error: bool = False) -> str:
     return sse(error_body(400 if client_error else 500, f"generation failed: {error}"))
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, object]:
+    """OpenAI's usage block; cached_tokens counts prompt tokens read from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _lp(value: float) -> float:

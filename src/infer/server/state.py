@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from infer.engine.async_engine import AsyncEngine
-from infer.llm import LLM
+from infer.engine.builder import BuiltEngine
 from infer.models.chat_template import template_source
 from infer.server.errors import APIError
 from infer.structured import GrammarCompiler
@@ -16,7 +16,7 @@ from infer.structured import GrammarCompiler
 
 @dataclass
 class ServerState:
-    llm: LLM
+    built: BuiltEngine
     engine: AsyncEngine
     model_name: str
     created: int = field(default_factory=lambda: int(time.time()))  # the model card's creation time
@@ -25,7 +25,7 @@ class ServerState:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
     def _token_text(self, token_id: int) -> str:
-        return self.llm.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.built.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -34,36 +34,36 @@ class ServerState:
 
     @property
     def max_seq_len(self) -> int:
-        return self.llm.config.max_seq_len
+        return self.built.config.max_seq_len
 
     @property
     def vocab_size(self) -> int:
-        return self.llm.runner.vocab_size
+        return self.built.engine.runner.vocab_size
 
     @property
     def grammars(self) -> GrammarCompiler:
         """Structured-output grammars compiled against the served tokenizer (cached, shared with the engine)."""
-        return self.llm.engine.grammars
+        return self.built.engine.grammars
 
     @property
     def chat_template(self) -> str | None:
         """The Jinja source of the chat template the server renders with, or None (a base model)."""
         try:
-            return template_source(self.llm.chat_template_name())
+            return template_source(self.built.chat_template_name())
         except ValueError:
             return None
 
     def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
-        return self.llm.tokenizer.encode(check_text(text, param), add_special_tokens=add_special_tokens)
+        return self.built.tokenizer.encode(check_text(text, param), add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.llm.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.built.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         for i, m in enumerate(messages):
             check_text(m["content"], f"messages.{i}.content")
         try:
-            return self.llm.encode_chat(messages, add_generation_prompt)
+            return self.built.encode_chat(messages, add_generation_prompt)
         except Exception as exc:  # a template error is about the conversation the client sent
             raise APIError(422, f"cannot render the conversation with the chat template: {exc}", "messages") from exc
 

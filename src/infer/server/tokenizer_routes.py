@@ -38,8 +38,8 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str
 @router.get("/tokenizer_info")
 async def tokenizer_info(request: Request) -> dict[str, object]:
     state: ServerState = request.app.state.infer
-    hf = state.llm.tokenizer.hf
-    eos_ids = sorted(state.llm.tokenizer.eos_token_ids)
+    hf = state.built.tokenizer.hf
+    eos_ids = sorted(state.built.tokenizer.eos_token_ids)
     eos = hf.eos_token or (state.token_text(eos_ids[0]) if eos_ids else None)
     return {
         "tokenizer_class": type(hf).__name__,
@@ -48,6 +48,6 @@ async def tokenizer_info(request: Request) -> dict[str, object]:
         "pad_token": hf.pad_token,
         "eos_token_ids": eos_ids,
         "model_max_length": state.max_seq_len,
-        "vocab_size": state.llm.tokenizer.vocab_size,
+        "vocab_size": state.built.tokenizer.vocab_size,
         "chat_template": state.chat_template,
     }

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Engine v2 on the lent GPU: the paged prefill kernel, chunked prefill / prefix caching on CUDA with graphs
+# under INFER_STRICT_SYNC=1, then the offline-throughput benchmark (reports under $OUT).
+# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_engine.sh
+set -uo pipefail
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="src:tests:benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 LAYERZERO_PERFDB_PATH=/tmp/lz_perfdb.sqlite
+out="${OUT:-/tmp}"
+INFER_STRICT_SYNC=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu \
+  tests/unit/test_engine_overlap.py tests/integration/test_chunked_prefill.py tests/integration/test_structured_tiny.py \
+  2>&1 | tail -30 > "$out/gpu_tests.log"
+tail -5 "$out/gpu_tests.log"
+OUT_DIR="$out" timeout 420 python3 benchmarks/offline_throughput.py "$@" 2>&1 | tail -40

@@ -1,0 +1,85 @@
+"""`build_engine(config)`: the one place an engine is assembled (weights, tokenizer, KV cache, runner).
+
+`LLM`, the CLI and the server all start here; what they share beyond the engine (the tokenizer, the
+model's config, its chat template) travels in the returned `BuiltEngine`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.kv.kv_manager import KVCacheManager
+from infer.kv.sizing import kv_layout
+from infer.loader.gguf_loader import bundled_smollm2
+from infer.loader.model_loader import load_model
+from infer.loader.tokenizer import Tokenizer
+from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_chat
+from infer.models.config import ModelConfig
+from infer.models.registry import model_spec
+from infer.runners.cuda_graphs import bucket_sizes
+from infer.runners.torch_runner import TorchRunner
+
+Messages = list[dict[str, str]]
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """None means the bundled SmolLM2-135M-Instruct GGUF."""
+    return bundled_smollm2() if model is None else Path(model).expanduser()
+
+
+def chat_template_name(model_type: str, tokenizer: Tokenizer) -> str:
+    """The bundled chat template for a model family whose tokenizer has the template's marker token."""
+    for name, marker in model_spec(model_type).chat_templates:
+        if tokenizer.has_token(marker):
+            return name
+    raise ChatTemplateError(
+        f"no chat template for this {model_type} tokenizer; "
+        f"add one to {TEMPLATE_DIR} and register it in infer/models/registry.py"
+    )
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    """An engine and what its callers need beside it."""
+
+    engine: Engine
+    config: EngineConfig  # as built: max_seq_len bounded by the model's positions, defaults resolved
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    path: Path
+    load_seconds: float  # weights loaded, cache allocated, graphs captured
+
+    def chat_template_name(self) -> str:
+        return chat_template_name(self.model_config.model_type, self.tokenizer)
+
+    def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+        return render_chat(self.chat_template_name(), messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=self.tokenizer.bos_token or "")
+
+    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+        # the template writes BOS itself, so the tokenizer must not add another
+        return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+
+def build_engine(config: EngineConfig) -> BuiltEngine:
+    """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine."""
+    started = time.perf_counter()
+    path = resolve_model_path(config.model)
+    loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format)
+    tokenizer = Tokenizer.from_path(path)
+    config = replace(config, max_seq_len=min(config.max_seq_len, loaded.config.max_position_embeddings))
+    layout = kv_layout(
+        loaded.config, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
+        config.max_batch_size, config.num_kv_blocks, config.kv_cache_memory_gb * 2**30,
+    )
+    runner = TorchRunner(
+        loaded.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
+        bucket_sizes(config.max_batch_size) if config.cuda_graphs else (),
+    )
+    kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
+    engine = Engine(config, runner, kv, tokenizer)
+    return BuiltEngine(engine, config, loaded.config, tokenizer, path, time.perf_counter() - started)

@@ -1,0 +1,41 @@
+"""The overlap of steps: launch step N+1 before reading step N's tokens, so the host prepares the next
+step while the device runs this one.
+
+Invariant: at most one launched step is unread (`InFlight.step`). A row of N+1 whose input token was
+sampled by N (still on the device) names N's row in `prev_rows`, and the runner takes the token from
+N's device output; every other input is known on the host. The tokens are exactly those of running
+without overlap: a request that N ends (EOS, stop string, grammar) wastes its N+1 row, whose token is
+dropped when N+1 is read. The engine launches ahead only when nothing needs N's tokens on the host
+first (`may_launch_ahead`); structured output reads N inside N+1's launch instead (docs/engine.md).
+"""
+
+from __future__ import annotations
+
+from infer.engine.request import Request
+from infer.engine.scheduler import ScheduledBatch
+from infer.runners.base import LaunchedStep
+
+
+class InFlight:
+    """The launched step whose tokens have not been read yet, if any."""
+
+    def __init__(self) -> None:
+        self.step: tuple[ScheduledBatch, LaunchedStep] | None = None
+
+    @staticmethod
+    def may_launch_ahead(aborts_queued: bool, running: list[Request]) -> bool:
+        """Whether the next step may launch before the in-flight one is read: not with an abort to apply
+        first, nor with a repetition penalty (it needs every token of its request on the host)."""
+        return not aborts_queued and not any(r.sampling_params.needs_history for r in running)
+
+    def prev_rows(self, batch: ScheduledBatch) -> list[int] | None:
+        """Per row of `batch`: the in-flight row whose sampled token is this row's last input, or -1."""
+        if self.step is None:
+            return None
+        rows = {id(r): i for i, r in enumerate(self.step[0].requests)}
+        out = [rows[id(row.request)] if row.request.pending_tokens else -1 for row in batch.rows]
+        return out if any(i >= 0 for i in out) else None
+
+    def take(self) -> tuple[ScheduledBatch, LaunchedStep] | None:
+        step, self.step = self.step, None
+        return step

@@ -1,0 +1,112 @@
+"""Prefix cache: a radix tree of full KV blocks keyed by their token ids, with reference counts and LRU eviction.
+
+A node is one full block: the path from the root spells the tokens of every position before it, so
+two requests share a block exactly when their first (k + 1) * block_size tokens agree. Requests hold
+references to the nodes they read; a node nobody references stays cached (its block allocated to the
+cache) until the allocator needs blocks, then unreferenced leaves go first, least recently used first.
+Invariant: a referenced node's ancestors are referenced too (requests hold whole chains), so evicting
+unreferenced leaves never orphans a referenced block.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class BlockNode:
+    """One cached full block."""
+
+    tokens: tuple[int, ...]
+    block: int
+    parent: BlockNode | None
+    children: dict[tuple[int, ...], BlockNode] = field(default_factory=dict)
+    refs: int = 0
+    last_used: int = 0
+
+
+class PrefixCache:
+    """The tree, its references and its eviction order; block ids come from and go back to the caller."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._root = BlockNode((), -1, None)
+        self._clock = itertools.count(1)
+        self._heap: list[tuple[int, int, BlockNode]] = []  # (last_used, tiebreak, node): eviction candidates
+        self._tiebreak = itertools.count()
+        self.num_cached = 0  # nodes in the tree
+        self.num_unreferenced = 0  # of which evictable (refs == 0)
+
+    def match(self, tokens: list[int], max_tokens: int) -> list[BlockNode]:
+        """The longest chain of cached full blocks that prefixes tokens[:max_tokens]."""
+        bs, node, chain = self.block_size, self._root, []
+        for start in range(0, max_tokens - bs + 1, bs):
+            child = node.children.get(tuple(tokens[start : start + bs]))
+            if child is None:
+                break
+            chain.append(child)
+            node = child
+        return chain
+
+    def acquire(self, chain: list[BlockNode]) -> None:
+        now = next(self._clock)
+        for node in chain:
+            if node.refs == 0:
+                self.num_unreferenced -= 1
+            node.refs += 1
+            node.last_used = now
+
+    def release(self, chain: list[BlockNode]) -> None:
+        now = next(self._clock)
+        for node in reversed(chain):
+            node.refs -= 1
+            if node.refs < 0:
+                raise RuntimeError(f"prefix-cache block {node.block} released more often than acquired")
+            node.last_used = now
+            if node.refs == 0:
+                self.num_unreferenced += 1
+                if not node.children:
+                    self._push(node)
+
+    def insert(self, parent: BlockNode | None, tokens: tuple[int, ...], block: int) -> tuple[BlockNode, bool]:
+        """Cache `block` (holding `tokens`) under `parent` (None: the root), referenced once by its writer:
+        (node, True). When that prefix is cached already under another block: (that node, False), unreferenced
+        by this call; the caller keeps its own block."""
+        parent = parent or self._root
+        existing = parent.children.get(tokens)
+        if existing is not None:
+            return existing, False
+        node = BlockNode(tokens, block, parent, refs=1, last_used=next(self._clock))
+        parent.children[tokens] = node
+        self.num_cached += 1
+        return node, True
+
+    def nodes(self) -> list[BlockNode]:
+        """Every cached node (audits and tests)."""
+        out, stack = [], list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def evict(self) -> int | None:
+        """Drop the least recently used unreferenced leaf; its block id, or None when nothing is evictable."""
+        while self._heap:
+            last_used, _, node = heapq.heappop(self._heap)
+            if node.refs or node.children or node.last_used != last_used or node.parent is None:
+                continue  # stale entry: referenced again, grew children, touched since, or evicted
+            parent = node.parent
+            del parent.children[node.tokens]
+            node.parent = None
+            self.num_cached -= 1
+            self.num_unreferenced -= 1
+            if parent is not self._root and parent.refs == 0 and not parent.children:
+                self._push(parent)
+            return node.block
+        return None
+
+    def _push(self, node: BlockNode) -> None:
+        heapq.heappush(self._heap, (node.last_used, next(self._tiebreak), node))

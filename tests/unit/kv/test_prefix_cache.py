@@ -1,0 +1,101 @@
+"""Prefix cache and KV manager under random workloads (hypothesis): no block is reused while referenced,
+every cached block holds the tokens its path spells, hit accounting is exact, and nothing leaks."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from infer.kv.kv_manager import CACHE_OWNER, KVCacheManager
+from infer.kv.prefix_cache import PrefixCache
+
+BS = 4
+
+# a workload: requests over a tiny alphabet (so prefixes repeat), each computed in chunks, freed in some order
+request = st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=24), st.integers(1, 9))
+workload = st.lists(request, min_size=1, max_size=12)
+
+
+class Device:
+    """What the cache would hold: block -> the tokens written into it, checked on every read."""
+
+    def __init__(self) -> None:
+        self.content: dict[int, list[int | None]] = {}
+
+    def write(self, kv: KVCacheManager, rid: str, tokens: list[int], start: int, count: int) -> None:
+        for pos, slot in zip(range(start, start + count), kv.slots(rid, start, count)):
+            self.content.setdefault(slot // BS, [None] * BS)[slot % BS] = tokens[pos]
+
+    def check(self, kv: KVCacheManager, rid: str, tokens: list[int], upto: int) -> None:
+        table = kv.block_table(rid)
+        for pos in range(upto):
+            assert self.content[table[pos // BS]][pos % BS] == tokens[pos], (rid, pos)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workload, st.integers(6, 40), st.randoms(use_true_random=False))
+def test_random_workloads_keep_every_invariant(requests, num_blocks, rnd):
+    kv = KVCacheManager(num_blocks, BS, prefix_caching=True)
+    device, live, queries, hits = Device(), {}, 0, 0
+    for i, (tokens, chunk) in enumerate(requests):
+        rid = f"r{i}"
+        cached = kv.admit(rid, tokens, len(tokens) - 1)
+        queries += len(tokens)
+        hits += cached
+        assert cached % BS == 0 and cached <= len(tokens) - 1
+        device.check(kv, rid, tokens, cached)  # a hit reads exactly the tokens it claims
+        done = cached
+        while done < len(tokens):
+            n = min(chunk, len(tokens) - done)
+            if not kv.can_allocate(rid, done + n):
+                break  # out of blocks: the request stops here (as if preempted) and is freed below
+            kv.allocate(rid, done + n)
+            device.write(kv, rid, tokens, done, n)
+            done += n
+            kv.publish(rid, tokens, done)
+        live[rid] = (tokens, done)
+        owners, tree = kv.allocator.audit_blocks(), {n.block for n in kv.prefix.nodes()}  # type: ignore[union-attr]
+        assert all(owners.get(b) == CACHE_OWNER for b in tree) and len(tree) == kv.prefix.num_cached  # type: ignore[union-attr]
+        for other, (toks, computed) in live.items():
+            assert all(owners[b] in (other, CACHE_OWNER) and (owners[b] == other or b in tree)
+                       for b in kv.block_table(other))
+            device.check(kv, other, toks, computed)  # nothing another request wrote has overwritten it
+        if rnd.random() < 0.5:  # free a random live request
+            victim = rnd.choice(sorted(live))
+            kv.free(victim)
+            del live[victim]
+    for rid in list(live):
+        kv.free(rid)
+    assert kv.audit_blocks() == {}
+    assert kv.prefix_queries == queries and kv.prefix_hits == hits
+    assert kv.num_free_blocks == num_blocks  # every cached block is unreferenced, hence evictable
+
+
+def test_eviction_takes_the_least_recently_used_leaf_first():
+    cache = PrefixCache(2)
+    a, _ = cache.insert(None, (1, 2), block=10)
+    b, _ = cache.insert(a, (3, 4), block=11)
+    c, _ = cache.insert(None, (5, 6), block=12)
+    cache.release([a, b])
+    cache.release([c])
+    assert cache.num_unreferenced == 3
+    assert cache.evict() == 11  # the leaf of the older chain, not its parent
+    assert cache.evict() == 10  # the parent became a leaf
+    cache.acquire([c])
+    assert cache.evict() is None  # c is referenced again
+    assert cache.match([5, 6, 7], 3) == [c] and cache.match([1, 2], 2) == []
+
+
+def test_the_same_prefix_written_twice_is_cached_once():
+    kv = KVCacheManager(8, BS, prefix_caching=True)
+    tokens = [1, 2, 3, 4, 5]
+    for rid in ("a", "b"):  # both compute the prompt before either publishes it
+        kv.admit(rid, tokens, 4)
+        kv.allocate(rid, 5)
+    kv.publish("a", tokens, 5)
+    kv.publish("b", tokens, 5)
+    assert kv.prefix.num_cached == 1  # type: ignore[union-attr]
+    kv.free("a")
+    kv.free("b")
+    assert kv.audit_blocks() == {} and kv.num_free_blocks == 8
+    kv.admit("c", tokens, 4)
+    assert kv.block_table("c") == [kv.prefix.nodes()[0].block]  # type: ignore[union-attr]
