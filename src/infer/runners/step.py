@@ -24,14 +24,14 @@ class StepInput:
     step_kind: StepKind
     token_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    query_lens: list[int] = field(default_factory=list)  # new tokens per sequence
+    query_lens: list[int] = field(default_factory=list)  # new tokens per sequence (a prompt chunk, or 1)
     context_lens: list[int] = field(default_factory=list)  # tokens in cache per sequence after this step
     slot_mapping: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)
     sampling: list[SamplingParams] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     output_steps: list[int] = field(default_factory=list)  # tokens generated so far (selects fresh noise)
-    prev_rows: list[int] | None = None  # decode: row of the previous step whose sampled id is this row's input, or -1
+    prev_rows: list[int] | None = None  # per sequence: the previous step's row whose sampled id is its last input, or -1
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
     logprobs: list[int | None] = field(default_factory=list)  # per sequence: top-k count for the sampled token
     prompt_logprobs: list[int | None] = field(default_factory=list)  # per sequence (prefill): the same for its tokens
