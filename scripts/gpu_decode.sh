@@ -5,12 +5,7 @@
 # Brings back 7 files (the tool returns at most 8): gpu_decode_<gpu>.{json,md}, run.log,
 # profile/{graphs,eager}/{trace.json,kernels.md}.
 set -uo pipefail
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 LAYERZERO_PERFDB_PATH=/tmp/lz_perfdb.sqlite
-out="${OUT:-/tmp}"
+source scripts/gpu_env.sh
 log="$out/run.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$log" 2>&1
 # the script stops starting items after --budget-s; timeout is the backstop (partial reports are already written)

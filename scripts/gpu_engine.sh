@@ -3,12 +3,7 @@
 # under INFER_STRICT_SYNC=1, then the offline-throughput benchmark (reports under $OUT).
 # Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_engine.sh
 set -uo pipefail
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="src:tests:benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 LAYERZERO_PERFDB_PATH=/tmp/lz_perfdb.sqlite
-out="${OUT:-/tmp}"
+source scripts/gpu_env.sh
 INFER_STRICT_SYNC=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu \
   tests/unit/test_engine_overlap.py tests/integration/test_chunked_prefill.py tests/integration/test_structured_tiny.py \
   2>&1 | tail -30 > "$out/gpu_tests.log"

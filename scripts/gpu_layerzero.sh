@@ -2,12 +2,7 @@
 # LayerZero on the lent GPU: GPU tests, the CPU layerzero suite on a CUDA build, doctor, explain, kernel and dispatch benchmarks.
 # Usage (device tool, from the repo root, carrying .whl with the wheels the GPU image lacks):  bash scripts/gpu_layerzero.sh
 set -uo pipefail
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="src:tests:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 LAYERZERO_PERFDB_PATH=/tmp/lz_perfdb.sqlite
-out="${OUT:-/tmp}"
+source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 python3 -m layerzero doctor > "$out/doctor.txt" 2>&1

@@ -3,9 +3,7 @@
 # Llama-3.2-1B and Llama-3.1-8B shapes (random weights, SmolLM2 tokenizer; prepare .bench/ as the benchmark's header says).
 # Usage (device tool, carrying .whl and .bench):  bash scripts/gpu_structured.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="src:tests:/tmp/site" PYTHONUNBUFFERED=1 LAYERZERO_PERFDB_PATH=/tmp/lz_perfdb.sqlite
-out="${OUT:-/tmp}"
+source scripts/gpu_env.sh
 INFER_STRICT_SYNC=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/unit/test_engine_overlap.py \
   tests/integration/test_structured_tiny.py 2>&1 | tail -5 | tee "$out/gpu_tests.log"
 for model in llama1b-smollm2 llama8b-smollm2; do

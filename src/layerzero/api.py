@@ -74,6 +74,14 @@ def varlen_attention(
                  scale=_scale(scale, query.shape[-1]), sliding_window=sliding_window, cu_seqlens_host=host)
 
 
+def _context_bound(block_tables: torch.Tensor, key_cache: torch.Tensor, max_context_len: int | None) -> int:
+    """The host bound on context length a paged op receives: as given (checked against the tables), or their capacity."""
+    limit = block_tables.shape[1] * key_cache.shape[1]
+    if max_context_len is not None and max_context_len > limit:
+        raise ValueError(f"max_context_len={max_context_len} exceeds the block tables' capacity ({limit} tokens)")
+    return limit if max_context_len is None else int(max_context_len)
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -91,12 +99,9 @@ def paged_attention(
     """
     squeeze = query.dim() == 4
     q = query.squeeze(1) if squeeze else query
-    limit = block_tables.shape[1] * key_cache.shape[1]
-    if max_context_len is not None and max_context_len > limit:
-        raise ValueError(f"max_context_len={max_context_len} exceeds the block tables' capacity ({limit} tokens)")
     out = _call("paged_attention", q, key_cache, value_cache, block_tables=block_tables, context_lens=context_lens,
                 scale=_scale(scale, q.shape[-1]), sliding_window=sliding_window,
-                max_context_len=limit if max_context_len is None else int(max_context_len))
+                max_context_len=_context_bound(block_tables, key_cache, max_context_len))
     return out.unsqueeze(1) if squeeze else out
 
 
@@ -121,13 +126,11 @@ def paged_prefill_attention(
     max_context_len are host ints; host_bounds = (cu_seqlens_q, context_lens) on the host, so that no
     implementation needs to read them back.
     """
-    limit = block_tables.shape[1] * key_cache.shape[1]
-    if max_context_len > limit:
-        raise ValueError(f"max_context_len={max_context_len} exceeds the block tables' capacity ({limit} tokens)")
     host_q, host_ctx = (None, None) if host_bounds is None else (list(host_bounds[0]), list(host_bounds[1]))
     return _call("paged_prefill_attention", query, key_cache, value_cache, block_tables=block_tables,
                  cu_seqlens_q=cu_seqlens_q, context_lens=context_lens, max_seqlen_q=int(max_seqlen_q),
-                 max_context_len=int(max_context_len), scale=_scale(scale, query.shape[-1]),
+                 max_context_len=_context_bound(block_tables, key_cache, max_context_len),
+                 scale=_scale(scale, query.shape[-1]),
                  sliding_window=sliding_window, cu_seqlens_q_host=host_q, context_lens_host=host_ctx)
 
 

@@ -73,7 +73,7 @@ class Scheduler:
         if not rows:
             return None
         self.step_index += 1
-        self._last_had_prefill = any(r.request.state is RequestState.PREFILL or r.num_new > 1 for r in rows)
+        self._last_had_prefill = any(r.request.state is RequestState.PREFILL for r in rows)
         for row in rows:
             row.request.last_step = self.step_index
         return ScheduledBatch(rows)
@@ -86,7 +86,8 @@ class Scheduler:
             request.num_computed_tokens = row.start + row.num_new
             if row.samples:
                 request.pending_tokens += 1
-                request.state = RequestState.DECODE if request.state is RequestState.PREFILL else request.state
+                if request.state is RequestState.PREFILL:
+                    request.state = RequestState.DECODE
             known = min(request.num_computed_tokens, request.num_tokens)  # a pending token is not known yet
             # (a request may have finished during the launch: structured output reads the step before there)
             if not request.finished and self.kv.publishable(request.request_id, known):

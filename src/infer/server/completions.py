@@ -87,6 +87,10 @@ class _CompletionView:
         """cached: prompt index -> its cached tokens (the n choices of a prompt share it)."""
         return usage(sum(len(p) for p in self.prompts), completion_tokens, sum(cached.values()))
 
+    def _note_cached(self, cached: dict[int, int], choice: int, tokens: int) -> None:
+        prompt = self._prompt(choice)
+        cached[prompt] = max(cached.get(prompt, 0), tokens)
+
     def response(self, choices: list[Choice]) -> dict[str, object]:
         body = []
         for c in choices:
@@ -96,7 +100,7 @@ class _CompletionView:
         completion = sum(len(c.token_ids) for c in choices)
         cached: dict[int, int] = {}
         for c in choices:
-            cached[self._prompt(c.index)] = max(cached.get(self._prompt(c.index), 0), c.cached_tokens)
+            self._note_cached(cached, c.index, c.cached_tokens)
         return envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, body,
                         usage=self._usage(completion, cached))
 
@@ -120,7 +124,7 @@ class _CompletionView:
             if logprobs is not None:
                 offsets[index] += sum(map(len, logprobs["tokens"]))
             completion += out.completion_tokens if out.finished else 0
-            cached[self._prompt(index)] = max(cached.get(self._prompt(index), 0), out.cached_tokens)
+            self._note_cached(cached, index, out.cached_tokens)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None}
             yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [choice]))
         if self.body.include_usage:

@@ -36,6 +36,19 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def check_paged_caches(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """Query [.., H, D] against paged caches [NB, BS, Hkv, D]: GQA group, shapes, unit-stride last dim."""
+    n_heads, head_dim, n_kv_heads = query.shape[-2], query.shape[-1], key_cache.shape[2]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads")
+    if key_cache.shape[3] != head_dim or value_cache.shape != key_cache.shape:
+        raise ValueError(
+            f"caches {tuple(key_cache.shape)} / {tuple(value_cache.shape)} do not fit query {tuple(query.shape)}"
+        )
+    if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("KV caches must be contiguous in their last dimension")
+
+
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     """t itself when its last dimension is unit-stride, else a contiguous copy (kernels index d directly)."""
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from layerzero.backends.triton.launch import (
+    check_paged_caches,
     dot_precision,
     interpreting,
     last_dim_contiguous,
@@ -200,14 +201,7 @@ def paged_attention(
     """
     batch, n_heads, head_dim = query.shape
     n_kv_heads = key_cache.shape[2]
-    if n_heads % n_kv_heads:
-        raise ValueError(f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads")
-    if key_cache.shape[3] != head_dim or value_cache.shape != key_cache.shape:
-        raise ValueError(
-            f"caches {tuple(key_cache.shape)} / {tuple(value_cache.shape)} do not fit query {tuple(query.shape)}"
-        )
-    if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
-        raise ValueError("KV caches must be contiguous in their last dimension")
+    check_paged_caches(query, key_cache, value_cache)
     query = last_dim_contiguous(query)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if batch == 0:
