@@ -29,6 +29,7 @@ Two ways to run:
                      continuous/fcfs: W1 seq, W2 seq, W2 burst, W3 burst
                      static/fcfs:     W2 burst
                      continuous/prefill_first, continuous/decode_round_robin: W2 burst, W3 burst
+                     no-chunked-prefill/fcfs: W1 seq, W2 burst; prefix-caching/fcfs: W3 burst
                    giving sequential vs concurrent, static vs continuous, and policy comparisons.
 Results: JSON + Markdown table in benchmarks/reports/serving.{json,md} (hardware, versions, each
 server config, medians over --repeats, and ratios continuous/static W2 P99 latency & TTFT and
@@ -578,19 +579,23 @@ def tail(path: Path, n: int = 30) -> str:
 
 
 def sweep_configs(args: argparse.Namespace) -> list[ServerConfig]:
-    def cfg(mode: str, policy: str, runs: list[tuple[str, str]]) -> ServerConfig:
-        return ServerConfig(f"{mode}/{policy}", mode, policy, runs,
-                            ["--batching-mode", mode, "--scheduler-policy", policy])
+    def cfg(mode: str, policy: str, runs: list[tuple[str, str]], name: str = "", extra: tuple[str, ...] = ()) -> ServerConfig:
+        return ServerConfig(name or f"{mode}/{policy}", mode, policy, runs,
+                            ["--batching-mode", mode, "--scheduler-policy", policy, *extra])
     configs = [
         cfg("continuous", "fcfs", [("W1", "sequential"), ("W2", "sequential"), ("W2", "burst"), ("W3", "burst")]),
         cfg("static", "fcfs", [("W2", "burst")]),
         *(cfg("continuous", p, [("W2", "burst"), ("W3", "burst")]) for p in POLICIES if p != "fcfs"),
+        # the engine's options against its defaults (continuous/fcfs): whole-prompt prefill, prefix caching on
+        cfg("continuous", "fcfs", [("W1", "sequential"), ("W2", "burst")], "no-chunked-prefill/fcfs",
+            ("--no-chunked-prefill",)),
+        cfg("continuous", "fcfs", [("W3", "burst")], "prefix-caching/fcfs", ("--prefix-caching",)),
     ]
     if args.configs:
         wanted = set(args.configs.split(","))
         configs = [c for c in configs if c.name in wanted]
     for c in configs:
-        c.runs = [(w, m) for w, m in c.runs if w in args.workloads]
+        c.runs = [(w, m) for w, m in c.runs if w in args.workloads and (not args.runs or (w, m) in args.runs)]
     return [c for c in configs if c.runs]
 
 
@@ -663,6 +668,18 @@ def compute_ratios(summaries: list[RunSummary], launched: bool) -> dict[str, flo
             if p and f:
                 out[f"{policy}/fcfs {w} P99 TTFT"] = ratio(p.ttft_ms.p99, f.ttft_ms.p99)
                 out[f"{policy}/fcfs {w} P99 latency"] = ratio(p.latency_s.p99, f.latency_s.p99)
+    u2, u1 = find(summaries, "no-chunked-prefill/fcfs", "W2", "burst"), find(summaries, "no-chunked-prefill/fcfs", "W1", "sequential")
+    if c2 and u2:
+        out["chunked/whole-prompt prefill W2 burst P99 ITL"] = ratio(c2.itl_ms.p99, u2.itl_ms.p99)
+        out["chunked/whole-prompt prefill W2 burst output tok/s"] = ratio(c2.output_tok_per_s, u2.output_tok_per_s)
+    c1 = find(summaries, "continuous/fcfs", "W1", "sequential")
+    if c1 and u1:
+        out["chunked/whole-prompt prefill W1 output tok/s"] = ratio(c1.output_tok_per_s, u1.output_tok_per_s)
+    p3, f3 = find(summaries, "prefix-caching/fcfs", "W3", "burst"), find(summaries, "continuous/fcfs", "W3", "burst")
+    if p3 and f3:
+        out["prefix caching on/off W3 burst P50 TTFT"] = ratio(p3.ttft_ms.p50, f3.ttft_ms.p50)
+        out["prefix caching on/off W3 burst P99 TTFT"] = ratio(p3.ttft_ms.p99, f3.ttft_ms.p99)
+        out["prefix caching on/off W3 burst output tok/s"] = ratio(p3.output_tok_per_s, f3.output_tok_per_s)
     return out
 
 
@@ -802,6 +819,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     target.add_argument("--launch", action="store_true",
                         help="start `infer serve` for each configuration of the sweep and stop it after")
     p.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset of W1,W2,W3")
+    p.add_argument("--runs", default="", help="with --launch: only these WORKLOAD:MODE runs of each config, "
+                   "e.g. W1:sequential,W2:burst (default: every run of the sweep)")
     p.add_argument("--num-requests", type=int, default=16, help="requests in W2 and W3")
     p.add_argument("--max-output", type=int, default=256, help="cap on generated tokens per request (scales W1-W3 down)")
     p.add_argument("--max-prompt", type=int, default=1024, help="cap on prompt tokens per request (scales W1-W3 down)")
@@ -832,6 +851,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-stem", default="serving", help="report file name stem")
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.runs = [tuple(r.strip().split(":", 1)) for r in args.runs.split(",") if r.strip()]
     bad = [w for w in args.workloads if w not in WORKLOADS]
     if bad:
         p.error(f"unknown workloads {bad}; choose from {WORKLOADS}")

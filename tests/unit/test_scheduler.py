@@ -149,3 +149,27 @@ def test_any_workload_finishes_with_the_same_tokens_and_no_leak(work, num_blocks
     assert _tokens(got) == expected
     assert all(sum(o.finished for o in outs) == 1 for outs in got.values())
     assert engine.kv.audit_blocks() == {}
+
+
+def test_requests_sharing_a_prefix_wait_for_the_first_to_cache_it():
+    """Arriving together, the followers are admitted once the leader's prefill has cached the shared blocks:
+    the shared part is computed once, and each follower's tokens equal those of a run without caching."""
+    rng = random.Random(1)
+    shared = [rng.randrange(1, 1000) for _ in range(24)]  # 6 blocks of 4
+    prompts = [shared + [rng.randrange(1, 1000) for _ in range(3)] for _ in range(4)]
+
+    def run(caching: bool):
+        engine, runner = fake_engine(num_blocks=128, prefill_chunk_size=8, use_prefix_caching=caching)
+        for i, p in enumerate(prompts):
+            engine.add_request(p, _params(5), request_id=f"r{i}")
+        outputs = run_all(engine)
+        computed = sum(sum(lens) for kind, lens in runner.log if kind is StepKind.PREFILL)
+        return _tokens(outputs), {rid: outs[-1].cached_tokens for rid, outs in outputs.items()}, computed, engine
+
+    plain, _, plain_computed, _ = run(False)
+    tokens, cached, computed, engine = run(True)
+    assert tokens == plain
+    assert cached == {"r0": 0, "r1": 24, "r2": 24, "r3": 24}
+    assert plain_computed - computed == 3 * 24  # prefill steps also carry decode rows: compare the difference
+    assert engine.kv.prefix_hits == 3 * 24 and engine.kv.prefix_queries == 4 * 27
+    assert engine.kv.audit_blocks() == {}

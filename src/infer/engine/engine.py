@@ -192,24 +192,30 @@ class Engine:
         return outputs
 
     def _step_input(self, batch: ScheduledBatch) -> StepInput:
-        """The runner's step descriptor: the scheduler's rows plus each request's sampling state."""
+        """The runner's step descriptor: the scheduler's rows plus each request's sampling state (one pass per
+        field: this runs for every request in every step)."""
+        rows, requests = batch.rows, batch.requests
         step = StepInput(StepKind.DECODE if batch.is_decode else StepKind.PREFILL)
         step.prev_rows = self._in_flight.prev_rows(batch)
-        for row in batch.rows:
-            r = row.request
-            step.token_ids.extend(r.tokens_at(row.start, row.num_new))
-            step.positions.extend(range(row.start, row.start + row.num_new))
-            step.query_lens.append(row.num_new)
-            step.context_lens.append(row.start + row.num_new)
-            step.slot_mapping.extend(row.slots)
-            step.block_tables.append(row.block_table)
-            step.sampling.append(r.sampling_params)
-            step.seeds.append(r.seed)
-            step.output_steps.append(len(r.output_token_ids) + r.pending_tokens)
-            step.logprobs.append(r.sampling_params.logprobs if row.samples else None)
-            step.prompt_logprobs.append(row.prompt_logprobs)
-        if any(r.sampling_params.needs_history for r in batch.requests):
-            step.history = [r.token_ids for r in batch.requests]
-        if has_open([r.grammar for r in batch.requests]):
+        if step.step_kind is StepKind.DECODE:
+            step.token_ids = [r.request.tokens_at(r.start, 1)[0] for r in rows]
+            step.positions = [r.start for r in rows]
+            step.query_lens = [1] * len(rows)
+            step.slot_mapping = [r.slots[0] for r in rows]
+        else:
+            step.token_ids = [t for r in rows for t in r.request.tokens_at(r.start, r.num_new)]
+            step.positions = [p for r in rows for p in range(r.start, r.start + r.num_new)]
+            step.query_lens = [r.num_new for r in rows]
+            step.slot_mapping = [s for r in rows for s in r.slots]
+        step.context_lens = [r.start + r.num_new for r in rows]
+        step.block_tables = [r.block_table for r in rows]
+        step.sampling = [r.sampling_params for r in requests]
+        step.seeds = [r.seed for r in requests]
+        step.output_steps = [len(r.output_token_ids) + r.pending_tokens for r in requests]
+        step.logprobs = [r.request.sampling_params.logprobs if r.samples else None for r in rows]
+        step.prompt_logprobs = [r.prompt_logprobs for r in rows]
+        if any(p.needs_history for p in step.sampling):
+            step.history = [r.token_ids for r in requests]
+        if has_open([r.grammar for r in requests]):
             step.token_bitmask = partial(self._bitmask, batch)
         return step

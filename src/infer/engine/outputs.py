@@ -14,6 +14,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Tokenizer, scheduler: Scheduler, max_seq_len: int) -> None:
         self.tokenizer = tokenizer
+        self._eos = tokenizer.eos_token_ids
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
 
@@ -25,11 +26,11 @@ class OutputProcessor:
             self.scheduler.finish(request, "length")
             return self.output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
         token = result.token_ids[row]
-        request.output_token_ids.append(token)
+        request.append_output(token)
         if request.grammar is not None and request.grammar.error is not None:
             error = f"the output constraint cannot be met with this model's tokenizer: {request.grammar.error}"
             return self.fail(request, error, client_error=True)
-        is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
+        is_eos = token in self._eos and not params.ignore_eos
         text = request.text
         if not is_eos:
             request.detokenizer.push(token)
@@ -38,11 +39,12 @@ class OutputProcessor:
         if reason is not None and not is_eos:
             request.detokenizer.flush()
             text = request.detokenizer.text
-        stop_at = request.stop_checker.check(text)
+        stops = request.stop_checker
+        stop_at = stops.check(text, len(request.text)) if stops.stops else None
         if stop_at is not None:
             text, reason = text[:stop_at], "stop"
         request.text = text
-        visible = len(text) if reason else len(text) - request.stop_checker.holdback(text)
+        visible = len(text) if reason or not stops.stops else len(text) - stops.holdback(text)
         delta = text[request.emitted_chars : max(visible, request.emitted_chars)]
         request.emitted_chars += len(delta)
         if reason is not None:

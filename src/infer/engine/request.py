@@ -24,7 +24,7 @@ class RequestState(str, Enum):
     FAILED = "failed"
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutput:
     """What one step produced for one request; exactly one per request has finished=True."""
 
@@ -66,6 +66,14 @@ class Request:
     num_computed_tokens: int = 0  # positions whose KV is in the cache or written by a launched step
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     grammar: Grammar | None = None  # a structured request's matcher, advanced by every accepted token
+    token_ids: list[int] = field(init=False)  # prompt and output ids known on the host (pending ones excluded)
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -84,22 +92,14 @@ class Request:
         """Positions still to run through the model: the prompt's rest while prefilling, 1 while decoding."""
         return self.num_scheduled_tokens - self.num_computed_tokens
 
-    @property
-    def token_ids(self) -> list[int]:
-        """Prompt and output ids known on the host (pending ones excluded)."""
-        return self.prompt_token_ids + self.output_token_ids
-
     def tokens_at(self, start: int, count: int) -> list[int]:
         """Ids of positions [start, start + count); 0 stands in for a pending one (still on the device)."""
-        prompt, outputs = self.prompt_token_ids, self.output_token_ids
-        out = prompt[start : start + count]
-        if len(out) < count:
-            out += outputs[max(0, start - len(prompt)) : start + count - len(prompt)]
-        return out + [0] * (count - len(out))
+        out = self.token_ids[start : start + count]
+        return out if len(out) == count else out + [0] * (count - len(out))
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.token_ids)
 
     @property
     def finished(self) -> bool:

@@ -12,15 +12,15 @@ the only owner of `Request.state` and of the KV manager's accounting (docs/engin
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestState
 from infer.kv.kv_manager import KVCacheManager
 
 
-@dataclass(frozen=True)
-class ScheduledRow:
+class ScheduledRow(NamedTuple):  # a tuple: built for every request in every step, so it must be cheap
     """One request's part of a step: positions [start, start + num_new) computed, slots where their KV goes."""
 
     request: Request
@@ -35,15 +35,12 @@ class ScheduledRow:
 @dataclass
 class ScheduledBatch:
     rows: list[ScheduledRow]
+    requests: list[Request] = field(init=False)
+    is_decode: bool = field(init=False)  # one new token per row: the decode fast path (fixed buffers, graphs)
 
-    @property
-    def requests(self) -> list[Request]:
-        return [row.request for row in self.rows]
-
-    @property
-    def is_decode(self) -> bool:
-        """One new token per row: the decode fast path (fixed buffers, CUDA graphs) can run it."""
-        return all(row.num_new == 1 for row in self.rows)
+    def __post_init__(self) -> None:
+        self.requests = [row.request for row in self.rows]
+        self.is_decode = all(row.num_new == 1 for row in self.rows)
 
 
 class Scheduler:
@@ -60,6 +57,7 @@ class Scheduler:
         self._last_had_prefill = False
         self._head_skips = 0  # times the head of the queue was overtaken (prefill_first)
         self._watermark = kv.allocator.num_blocks // 100  # free blocks kept back at admission
+        self._caching = kv.prefix is not None
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -88,10 +86,10 @@ class Scheduler:
                 request.pending_tokens += 1
                 if request.state is RequestState.PREFILL:
                     request.state = RequestState.DECODE
-            known = min(request.num_computed_tokens, request.num_tokens)  # a pending token is not known yet
-            # (a request may have finished during the launch: structured output reads the step before there)
-            if not request.finished and self.kv.publishable(request.request_id, known):
-                self.kv.publish(request.request_id, request.token_ids, known)
+            if self._caching and not request.finished:  # (structured output may finish it during the launch)
+                known = min(request.num_computed_tokens, request.num_tokens)  # a pending token is not known yet
+                if self.kv.publishable(request.request_id, known):
+                    self.kv.publish(request.request_id, request.token_ids, known)
 
     def resolved(self, request: Request) -> None:
         """One of the request's pending tokens has been read (appended to its outputs, or dropped)."""
@@ -136,8 +134,8 @@ class Scheduler:
         """
         rows: list[ScheduledRow] = []
         for request in list(self.running):
-            if request not in self.running or request.state is not RequestState.DECODE:
-                continue  # preempted earlier in this loop, or still prefilling
+            if request.state is not RequestState.DECODE:
+                continue  # still prefilling, or preempted earlier in this loop (waiting again)
             if request.budget_reached(self.config.max_seq_len):
                 continue
             if self._grow(request, request.num_scheduled_tokens, rows):
@@ -151,7 +149,7 @@ class Scheduler:
         for request in list(self.running):
             if budget <= 0 or len(rows) >= limit:
                 return rows
-            if request in self.running and request.state is RequestState.PREFILL:
+            if request.state is RequestState.PREFILL:  # not preempted earlier in this loop
                 n = min(request.num_uncomputed, self.config.prefill_chunk_size, budget)
                 if self._grow(request, request.num_computed_tokens + n, decodes + rows):
                     rows.append(self._row(request, n))
@@ -188,6 +186,9 @@ class Scheduler:
         whole = request.sampling_params.prompt_logprobs is not None and request.num_preemptions == 0
         # a full hit still computes the last token (its logits); prompt logprobs need every position computed
         cached = 0 if whole else self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1)
+        if self._caching and not whole and self._prefix_in_progress(request, cached):
+            self.kv.free(request.request_id)
+            return None
         n = request.num_tokens - cached
         if self._chunked and not whole:
             n = min(n, self.config.prefill_chunk_size, budget)
@@ -206,11 +207,23 @@ class Scheduler:
             request.num_cached_tokens = cached
         return self._row(request, n, request.sampling_params.prompt_logprobs if whole else None)
 
+    def _prefix_in_progress(self, request: Request, cached: int) -> bool:
+        """Whether a running prefill is about to cache the request's next full block (same tokens up to its end):
+        admitted now, the request would compute it a second time; a step or two later it finds it cached."""
+        end = cached + self.kv.block_size
+        if end > request.num_tokens - 1:  # admission matches at most the prompt minus its last token
+            return False
+        head = request.token_ids[:end]
+        return any(r.state is RequestState.PREFILL and r.num_computed_tokens < end <= r.num_tokens
+                   and r.token_ids[:end] == head for r in self.running)
+
     def _grow(self, request: Request, num_tokens: int, scheduled: list[ScheduledRow]) -> bool:
         """Blocks for num_tokens positions, preempting from the back of the running set (never a request that
         already has a row in this step: its slots would be freed under it). False: preempted, or must wait."""
-        taken = {id(row.request) for row in scheduled}
+        if not self.kv.blocks_for(request.request_id, num_tokens):
+            return True
         while not self.kv.can_allocate(request.request_id, num_tokens):
+            taken = {id(row.request) for row in scheduled}
             victim = next((r for r in reversed(self.running) if id(r) not in taken), None)
             if victim is None:
                 return False

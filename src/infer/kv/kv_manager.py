@@ -28,6 +28,7 @@ class KVCacheManager:
         self._chains: dict[str, list[BlockNode]] = {}  # cached blocks a request references, from the start
         self.prefix_queries = 0  # prompt tokens looked up at admission
         self.prefix_hits = 0  # of which found in the cache
+        self._lookups: dict[str, tuple[int, int]] = {}  # (queried, hit) of an admission not yet given blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -50,6 +51,9 @@ class KVCacheManager:
         """Grow the request's table to hold num_tokens tokens (all or nothing)."""
         if not self.can_allocate(request_id, num_tokens):
             raise MemoryError(f"not enough free KV blocks for {request_id!r} to hold {num_tokens} tokens")
+        queried, hit = self._lookups.pop(request_id, (0, 0))  # a lookup counts once the request gets its blocks
+        self.prefix_queries += queried
+        self.prefix_hits += hit
         table = self._tables.setdefault(request_id, [])
         while len(table) < blocks_needed(num_tokens, self.block_size):
             if not self.allocator.num_free and self.prefix is not None:
@@ -70,8 +74,7 @@ class KVCacheManager:
         self.prefix.acquire(chain)
         self._chains[request_id] = chain
         self._tables[request_id] = [node.block for node in chain]
-        self.prefix_queries += len(tokens)
-        self.prefix_hits += len(chain) * self.block_size
+        self._lookups[request_id] = (len(tokens), len(chain) * self.block_size)
         return len(chain) * self.block_size
 
     def publishable(self, request_id: str, num_computed: int) -> bool:
@@ -104,6 +107,7 @@ class KVCacheManager:
 
     def free(self, request_id: str) -> None:
         """Release the request's references and free the blocks it owns."""
+        self._lookups.pop(request_id, None)
         chain = self._chains.pop(request_id, [])
         if self.prefix is not None:
             self.prefix.release(chain)

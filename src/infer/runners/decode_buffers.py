@@ -41,6 +41,7 @@ class DecodeBuffers:
         total = self._int64_bytes + self._ctx_bytes + max_batch * max_blocks * 4
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(total, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+        self._tables_written: list[list[list[int]]] = [[], []]  # per staging buffer: the table each row holds
         self._next = 0
         self._device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)  # context lengths 0
         self._cu = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
@@ -81,7 +82,7 @@ class DecodeBuffers:
         n = step.num_seqs
         if not n <= rows <= self.max_batch:
             raise ValueError(f"decode batch of {n} sequences padded to {rows} rows; the buffers hold {self.max_batch}")
-        staging = self._staging[self._next]
+        staging, written = self._staging[self._next], self._tables_written[self._next]
         self._next ^= 1
         ints, ctx, tables = (t.numpy() for t in self._views(staging, rows))
         ints[:, n:rows] = _PADDING
@@ -91,10 +92,15 @@ class DecodeBuffers:
         ints[2, :n] = step.slot_mapping
         ints[3, :n] = step.prev_rows or [-1] * n
         ctx[:n] = step.context_lens
-        # Table entries past a sequence's context are never read, so stale ones need no clearing.
+        # A row's table is rewritten only when it differs from what this buffer holds there (tables grow one
+        # block in block_size steps); entries past a sequence's context are never read, so need no clearing.
+        written += [[]] * (n - len(written))
         for i, table in enumerate(step.block_tables):
+            if table == written[i]:
+                continue
             if len(table) > self.max_blocks:
                 raise ValueError(f"sequence {i} has {len(table)} blocks; the buffers hold {self.max_blocks}")
             tables[i, : len(table)] = table
+            written[i] = table
         used = self._int64_bytes + self._ctx_bytes + rows * self.max_blocks * 4
         self._device_bytes[:used].copy_(staging[:used], non_blocking=self.device.type == "cuda")

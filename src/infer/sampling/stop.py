@@ -12,16 +12,17 @@ class StopChecker:
         self._prefixes = {s[:n] for s in self.stops for n in range(1, len(s))}
         self._longest_prefix = max((len(p) for p in self._prefixes), default=0)
 
-    def check(self, text: str) -> int | None:
+    def check(self, text: str, checked: int = 0) -> int | None:
         """Start index of the stop string that completes first in `text` (None if none occurs).
 
         "First" means the smallest end position, ties going to the longer match: that is the stop a
         left-to-right stream meets first, so the result does not depend on how the text was chunked.
         It equals the earliest start unless one occurrence lies strictly inside a longer one.
+        `text[:checked]` is known to hold no stop string: only matches ending after it are looked for.
         """
         best: tuple[int, int] | None = None  # (end, start)
         for stop in self.stops:
-            start = text.find(stop)
+            start = text.find(stop, max(0, checked - len(stop) + 1))
             if start >= 0 and (best is None or (start + len(stop), start) < best):
                 best = (start + len(stop), start)
         return None if best is None else best[1]

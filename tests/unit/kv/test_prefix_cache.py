@@ -39,8 +39,6 @@ def test_random_workloads_keep_every_invariant(requests, num_blocks, rnd):
     for i, (tokens, chunk) in enumerate(requests):
         rid = f"r{i}"
         cached = kv.admit(rid, tokens, len(tokens) - 1)
-        queries += len(tokens)
-        hits += cached
         assert cached % BS == 0 and cached <= len(tokens) - 1
         device.check(kv, rid, tokens, cached)  # a hit reads exactly the tokens it claims
         done = cached
@@ -48,6 +46,8 @@ def test_random_workloads_keep_every_invariant(requests, num_blocks, rnd):
             n = min(chunk, len(tokens) - done)
             if not kv.can_allocate(rid, done + n):
                 break  # out of blocks: the request stops here (as if preempted) and is freed below
+            if done == cached:  # the lookup counts once the request has blocks
+                queries, hits = queries + len(tokens), hits + cached
             kv.allocate(rid, done + n)
             device.write(kv, rid, tokens, done, n)
             done += n

@@ -1,0 +1,104 @@
+"""Where a decode step's time goes at batch B: host work, waiting for the device, and the device's own time.
+
+    python benchmarks/step_profile.py [--shape llama-3.2-1b] [--batch 256] [--steps 100] [--top 25]
+
+B requests with prompts of 128 random tokens decode until every one runs; then `--steps` engine steps are
+timed. Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the
+step. Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded).
+With the overlap, a step costs max(host, device): the smaller one is hidden. A cProfile of the same steps
+follows (it slows the host, so its times are only proportions). Random weights, bf16, on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import model_shapes as ms
+from infer import LLM, SamplingParams
+from infer.transfer import Readback
+
+
+class WaitClock:
+    """Wraps Readback.read to add up the time spent blocked on the device."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._read = Readback.read
+
+    def __enter__(self) -> "WaitClock":
+        clock, read = self, self._read
+
+        def timed(readback: Readback) -> list[int]:
+            started = time.perf_counter()
+            try:
+                return read(readback)
+            finally:
+                clock.seconds += time.perf_counter() - started
+
+        Readback.read = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Readback.read = self._read  # type: ignore[method-assign]
+
+
+def device_ms(llm: LLM, batch: int, reps: int = 50) -> float:
+    graphs = llm.runner.graphs
+    if graphs is None or graphs.bucket(batch) != batch:
+        return float("nan")
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graphs.replay(batch)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="llama-3.2-1b", choices=ms.GPU_SHAPES)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
+    vocab = ms.model_config(args.shape).vocab_size
+    llm = LLM(str(path), load_format="dummy", max_seq_len=2048, max_batch_size=args.batch, kv_cache_memory_gb=20)
+    engine, rng = llm.engine, random.Random(0)
+    params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 64, ignore_eos=True)
+    requests = [engine.add_request([rng.randrange(vocab) for _ in range(128)], params) for _ in range(args.batch)]
+    while not all(r.output_token_ids for r in requests):
+        engine.step()
+    for _ in range(10):
+        engine.step()
+    torch.cuda.synchronize()
+    with WaitClock() as wait:
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        seconds = time.perf_counter() - started
+    step_ms, wait_ms = 1e3 * seconds / args.steps, 1e3 * wait.seconds / args.steps
+    print(f"{args.shape}, batch {args.batch}, {torch.cuda.get_device_name()}: step {step_ms:.2f} ms "
+          f"(host {step_ms - wait_ms:.2f}, waiting {wait_ms:.2f}); device forward {device_ms(llm, args.batch):.2f} ms; "
+          f"{args.batch / seconds * args.steps:.0f} tok/s")
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(args.steps):
+        engine.step()
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
