@@ -16,5 +16,6 @@ if [[ "${1:-all}" != bench ]]; then
   done
 fi
 if [[ "${1:-all}" != tests ]]; then
-  OUT_DIR="$out" timeout 420 python3 benchmarks/offline_throughput.py 2>&1 | tail -40
+  # transformers runs out of memory on the 80 GB card with the attention the image offers (docs/engine.md)
+  OUT_DIR="$out" timeout 420 python3 benchmarks/offline_throughput.py --skip-transformers 2>&1 | tail -40
 fi

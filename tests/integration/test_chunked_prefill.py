@@ -84,8 +84,8 @@ def test_full_hit_and_partial_block_prefix(checkpoint, expected, device):
 
 def test_eviction_and_preemption_mid_prefill(checkpoint, expected, device):
     """A cache of 40 blocks of 4 for ~300 tokens of work: cached prefixes are evicted, requests are preempted
-    (also while still prefilling in chunks of 7) and recomputed, and the tokens do not change."""
-    llm = _llm(checkpoint, device, prefill_chunk_size=7, num_kv_blocks=40, use_prefix_caching=True)
+    (also while still prefilling in chunks of 5) and recomputed, and the tokens do not change."""
+    llm = _llm(checkpoint, device, prefill_chunk_size=5, num_kv_blocks=40, use_prefix_caching=True)
     scheduler, states = llm.engine.scheduler, []
     preempt = scheduler._preempt
 
