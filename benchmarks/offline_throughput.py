@@ -27,6 +27,7 @@ import torch
 
 import model_shapes as ms
 from infer import LLM, SamplingParams
+from layerzero.measure import measure
 
 
 def workload(vocab: int, requests: int, seed: int = 0) -> list[list[int]]:
@@ -37,15 +38,8 @@ def workload(vocab: int, requests: int, seed: int = 0) -> list[list[int]]:
 def copy_gb_s(mib: int = 1024, reps: int = 20) -> float:
     src = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() / statistics.median(times) / 1e9
+    seconds = statistics.median(measure(lambda: dst.copy_(src), device="cuda", iters=reps)) / 1e6
+    return 2 * src.numel() / seconds / 1e9
 
 
 CONFIGS = {  # report key -> EngineConfig options

@@ -24,6 +24,7 @@ import torch
 import model_shapes as ms
 from infer import LLM, SamplingParams
 from infer.transfer import Readback
+from layerzero.measure import measure
 
 
 class WaitClock:
@@ -54,15 +55,7 @@ def device_ms(llm: LLM, batch: int, reps: int = 50) -> float:
     graphs = llm.runner.graphs
     if graphs is None or graphs.bucket(batch) != batch:
         return float("nan")
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graphs.replay(batch)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(measure(lambda: graphs.replay(batch), device="cuda", iters=reps)) / 1e3
 
 
 def main() -> None:
