@@ -9,13 +9,14 @@ from infer.models.forward_batch import ForwardBatch
 from infer.runners.step import StepInput, StepKind
 from infer.runners.torch_runner import TorchRunner
 from infer.sampling.params import SamplingParams
+from infer.sampling.slots import SlotState
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
 def _step(kind: StepKind, kv: KVCacheManager, seqs: dict[str, list[int]], starts: dict[str, int]) -> StepInput:
     step = StepInput(kind)
-    for rid, tokens in seqs.items():
+    for slot, (rid, tokens) in enumerate(seqs.items()):
         start = starts[rid]
         new = tokens[start:]
         step.token_ids += new
@@ -24,9 +25,9 @@ def _step(kind: StepKind, kv: KVCacheManager, seqs: dict[str, list[int]], starts
         step.context_lens.append(len(tokens))
         step.slot_mapping += kv.slots(rid, start, len(new))
         step.block_tables.append(kv.block_table(rid))
-        step.sampling.append(GREEDY)
-        step.seeds.append(0)
-        step.output_steps.append(0)
+        step.sampling_slots.append(slot)
+        if kind is StepKind.PREFILL:
+            step.joined.append(SlotState(slot, GREEDY, 0, 0))
     return step
 
 

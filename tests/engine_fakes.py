@@ -46,11 +46,15 @@ class FakeRunner:
         self.served: list[tuple[StepKind, list[int]]] = []  # (kind, seeds of the sequences: request identities)
         self.last: list[int] = []  # the previous step's sampled tokens ("on the device")
         self.prev_rows: list[list[int]] = []  # per step: rows fed from the previous step's tokens
+        self.slots: dict[int, list[int]] = {}  # sampling slot -> [seed, steps], as the real runner keeps them
 
     def launch(self, step: StepInput) -> "Done":
         """Runs at once; rows with prev_rows >= 0 take the previous step's token, as the device would."""
+        for joined in step.joined:
+            self.slots[joined.slot] = [joined.seed, joined.steps]
+        states = [self.slots[slot] for slot in step.sampling_slots]
         self.log.append((step.step_kind, list(step.query_lens)))
-        self.served.append((step.step_kind, list(step.seeds)))
+        self.served.append((step.step_kind, [seed for seed, _ in states]))
         self.prev_rows.append(list(step.prev_rows or []))
         tokens = list(step.token_ids)
         ends = list(itertools.accumulate(step.query_lens))
@@ -60,10 +64,12 @@ class FakeRunner:
         for slot, pos, tok in zip(step.slot_mapping, step.positions, tokens):
             self.cache[slot] = (pos, tok)
         out = []
-        for table, ctx, seed, n in zip(step.block_tables, step.context_lens, step.seeds, step.output_steps):
+        samples = step.samples or [True] * step.num_seqs
+        for table, ctx, state, counts in zip(step.block_tables, step.context_lens, states, samples):
             context = [self._read(table, p) for p in range(ctx)]
-            digest = hashlib.sha256(repr((context, seed, n)).encode()).digest()
+            digest = hashlib.sha256(repr((context, *state)).encode()).digest()
             out.append(1 + int.from_bytes(digest[:4], "little") % (VOCAB - 1))
+            state[1] += counts
         self.last = out
         return Done(StepResult(token_ids=out))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -11,6 +12,44 @@ def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tens
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+class StagedUpload:
+    """Several host arrays to the device in one asynchronous copy through pinned staging memory.
+
+    Two staging buffers alternate, so one is rewritten only once the step that used the other has been
+    read back: with at most one step in flight, a queued copy never sees its source change. Call it once
+    per step. On the CPU the arrays are copied into fresh memory (the staging is reused).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pinned = device.type == "cuda"
+        self._staging = [torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)]
+        self._next = 0
+
+    def __call__(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        """Device tensors with the arrays' dtypes and shapes, in order."""
+        offsets, end = [], 0
+        for a in arrays:
+            offsets.append(end)
+            end += -(-a.nbytes // 8) * 8  # every array starts 8-byte aligned
+        staging = self._staging[self._next]
+        if staging.numel() < end:
+            staging = torch.empty(max(end, 2 * staging.numel()), dtype=torch.uint8, pin_memory=self._pinned)
+            self._staging[self._next] = staging
+        self._next ^= 1
+        host = staging.numpy()
+        for a, offset in zip(arrays, offsets):
+            host[offset : offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        used = staging[:end]
+        raw = used.to(self.device, non_blocking=True) if self._pinned else used.clone()
+        return [
+            raw[offset : offset + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape) for a, offset in zip(arrays, offsets)
+        ]
+
+
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
 
 
 class Readback:

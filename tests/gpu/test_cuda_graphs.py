@@ -14,6 +14,7 @@ from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import load_model
 from infer.runners.step import StepInput, StepKind
 from infer.runners.strict_sync import SyncInStepError
+from infer.sampling.slots import SlotState
 from infer.runners.torch_runner import TorchRunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -84,7 +85,7 @@ def _decode_step(engine: Engine) -> StepInput:
     kv.allocate("probe", 4)
     return StepInput(StepKind.DECODE, token_ids=[5], positions=[3], query_lens=[1], context_lens=[4],
                      block_tables=[kv.block_table("probe")], slot_mapping=kv.slots("probe", 3, 1),
-                     sampling=[GREEDY], seeds=[0], output_steps=[0], logprobs=[None], prompt_logprobs=[None])
+                     sampling_slots=[0], joined=[SlotState(0, GREEDY, 0, 0)])
 
 
 @pytest.mark.parametrize("plant", ["item", "synchronize"])

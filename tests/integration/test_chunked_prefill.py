@@ -36,12 +36,12 @@ def _llm(path: str, device: str, **options: object) -> LLM:
     return LLM(path, device=device, dtype="float32", max_seq_len=160, max_batch_size=8, block_size=4, **options)
 
 
-def _staggered(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+def _staggered(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
     """Requests arrive while others decode, so prefill chunks share steps with running decodes."""
-    engine, pending, requests = llm.engine, list(prompts), []
+    engine, pending, requests = llm.engine, list(zip(prompts, params)), []
     while pending or engine.has_unfinished():
         if pending:
-            requests.append(engine.add_request(pending.pop(0), params))
+            requests.append(engine.add_request(*pending.pop(0)))
         for out in engine.step():
             assert out.error is None, out.error
     assert engine.kv.audit_blocks() == {}
@@ -65,7 +65,7 @@ def expected(checkpoint, device) -> list[list[int]]:
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_chunked_mixed_steps_equal_whole_prompts(checkpoint, expected, device, chunk, prefix_caching):
     llm = _llm(checkpoint, device, prefill_chunk_size=chunk, use_prefix_caching=prefix_caching)
-    assert _staggered(llm, _prompts(), GREEDY) == expected
+    assert _staggered(llm, _prompts(), [GREEDY] * len(expected)) == expected
     hits = llm.engine.kv.prefix_hits
     assert (hits > 0) == prefix_caching  # the shared prefix was read from the cache
 
@@ -98,3 +98,19 @@ def test_eviction_and_preemption_mid_prefill(checkpoint, expected, device):
     assert [o.token_ids for o in got] == expected
     assert "prefill" in states and "decode" in states
     assert llm.engine.kv.audit_blocks() == {}
+
+
+def test_seeded_sampling_is_unchanged_by_chunks_batches_and_preemption(checkpoint, device):
+    """A seeded request's noise follows its own generated tokens (its sampling slot's counter): chunked (chunks
+    of 1 make steps of one new token per row that are not all decodes), batched, and preempted mid-prefill,
+    it samples what it samples alone."""
+    prompts = _prompts()
+    params = [SamplingParams(temperature=0.9, top_k=40, seed=100 + i, max_tokens=10, ignore_eos=True)
+              for i in range(len(prompts))]
+    whole = _llm(checkpoint, device, use_chunked_prefill=False)
+    alone = [whole.generate_ids([p], q)[0].token_ids for p, q in zip(prompts, params)]
+    for chunk in (1, 7):
+        assert _staggered(_llm(checkpoint, device, prefill_chunk_size=chunk), prompts, params) == alone
+    tight = _llm(checkpoint, device, prefill_chunk_size=5, num_kv_blocks=40, use_prefix_caching=True)
+    assert [o.token_ids for o in tight.generate_ids(prompts, params)] == alone
+    assert tight.engine.scheduler.num_preemptions > 0

@@ -71,13 +71,12 @@ def test_batch_size_and_token_budget_are_respected():
 
 
 def test_decode_round_robin_alternates_prefill_and_decode():
-    engine, runner = fake_engine(scheduler_policy="decode_round_robin", max_batch_size=1, use_chunked_prefill=False)
+    engine, runner = fake_engine(scheduler_policy="decode_round_robin", max_batch_size=8, use_chunked_prefill=False)
     engine.add_request([5, 6], _params(6))
     engine.step()
     engine.step()
     for i in range(3):
         engine.add_request([7, 8, 9], _params(40), request_id=f"late{i}")
-    engine.scheduler.config.max_batch_size = 8
     for _ in range(8):
         engine.step()
     kinds = [k for k, _ in runner.log]

@@ -30,6 +30,7 @@ from infer.loader.tokenizer import Tokenizer
 from infer.runners.base import Runner
 from infer.runners.step import StepInput, StepKind
 from infer.sampling.params import SamplingParams
+from infer.sampling.slots import SlotState
 from infer.sampling.stop import StopChecker
 from infer.structured.compiler import GrammarCompiler
 from infer.structured.masks import BitmaskFiller, Grammar, advance, has_open
@@ -116,7 +117,7 @@ class Engine:
         self._aborts.append(request_id)
 
     def step(self) -> list[StepOutput]:
-        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.running)
+        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history)
         outputs = [] if ahead else self._resolve()
         outputs += self.apply_aborts()
         batch = self.scheduler.schedule()
@@ -192,8 +193,8 @@ class Engine:
         return outputs
 
     def _step_input(self, batch: ScheduledBatch) -> StepInput:
-        """The runner's step descriptor: the scheduler's rows plus each request's sampling state (one pass per
-        field: this runs for every request in every step)."""
+        """The runner's step descriptor: the scheduler's rows, their sampling slots and the sampling state of
+        requests that joined (one pass per field: this runs for every request in every step)."""
         rows, requests = batch.rows, batch.requests
         step = StepInput(StepKind.DECODE if batch.is_decode else StepKind.PREFILL)
         step.prev_rows = self._in_flight.prev_rows(batch)
@@ -207,14 +208,16 @@ class Engine:
             step.positions = [p for r in rows for p in range(r.start, r.start + r.num_new)]
             step.query_lens = [r.num_new for r in rows]
             step.slot_mapping = [s for r in rows for s in r.slots]
+            step.prompt_logprobs = [r.prompt_logprobs for r in rows]
+        samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
+        step.samples = None if all(samples) else samples
         step.context_lens = [r.start + r.num_new for r in rows]
         step.block_tables = [r.block_table for r in rows]
-        step.sampling = [r.sampling_params for r in requests]
-        step.seeds = [r.seed for r in requests]
-        step.output_steps = [len(r.output_token_ids) + r.pending_tokens for r in requests]
-        step.logprobs = [r.request.sampling_params.logprobs if r.samples else None for r in rows]
-        step.prompt_logprobs = [r.prompt_logprobs for r in rows]
-        if any(p.needs_history for p in step.sampling):
+        step.sampling_slots = [r.sampling_slot for r in requests]
+        step.joined = [SlotState(r.sampling_slot, r.sampling_params, r.seed, len(r.output_token_ids)) for r in batch.joined]
+        if self.scheduler.wants_logprobs:
+            step.logprobs = [r.request.sampling_params.logprobs if r.samples else None for r in rows]
+        if self.scheduler.needs_history:
             step.history = [r.token_ids for r in requests]
         if has_open([r.grammar for r in requests]):
             step.token_bitmask = partial(self._bitmask, batch)

@@ -11,7 +11,6 @@ first (`may_launch_ahead`); structured output reads N inside N+1's launch instea
 
 from __future__ import annotations
 
-from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledBatch
 from infer.runners.base import LaunchedStep
 
@@ -23,10 +22,10 @@ class InFlight:
         self.step: tuple[ScheduledBatch, LaunchedStep] | None = None
 
     @staticmethod
-    def may_launch_ahead(aborts_queued: bool, running: list[Request]) -> bool:
+    def may_launch_ahead(aborts_queued: bool, needs_history: bool) -> bool:
         """Whether the next step may launch before the in-flight one is read: not with an abort to apply
-        first, nor with a repetition penalty (it needs every token of its request on the host)."""
-        return not aborts_queued and not any(r.sampling_params.needs_history for r in running)
+        first, nor while a running request's repetition penalty needs every one of its tokens on the host."""
+        return not aborts_queued and not needs_history
 
     def prev_rows(self, batch: ScheduledBatch) -> list[int] | None:
         """Per row of `batch`: the in-flight row whose sampled token is this row's last input, or -1."""

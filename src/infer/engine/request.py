@@ -66,6 +66,7 @@ class Request:
     num_computed_tokens: int = 0  # positions whose KV is in the cache or written by a launched step
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     grammar: Grammar | None = None  # a structured request's matcher, advanced by every accepted token
+    sampling_slot: int = -1  # while running: the runner's slot holding its sampling state (scheduler-assigned)
     token_ids: list[int] = field(init=False)  # prompt and output ids known on the host (pending ones excluded)
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ class ScheduledRow(NamedTuple):  # a tuple: built for every request in every ste
 @dataclass
 class ScheduledBatch:
     rows: list[ScheduledRow]
+    joined: list[Request] = field(default_factory=list)  # requests that took a sampling slot for this step
     requests: list[Request] = field(init=False)
     is_decode: bool = field(init=False)  # one new token per row: the decode fast path (fixed buffers, graphs)
 
@@ -58,12 +59,25 @@ class Scheduler:
         self._head_skips = 0  # times the head of the queue was overtaken (prefill_first)
         self._watermark = kv.allocator.num_blocks // 100  # free blocks kept back at admission
         self._caching = kv.prefix is not None
+        self._free_slots = list(range(config.max_batch_size - 1, -1, -1))  # sampling slots (runner state)
+        self._joined: list[Request] = []
+        self._with_history = 0  # running requests whose sampling needs all their tokens (repetition penalty)
+        self._with_logprobs = 0  # running requests that ask for logprobs
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def needs_history(self) -> bool:
+        """Some running request's sampling reads every token it has (a repetition penalty)."""
+        return self._with_history > 0
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self._with_logprobs > 0
 
     def schedule(self) -> ScheduledBatch | None:
         """Pick the next step's rows, or None when there is nothing to run."""
@@ -74,7 +88,9 @@ class Scheduler:
         self._last_had_prefill = any(r.request.state is RequestState.PREFILL for r in rows)
         for row in rows:
             row.request.last_step = self.step_index
-        return ScheduledBatch(rows)
+        batch = ScheduledBatch(rows, self._joined)
+        self._joined = []
+        return batch
 
     def launched(self, batch: ScheduledBatch) -> None:
         """The batch is queued on the device: its positions count as computed, sampling rows owe a token,
@@ -102,7 +118,7 @@ class Scheduler:
         if request in self.waiting:
             self.waiting.remove(request)
         if request in self.running:
-            self.running.remove(request)
+            self._leave(request)
         self.kv.free(request.request_id)
 
     # what runs -------------------------------------------------------------------------------
@@ -200,7 +216,7 @@ class Scheduler:
             return None
         self.kv.allocate(request.request_id, cached + n)
         self.waiting.remove(request)
-        self.running.append(request)
+        self._join(request)
         request.state = RequestState.PREFILL
         request.num_computed_tokens = cached
         if request.num_preemptions == 0:
@@ -241,9 +257,27 @@ class Scheduler:
             prompt_logprobs=prompt_logprobs,
         )
 
+    def _join(self, request: Request) -> None:
+        """Into the running set, with a sampling slot the runner fills before the request's first step."""
+        self.running.append(request)
+        request.sampling_slot = self._free_slots.pop()
+        self._joined.append(request)
+        params = request.sampling_params
+        self._with_history += params.needs_history
+        self._with_logprobs += params.logprobs is not None
+
+    def _leave(self, request: Request) -> None:
+        self.running.remove(request)
+        self._free_slots.append(request.sampling_slot)
+        if request in self._joined:  # left before the step it joined for was built (failed, aborted)
+            self._joined.remove(request)
+        params = request.sampling_params
+        self._with_history -= params.needs_history
+        self._with_logprobs -= params.logprobs is not None
+
     def _preempt(self, request: Request) -> None:
         """Recompute later: free the blocks, keep the tokens, go back to the front of the queue."""
-        self.running.remove(request)
+        self._leave(request)
         self.kv.free(request.request_id)
         request.state = RequestState.WAITING
         request.num_computed_tokens = 0

@@ -1,8 +1,8 @@
 """Fixed-address device inputs of a decode step, filled in place from pinned host staging with one copy.
 
 CUDA graphs replay kernels with the pointers they were captured with, so every per-step input of a
-decode step (token ids, positions, KV slots, context lengths, block tables, and which rows take their
-token from the previous step's device output) lives in one device byte buffer with typed views.
+decode step (token ids, positions, KV slots, context lengths, block tables, which rows take their
+token from the previous step's device output, and the rows' sampling slots) lives in one device byte buffer with typed views.
 The host writes the next step into one of two pinned staging buffers (double buffering: a buffer is
 rewritten only after the step that used it has been read back) and one asynchronous copy moves it.
 Rows past the live batch are padding: slot -1 (the KV store skips it) and context length 0.
@@ -18,9 +18,10 @@ import torch
 from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.runners.step import StepInput
 
-_INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows")
-# A padding row: token 0 at position 0, slot -1 (the KV store skips it), prev_rows -1 (take token_ids).
-_PADDING = np.array([[0], [0], [-1], [-1]], dtype=np.int64)
+_INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows", "sampling_slots")
+# A padding row: token 0 at position 0, KV slot -1 (the KV store skips it), prev_rows -1 (take token_ids),
+# sampling slot 0 (padding rows are never sampled).
+_PADDING = np.array([[0], [0], [-1], [-1], [0]], dtype=np.int64)
 
 
 @dataclass
@@ -29,6 +30,7 @@ class DecodeView:
 
     token_ids: torch.Tensor  # [rows] int64 (valid where prev_rows < 0)
     prev_rows: torch.Tensor  # [rows] int64: row of the previous step's sampled ids, or -1
+    sampling_slots: torch.Tensor  # [rows] int64: each row's slot of sampling state
     batch: ForwardBatch
 
 
@@ -49,7 +51,7 @@ class DecodeBuffers:
         ints.copy_(torch.from_numpy(_PADDING).expand_as(ints))
 
     def _views(self, raw: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(int64 [4, max_batch], context_lens [rows], block_tables [rows, max_blocks]) over raw bytes."""
+        """(int64 [5, max_batch], context_lens [rows], block_tables [rows, max_blocks]) over raw bytes."""
         ints = raw[: self._int64_bytes].view(torch.int64).view(len(_INT64_ROWS), self.max_batch)
         ctx = raw[self._int64_bytes : self._int64_bytes + self._ctx_bytes].view(torch.int32)[:rows]
         start = self._int64_bytes + self._ctx_bytes
@@ -75,7 +77,11 @@ class DecodeBuffers:
             slot_mapping=ints[2, :rows],
             kv_caches=kv_caches,
         )
-        return DecodeView(token_ids=ints[0, :rows], prev_rows=ints[3, :rows], batch=batch)
+        return DecodeView(token_ids=ints[0, :rows], prev_rows=ints[3, :rows], sampling_slots=ints[4, :rows], batch=batch)
+
+    def sampling_slots(self, rows: int) -> torch.Tensor:
+        """The device view of the first `rows` rows' sampling slots."""
+        return self._views(self._device_bytes, rows)[0][4, :rows]
 
     def fill(self, step: StepInput, rows: int) -> None:
         """Write `step` (padded to `rows` rows) into the device buffers: one host->device copy, no sync."""
@@ -91,6 +97,7 @@ class DecodeBuffers:
         ints[1, :n] = step.positions
         ints[2, :n] = step.slot_mapping
         ints[3, :n] = step.prev_rows or [-1] * n
+        ints[4, :n] = step.sampling_slots
         ctx[:n] = step.context_lens
         # A row's table is rewritten only when it differs from what this buffer holds there (tables grow one
         # block in block_size steps); entries past a sequence's context are never read, so need no clearing.

@@ -9,7 +9,7 @@ from enum import Enum
 import torch
 
 from infer.sampling.logprobs import TokenLogprob
-from infer.sampling.params import SamplingParams
+from infer.sampling.slots import SlotState
 
 
 class StepKind(str, Enum):
@@ -28,13 +28,13 @@ class StepInput:
     context_lens: list[int] = field(default_factory=list)  # tokens in cache per sequence after this step
     slot_mapping: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)
-    sampling: list[SamplingParams] = field(default_factory=list)
-    seeds: list[int] = field(default_factory=list)
-    output_steps: list[int] = field(default_factory=list)  # tokens generated so far (selects fresh noise)
+    sampling_slots: list[int] = field(default_factory=list)  # per sequence: its slot of sampling state
+    joined: list[SlotState] = field(default_factory=list)  # slots taken since the step before (written first)
+    samples: list[bool] | None = None  # per sequence: whether its sampled token counts (None: every row's)
     prev_rows: list[int] | None = None  # per sequence: the previous step's row whose sampled id is its last input, or -1
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
-    logprobs: list[int | None] = field(default_factory=list)  # per sequence: top-k count for the sampled token
-    prompt_logprobs: list[int | None] = field(default_factory=list)  # per sequence (prefill): the same for its tokens
+    logprobs: list[int | None] | None = None  # per sequence: top-k count for the sampled token (None: nobody asks)
+    prompt_logprobs: list[int | None] | None = None  # per sequence (prefill): the same for its tokens
     # Structured output: returns the [num_seqs, ceil(vocab/32)] int32 host bitmask of allowed tokens. The runner
     # calls it once the forward is queued and outside the sync-free scope: it may read the step before (the
     # step boundary) to advance the grammars, all while the device runs this step's forward.

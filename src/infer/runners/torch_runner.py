@@ -1,8 +1,9 @@
 """The torch engine: owns the weights and the paged KV cache, turns a StepInput into sampled tokens.
 
-A step is launched without any host synchronization: inputs go up through pinned memory, sampling
-runs on the device, and the sampled ids come back through a pinned slot that is read only when the
-engine asks for the result (the step boundary). Decode steps run from fixed buffers, through a CUDA
+A step is launched without any host synchronization: inputs go up through pinned memory in one copy,
+sampling runs on the device from per-slot parameters written when a request joins (sampling/slots.py),
+and the sampled ids come back through a pinned slot that is read only when the engine asks for the
+result (the step boundary). Decode steps run from fixed buffers, through a CUDA
 graph when one is captured for the batch's bucket. With INFER_STRICT_SYNC=1 any other sync raises.
 """
 
@@ -10,18 +11,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.cuda_graphs import DecodeGraphs, GraphStats
 from infer.runners.decode_buffers import DecodeBuffers
-from infer.transfer import Readback, upload
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.sampling.logprobs import LogprobTensors, TokenLogprob, logprob_tensors
-from infer.sampling.sampler import SamplingTensors, sample
+from infer.sampling.sampler import sample
+from infer.sampling.slots import SamplingSlots
 from infer.sampling.token_mask import apply_token_bitmask
+from infer.transfer import Readback, StagedUpload, upload
 
 
 @dataclass
@@ -68,6 +71,8 @@ class TorchRunner:
         ]
         max_blocks = -(-max_seq_len // block_size)
         self.buffers = DecodeBuffers(self.device, max_batch_size, max_blocks, max_seq_len)
+        self.prefill_upload = StagedUpload(self.device)
+        self.sampling_slots = SamplingSlots(max_batch_size, cfg.vocab_size, self.device)
         self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
         self._readbacks = [Readback(self.device, max_batch_size) for _ in range(2)]  # one per step in flight
         self._next_readback = 0
@@ -94,15 +99,17 @@ class TorchRunner:
         if step.num_seqs > self.max_batch_size:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
         with step_scope(self.device):
+            self.sampling_slots.join(step.joined)
             if step.step_kind is StepKind.DECODE:
-                logits, hidden, batch = self._decode(step), None, None
+                logits, slots = self._decode(step)
+                hidden, batch, ids = None, None, None
+                advancing = slots if step.samples is None else upload(self._advancing(step), torch.int64, self.device)
             else:
-                batch = self._prefill_batch(step)
-                hidden = self.model(self._packed_token_ids(step), batch)
+                batch, ids, slots, advancing = self._prefill_inputs(step)
+                hidden = self.model(ids, batch)
                 logits = self.model.compute_logits(hidden[batch.last_token_indices])
-            tensors = SamplingTensors.from_params(
-                step.sampling, step.seeds, step.output_steps, logits.shape[-1], self.device
-            )
+            tensors = self.sampling_slots.gather(slots, step.sampling_slots)
+            self.sampling_slots.advance(advancing)
         # structured output: the mask may wait for the step before (its boundary), so it is made outside the scope
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
         with step_scope(self.device):
@@ -115,20 +122,22 @@ class TorchRunner:
             readback.start(token_ids)
             launched = LaunchedStep(readback, step.num_seqs)
             launched.logprobs = self._sampled_logprobs(step, logits, token_ids)
-            if hidden is not None and batch is not None:
-                launched.prompt_logprobs = self._prompt_logprobs(step, batch, hidden)
+            if hidden is not None and batch is not None and ids is not None:
+                launched.prompt_logprobs = self._prompt_logprobs(step, batch, hidden, ids)
         return launched
 
     # decode -----------------------------------------------------------------------------------
 
-    def _decode(self, step: StepInput) -> torch.Tensor:
-        """Logits [num_seqs, vocab] of a decode step: graph replay for its bucket, else eager."""
+    def _decode(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [num_seqs, vocab] of a decode step (graph replay for its bucket, else eager) and the rows'
+        sampling slots on the device."""
         n = step.num_seqs
         bucket = self.graphs.bucket(n) if self.graphs is not None else None
         self.buffers.fill(step, bucket or n)
+        slots = self.buffers.sampling_slots(n)
         if bucket is not None and self.graphs is not None:
-            return self.graphs.replay(bucket)[:n]
-        return self._decode_logits(n, max(step.context_lens))
+            return self.graphs.replay(bucket)[:n], slots
+        return self._decode_logits(n, max(step.context_lens)), slots
 
     def _decode_logits(self, rows: int, max_context_len: int | None = None) -> torch.Tensor:
         """The decode forward on the fixed buffers (what a graph captures): ids, model, LM head.
@@ -143,34 +152,46 @@ class TorchRunner:
 
     # prefill and mixed steps -------------------------------------------------------------------
 
-    def _packed_token_ids(self, step: StepInput) -> torch.Tensor:
-        """The step's input ids; a row whose last input is still on the device (prev_rows) takes it from there."""
-        ids = upload(step.token_ids, torch.int64, self.device)
-        if step.prev_rows is None:
-            return ids
+    def _prefill_inputs(self, step: StepInput) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(batch, input ids, the rows' sampling slots, the slots of rows whose token counts), uploaded in one
+        copy. A row whose last input is still on the device (prev_rows) takes it from the previous step."""
         cu = cu_seqlens(step.query_lens)
-        rows = [(cu[i + 1] - 1, prev) for i, prev in enumerate(step.prev_rows) if prev >= 0]
-        index = upload([[t for t, _ in rows], [p for _, p in rows]], torch.int64, self.device)
-        ids[index[0]] = self.last_tokens[index[1]]
-        return ids
-
-    def _prefill_batch(self, step: StepInput) -> ForwardBatch:
-        cu = cu_seqlens(step.query_lens)
-        width = max(len(t) for t in step.block_tables)
-        tables = [t + [0] * (width - len(t)) for t in step.block_tables]
-        return ForwardBatch(
+        tables = np.zeros((step.num_seqs, max(len(t) for t in step.block_tables)), dtype=np.int32)
+        for i, table in enumerate(step.block_tables):
+            tables[i, : len(table)] = table
+        prev = [(cu[i + 1] - 1, row) for i, row in enumerate(step.prev_rows or []) if row >= 0]
+        advancing = self._advancing(step)
+        ids, positions, slot_mapping, prev_index, slots, advancing_slots, cu_dev, context_lens, block_tables = (
+            self.prefill_upload(
+                np.array(step.token_ids, dtype=np.int64), np.array(step.positions, dtype=np.int64),
+                np.array(step.slot_mapping, dtype=np.int64), np.array(prev, dtype=np.int64).reshape(-1, 2),
+                np.array(step.sampling_slots, dtype=np.int64), np.array(advancing, dtype=np.int64),
+                np.array(cu, dtype=np.int32), np.array(step.context_lens, dtype=np.int32), tables,
+            )
+        )
+        if prev:
+            ids[prev_index[:, 0]] = self.last_tokens[prev_index[:, 1]]
+        batch = ForwardBatch(
             is_prefill=True,
-            positions=upload(step.positions, torch.int64, self.device),
-            cu_seqlens_q=upload(cu, torch.int32, self.device),
+            positions=positions,
+            cu_seqlens_q=cu_dev,
             cu_seqlens_q_host=cu,
             max_seqlen_q=max(step.query_lens),
-            context_lens=upload(step.context_lens, torch.int32, self.device),
+            context_lens=context_lens,
             context_lens_host=step.context_lens,
             max_context_len=max(step.context_lens),
-            block_tables=upload(tables, torch.int32, self.device),
-            slot_mapping=upload(step.slot_mapping, torch.int64, self.device),
+            block_tables=block_tables,
+            slot_mapping=slot_mapping,
             kv_caches=self.kv_caches,
         )
+        return batch, ids, slots, advancing_slots
+
+    @staticmethod
+    def _advancing(step: StepInput) -> list[int]:
+        """The sampling slots of the rows whose token counts (their noise moves on to the next draw)."""
+        if step.samples is None:
+            return step.sampling_slots
+        return [slot for slot, counts in zip(step.sampling_slots, step.samples) if counts]
 
     # sampling extras --------------------------------------------------------------------------
 
@@ -187,19 +208,21 @@ class TorchRunner:
     def _sampled_logprobs(
         self, step: StepInput, logits: torch.Tensor, token_ids: torch.Tensor
     ) -> tuple[list[int], LogprobTensors] | None:
-        rows = [i for i, k in enumerate(step.logprobs) if k is not None]
+        asked = step.logprobs or []
+        rows = [i for i, k in enumerate(asked) if k is not None]
         if not rows:
             return None
         index = upload(rows, torch.int64, self.device)
-        return rows, logprob_tensors(logits[index], token_ids[index], [step.logprobs[i] for i in rows])  # type: ignore[misc]
+        return rows, logprob_tensors(logits[index], token_ids[index], [asked[i] for i in rows])  # type: ignore[misc]
 
-    def _prompt_logprobs(self, step: StepInput, batch: ForwardBatch, hidden: torch.Tensor) -> list[LogprobTensors | None] | None:
+    def _prompt_logprobs(
+        self, step: StepInput, batch: ForwardBatch, hidden: torch.Tensor, ids: torch.Tensor
+    ) -> list[LogprobTensors | None] | None:
         """Logprob of each prompt token given the ones before it, for the sequences that asked."""
-        if not any(k is not None for k in step.prompt_logprobs):
+        if step.prompt_logprobs is None or not any(k is not None for k in step.prompt_logprobs):
             return None
         out: list[LogprobTensors | None] = [None] * step.num_seqs
         cu = batch.cu_seqlens_q_host
-        ids = upload(step.token_ids, torch.int64, self.device)
         for i, k in enumerate(step.prompt_logprobs):
             if k is None:
                 continue

@@ -25,6 +25,7 @@ def decode_step(tables: list[list[int]], rng: random.Random) -> StepInput:
         slot_mapping=[rng.randrange(80) for _ in range(n)],
         block_tables=[list(t) for t in tables],
         prev_rows=[rng.choice([-1, 0]) for _ in range(n)],
+        sampling_slots=rng.sample(range(MAX_BATCH), n),
     )
 
 
@@ -43,6 +44,7 @@ def test_buffers_hold_each_step_exactly(steps: list[list[list[int]]], seed: int)
         n = step.num_seqs
         assert view.token_ids[:n].tolist() == step.token_ids
         assert view.prev_rows[:n].tolist() == step.prev_rows
+        assert view.sampling_slots[:n].tolist() == buffers.sampling_slots(n).tolist() == step.sampling_slots
         assert view.batch.positions[:n].tolist() == step.positions
         assert view.batch.slot_mapping.tolist() == step.slot_mapping + [-1] * (rows - n)
         assert view.batch.context_lens.tolist() == step.context_lens + [0] * (rows - n)

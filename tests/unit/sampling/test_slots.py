@@ -1,0 +1,63 @@
+"""SamplingSlots: whatever sequence of joins, steps and advances, a step's gathered tensors equal packing its
+rows' parameters afresh (SamplingTensors.from_params) with each row's count of tokens that counted."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infer.sampling.params import SamplingParams
+from infer.sampling.sampler import SamplingTensors
+from infer.sampling.slots import SamplingSlots, SlotState
+
+SLOTS, VOCAB = 6, 50
+
+params_strategy = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([0.0, 0.7, 1.3]),
+    top_k=st.sampled_from([None, 5, VOCAB + 10]),
+    top_p=st.sampled_from([1.0, 0.9]),
+    repetition_penalty=st.sampled_from([1.0, 1.2]),
+)
+join = st.tuples(st.just("join"), st.integers(0, SLOTS - 1), params_strategy, st.integers(0, 2**62), st.integers(0, 99))
+step = st.tuples(st.just("step"), st.lists(st.integers(0, SLOTS - 1), min_size=1, max_size=SLOTS, unique=True),
+                 st.lists(st.booleans(), min_size=SLOTS, max_size=SLOTS))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.one_of(join, step), max_size=20))
+def test_gathered_tensors_equal_fresh_packing(ops) -> None:
+    slots = SamplingSlots(SLOTS, VOCAB, torch.device("cpu"))
+    model: dict[int, list] = {}  # slot -> [params, seed, steps]
+    for op in ops:
+        if op[0] == "join":
+            _, slot, params, seed, steps = op
+            slots.join([SlotState(slot, params, seed, steps)])
+            model[slot] = [params, seed, steps]
+            continue
+        rows = [s for s in op[1] if s in model]
+        if not rows:
+            continue
+        counts = [c for c, s in zip(op[2], op[1]) if s in model]
+        got = slots.gather(torch.tensor(rows), rows)
+        want = SamplingTensors.from_params([model[s][0] for s in rows], [model[s][1] for s in rows],
+                                           [model[s][2] for s in rows], VOCAB, "cpu")
+        for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seeds", "steps"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert (got.all_greedy, got.any_top_k_or_p, got.any_penalty) == (want.all_greedy, want.any_top_k_or_p,
+                                                                          want.any_penalty)
+        advancing = [s for s, c in zip(rows, counts) if c]
+        slots.advance(torch.tensor(advancing, dtype=torch.int64))
+        for s in advancing:
+            model[s][2] += 1
+
+
+def test_a_rejoined_slot_takes_the_new_requests_state() -> None:
+    slots = SamplingSlots(2, VOCAB, torch.device("cpu"))
+    slots.join([SlotState(1, SamplingParams(temperature=0.5, top_k=3), 7, 0)])
+    slots.advance(torch.tensor([1]))
+    slots.join([SlotState(1, SamplingParams(temperature=0.0), 9, 4)])
+    got = slots.gather(torch.tensor([1]), [1])
+    assert got.all_greedy and not got.any_top_k_or_p
+    assert (got.seeds.item(), got.steps.item(), got.temperature.item()) == (9, 4, 0.0)
