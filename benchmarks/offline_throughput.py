@@ -78,28 +78,29 @@ def run_infer(path: Path, vocab: int, requests: int, new_tokens: int, repeats: i
     return result
 
 
-def run_decode(path: Path, batches: list[int], vocab: int) -> dict[int, float]:
-    """Decode tok/s at each batch size, timed from the step at which every request has its first token."""
+def run_decode(path: Path, batches: list[int], vocab: int, repeats: int = 3) -> dict[int, float]:
+    """Median decode tok/s at each batch size over `repeats` interleaved runs, each timed from the step at
+    which every request has its first token (one run is ~128 steps, short enough for host noise to show)."""
     llm = LLM(str(path), load_format="dummy", max_seq_len=2048, max_batch_size=max(batches), kv_cache_memory_gb=20)
-    out = {}
-    for batch in batches:
-        prompts = workload(vocab, batch, seed=batch)
-        prompts = [p[:128] for p in prompts]
-        params = SamplingParams(temperature=0, max_tokens=129, ignore_eos=True)
-        engine = llm.engine
-        requests = [engine.add_request(p, params) for p in prompts]
-        started = None
-        while engine.has_unfinished():
-            engine.step()
-            if started is None and all(r.output_token_ids for r in requests):
-                torch.cuda.synchronize()
-                started, base = time.perf_counter(), sum(len(r.output_token_ids) for r in requests)
-        seconds = time.perf_counter() - started  # type: ignore[operator]
-        out[batch] = (sum(len(r.output_token_ids) for r in requests) - base) / seconds
+    runs: dict[int, list[float]] = {batch: [] for batch in batches}
+    for _ in range(repeats):
+        for batch in batches:
+            prompts = [p[:128] for p in workload(vocab, batch, seed=batch)]
+            params = SamplingParams(temperature=0, max_tokens=129, ignore_eos=True)
+            engine = llm.engine
+            requests = [engine.add_request(p, params) for p in prompts]
+            started = None
+            while engine.has_unfinished():
+                engine.step()
+                if started is None and all(r.output_token_ids for r in requests):
+                    torch.cuda.synchronize()
+                    started, base = time.perf_counter(), sum(len(r.output_token_ids) for r in requests)
+            seconds = time.perf_counter() - started  # type: ignore[operator]
+            runs[batch].append((sum(len(r.output_token_ids) for r in requests) - base) / seconds)
     del llm
     gc.collect()
     torch.cuda.empty_cache()
-    return out
+    return {batch: statistics.median(tok_s) for batch, tok_s in runs.items()}
 
 
 def run_transformers(shape: str, prompts: list[list[int]], new_tokens: int) -> dict[str, object]:
@@ -180,7 +181,7 @@ def write(r: dict) -> None:
     cost = 1 - ours["tok_s"] / off["tok_s"]
     lines += ["", f"Prefix caching at a 0% hit rate (random prompts; {ours['prefix_hits']} tokens hit): "
                   f"{100 * cost:+.1f}% throughput cost (on {ours['tok_s']:.0f} vs off {off['tok_s']:.0f} tok/s).", "",
-              f"Decode (prompts of 128 tokens, 128 decoded), against the memory bound at the measured copy bandwidth "
+              f"Decode (prompts of 128 tokens, 128 decoded; median of 3 runs), against the memory bound at the measured copy bandwidth "
               f"{r['copy_gb_s']:.0f} GB/s (weights + the KV each step reads):", "",
               "| batch | tok/s | memory bound tok/s | fraction |", "|---:|---:|---:|---:|"]
     for batch, d in r["decode"].items():

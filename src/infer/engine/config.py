@@ -41,7 +41,7 @@ class EngineConfig:
     use_chunked_prefill: bool | None = None  # None = on for continuous batching: prompts split over steps
     prefill_chunk_size: int = 512  # most prompt tokens of one request in one step
     max_prefill_chunks_per_step: int | None = None  # None = as many as the token budget and batch size allow
-    use_prefix_caching: bool = False  # off by default: it costs 6.7% at a 0% hit rate on an H100 (docs/engine.md)
+    use_prefix_caching: bool = False  # off by default: it costs ~10% at a 0% hit rate on an H100 (docs/engine.md)
     use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
     quantization: str | None = None
     use_speculative_decoding: bool = False

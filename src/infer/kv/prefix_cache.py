@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: no per-node __dict__ for the garbage collector to walk
 class BlockNode:
     """One cached full block."""
 
