@@ -57,7 +57,6 @@ class SamplingTensors:
             torch.float32, device,
         )
         ints = upload([top_ks, seeds, steps], torch.int64, device)
-        sampled = [(p, k) for p, k in zip(params, top_ks) if not p.greedy]
         return cls(
             temperature=floats[0],
             top_k=ints[0],
@@ -65,10 +64,15 @@ class SamplingTensors:
             repetition_penalty=floats[2],
             seeds=ints[1],
             steps=ints[2],
-            all_greedy=not sampled,
-            any_top_k_or_p=any(k < vocab_size or p.top_p < 1 for p, k in sampled),
+            all_greedy=all(p.greedy for p in params),
+            any_top_k_or_p=any(filters_vocabulary(p, vocab_size) for p in params),
             any_penalty=any(p.repetition_penalty != 1 for p in params),
         )
+
+
+def filters_vocabulary(params: SamplingParams, vocab_size: int) -> bool:
+    """Whether a row's top-k or top-p cuts the vocabulary (only sampled rows are filtered)."""
+    return not params.greedy and ((params.top_k is not None and params.top_k < vocab_size) or params.top_p < 1)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

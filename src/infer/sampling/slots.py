@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from infer.sampling.params import SamplingParams
-from infer.sampling.sampler import SamplingTensors
+from infer.sampling.sampler import SamplingTensors, filters_vocabulary
 from infer.transfer import upload
 
 
@@ -52,7 +52,7 @@ class SamplingSlots:
         for s in joined:
             p = s.params
             self._sampled[s.slot] = not p.greedy
-            self._filters[s.slot] = not p.greedy and ((p.top_k is not None and p.top_k < self.vocab_size) or p.top_p < 1)
+            self._filters[s.slot] = filters_vocabulary(p, self.vocab_size)
             self._penalty[s.slot] = p.repetition_penalty != 1
 
     def gather(self, slots: torch.Tensor, slots_host: list[int]) -> SamplingTensors:
