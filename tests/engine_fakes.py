@@ -38,6 +38,7 @@ class Done:
 
 class FakeRunner:
     vocab_size = VOCAB
+    probes = None
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infer.engine.builder import BuiltEngine, Messages, build_engine
 from infer.engine.config import EngineConfig
 from infer.engine.request import StepOutput
 from infer.sampling.params import SamplingParams
+from omniscience import ProbeLayout, load_probe_set
 
 Prompt = str | list[int]
 
@@ -20,13 +21,34 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     cached_tokens: int = 0  # prompt tokens read from the prefix cache
+    probes: dict[str, list[float | None]] = field(default_factory=dict)  # per probe: a score per token_ids entry
+    prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: per prompt token
+
+
+@dataclass(frozen=True)
+class ProbeInfo:
+    """One loaded probe, as `LLM.probes()` and the server's `GET /v1/probes` list it."""
+
+    name: str
+    layer: int
+    activation: str
+    source: str
+    sha256: str
+    version: int
+
+
+def probe_infos(layout: ProbeLayout | None) -> list[ProbeInfo]:
+    if layout is None:
+        return []
+    return [ProbeInfo(p.name, p.layer, p.activation, str(p.source), p.sha256, layout.version) for p in layout.probes]
 
 
 class LLM:
     """Offline generation: `LLM().generate(["Hello"], SamplingParams(temperature=0))`.
 
     Keyword arguments are `EngineConfig` fields. One caller at a time: each call drives the engine until
-    its own requests finish.
+    its own requests finish. With `probes="probes.yaml"`, every output carries every loaded probe's score per
+    token unless its SamplingParams name the probes it wants.
     """
 
     def __init__(self, model: str | None = None, **engine_options: object) -> None:
@@ -56,21 +78,31 @@ class LLM:
         per_request = params if isinstance(params, list) else [params] * len(prompts)
         if len(per_request) != len(prompts):
             raise ValueError(f"got {len(per_request)} SamplingParams for {len(prompts)} prompts")
-        for ids in prompts:  # all or nothing: a bad prompt or constraint must not leave the others queued
+        if self.engine.probe_layout is not None:  # offline, every loaded probe unless the params choose
+            per_request = [replace(p, probes=True) if p.probes is None else p for p in per_request]
+        for ids in prompts:  # all or nothing: a bad prompt, constraint or probe name must not leave the others queued
             self.engine.validate_prompt(ids)
         for p in per_request:
+            self.engine.check_probes(p)
             if p.structured is not None:
                 self.engine.grammars.compile(p.structured)  # ConstraintError (a ValueError) names the problem
         requests = [self.engine.add_request(ids, p) for ids, p in zip(prompts, per_request)]
+        results = {r.request_id: RequestOutput(r.prompt_token_ids, "") for r in requests}
         errors: dict[str, str] = {}
         while self.engine.has_unfinished():
-            errors |= {o.request_id: o.error for o in self.engine.step() if o.error}
+            for out in self.engine.step():
+                if out.error:
+                    errors[out.request_id] = out.error
+                result = results.get(out.request_id)
+                if result is not None:
+                    _add_probes(result, out)
         if errors:
             raise RuntimeError(f"generation failed: {errors}")
-        return [
-            RequestOutput(r.prompt_token_ids, r.text, r.output_token_ids, r.finish_reason, r.num_cached_tokens)
-            for r in requests
-        ]
+        for r in requests:
+            result = results[r.request_id]
+            result.text, result.token_ids, result.finish_reason = r.text, r.output_token_ids, r.finish_reason
+            result.cached_tokens = r.num_cached_tokens
+        return list(results.values())
 
     def generate(
         self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
@@ -86,6 +118,18 @@ class LLM:
             conversations = [conversations]  # type: ignore[list-item]
         return self.generate_ids([self.encode_chat(c) for c in conversations], params or SamplingParams())  # type: ignore[arg-type]
 
+    def probes(self) -> list[ProbeInfo]:
+        """The loaded probes (empty without a probe set)."""
+        return probe_infos(self.engine.probe_layout)
+
+    def reload_probes(self) -> list[ProbeInfo]:
+        """Re-read the configured probe-set file and swap its weights in (ProbeError: the old set stays)."""
+        if self.config.probes is None:
+            raise ValueError("probes: this LLM was built without a probe set")
+        cfg = self.model_config
+        self.engine.swap_probes(load_probe_set(self.config.probes, cfg.hidden_size, cfg.num_hidden_layers))
+        return self.probes()
+
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
         """Step outputs of one request as they are produced (text deltas safe to print)."""
         request = self.engine.add_request(prompt_ids, params)
@@ -98,3 +142,12 @@ class LLM:
             if not request.finished:  # the caller stopped early: free the request's blocks
                 self.engine.abort(request.request_id)
                 self.engine.apply_aborts()
+
+
+def _add_probes(result: RequestOutput, out: StepOutput) -> None:
+    """Append one step's probe scores to a request's output."""
+    if out.prompt_probes is not None:
+        result.prompt_probes = {name: list(values) for name, values in out.prompt_probes.items()}
+    if out.probes is not None and out.token_id is not None:
+        for name, value in out.probes.items():
+            result.probes.setdefault(name, []).append(value)

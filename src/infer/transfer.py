@@ -53,23 +53,36 @@ _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int3
 
 
 class Readback:
-    """Sampled ids copied to pinned host memory inside the step; read once at the step boundary."""
+    """Sampled ids (and, when asked, probe score rows) copied to pinned host memory inside the step; read once
+    at the step boundary."""
 
-    def __init__(self, device: torch.device, max_rows: int) -> None:
+    def __init__(self, device: torch.device, max_rows: int, score_shape: tuple[int, int] | None = None) -> None:
         self.cuda = device.type == "cuda"
         self.host = torch.empty(max_rows, dtype=torch.int64, pin_memory=self.cuda)
+        self.scores_host = torch.empty(score_shape, dtype=torch.float32, pin_memory=self.cuda) if score_shape else None
         self.event = torch.cuda.Event() if self.cuda else None
         self.rows = 0
+        self.score_rows: int | None = None  # rows of scores queued with the ids (None: none this step)
 
-    def start(self, token_ids: torch.Tensor) -> None:
-        """Queue the copy (no sync); the caller must read() before reusing this slot."""
+    def start(self, token_ids: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+        """Queue the copies (no sync); the caller must read() before reusing this slot."""
         self.rows = token_ids.shape[0]
         self.host[: self.rows].copy_(token_ids, non_blocking=self.cuda)
+        self.score_rows = None
+        if scores is not None and self.scores_host is not None:
+            self.score_rows = scores.shape[0]
+            self.scores_host[: self.score_rows].copy_(scores, non_blocking=self.cuda)
         if self.event is not None:
             self.event.record()
 
     def read(self) -> list[int]:
-        """Wait for the copy (the step's one host sync) and return the ids."""
+        """Wait for the copies (the step's one host sync) and return the ids."""
         if self.event is not None:
             self.event.synchronize()
         return self.host[: self.rows].tolist()
+
+    def read_scores(self) -> np.ndarray | None:
+        """The score rows queued with the ids (call after read()); a copy, since the slot is reused."""
+        if self.score_rows is None or self.scores_host is None:
+            return None
+        return self.scores_host[: self.score_rows].numpy().copy()

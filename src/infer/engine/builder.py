@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infer.engine.config import EngineConfig
+import torch
+
+from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.engine import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.kv.sizing import kv_layout
@@ -23,6 +25,7 @@ from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
 from infer.runners.cuda_graphs import bucket_sizes
 from infer.runners.torch_runner import TorchRunner
+from omniscience import ProbeBank, ProbeError, load_probe_set
 
 Messages = list[dict[str, str]]
 
@@ -66,6 +69,18 @@ class BuiltEngine:
         return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
 
+def probe_bank(config: EngineConfig, model_config: ModelConfig) -> ProbeBank | None:
+    """The configured probe set, validated against the model, in device buffers for the largest step."""
+    if config.probes is None:
+        return None
+    try:
+        probe_set = load_probe_set(config.probes, model_config.hidden_size, model_config.num_hidden_layers)
+    except ProbeError as exc:
+        raise EngineConfigError(f"probes={config.probes!r}: {exc}") from exc
+    rows = max(config.max_num_batched_tokens or 0, config.max_batch_size)  # the most rows one forward has
+    return ProbeBank(probe_set, model_config.hidden_size, rows, torch.device(config.resolved_device))
+
+
 def build_engine(config: EngineConfig) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine."""
     started = time.perf_counter()
@@ -79,7 +94,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     runner = TorchRunner(
         loaded.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-        bucket_sizes(config.max_batch_size) if config.cuda_graphs else (),
+        bucket_sizes(config.max_batch_size) if config.cuda_graphs else (), probe_bank(config, loaded.config),
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = Engine(config, runner, kv, tokenizer)

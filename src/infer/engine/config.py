@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -44,6 +45,7 @@ class EngineConfig:
     use_prefix_caching: bool = False  # off by default: it costs ~10% at a 0% hit rate on an H100 (docs/engine.md)
     use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
     quantization: str | None = None
+    probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
     use_speculative_decoding: bool = False
     draft_model: str | None = None
     spec_length: int = 5
@@ -71,6 +73,8 @@ class EngineConfig:
         self._check("max_prefill_chunks_per_step",
                     self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1, "must be >= 1 or None")
         self._check("quantization", self.quantization in QUANTIZATIONS, "must be None, fp8 or int8")
+        self._check("probes", self.probes is None or (isinstance(self.probes, str) and Path(self.probes).expanduser().is_file()),
+                    "must be the path of an existing probe-set YAML file")
         self._compatibility()
         self._check(
             "max_num_batched_tokens", self.max_num_batched_tokens >= self.max_seq_len,

@@ -23,7 +23,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.outputs import OutputProcessor
 from infer.engine.overlap import InFlight
 from infer.engine.request import Request, StepOutput
-from infer.engine.scheduler import ScheduledBatch, Scheduler
+from infer.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.loader.tokenizer import Tokenizer
@@ -34,6 +34,7 @@ from infer.sampling.slots import SlotState
 from infer.sampling.stop import StopChecker
 from infer.structured.compiler import GrammarCompiler
 from infer.structured.masks import BitmaskFiller, Grammar, advance, has_open
+from omniscience import ProbeLayout, ProbeSet
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,39 @@ class Engine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
 
+    @property
+    def probe_layout(self) -> ProbeLayout | None:
+        """The loaded probe set (names, layers, columns, version), or None when the engine has none."""
+        return self.runner.probes.layout if self.runner.probes is not None else None
+
+    def check_probes(self, params: SamplingParams) -> tuple[str, ...]:
+        """The probe names a request's outputs will carry; ValueError (naming the field) for ones not loaded."""
+        if params.probe_prompt and params.probes is None:
+            raise ValueError("probe_prompt: needs probes (true or a list of names); it adds their prompt-token scores")
+        if params.probes is None and params.probe_stop is None:
+            return ()
+        layout = self.probe_layout
+        if layout is None:
+            field = "probes" if params.probes is not None else "probe_stop"
+            raise ValueError(f"{field}: no probe set is loaded (start the engine with a probe set: --probes FILE)")
+        names = layout.names if params.probes is True else tuple(params.probes or ())
+        unknown = [n for n in names if n not in layout.columns]
+        if unknown:
+            raise ValueError(f"probes: unknown probe(s) {', '.join(map(repr, unknown))}; loaded: {', '.join(layout.names)}")
+        if params.probe_stop is not None and params.probe_stop.name not in layout.columns:
+            raise ValueError(f"probe_stop: unknown probe {params.probe_stop.name!r}; loaded: {', '.join(layout.names)}")
+        return names
+
+    def swap_probes(self, probe_set: ProbeSet) -> ProbeLayout:
+        """Write a new probe set's weights into the runner's probe buffers (call between steps: the steps already
+        launched keep the old scores, every later one reads the new). Raises ProbeError if it does not fit."""
+        if self.runner.probes is None:
+            raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
+        return self.runner.probes.load(probe_set)
+
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Request:
         self.validate_prompt(prompt_token_ids)
+        probe_names = self.check_probes(params)
         request_id = request_id or f"req-{next(self._ids)}"
         if self._find(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -92,6 +124,7 @@ class Engine:
             stop_checker=StopChecker(params.stop),
             arrival_index=next(self._arrivals),
             grammar=Grammar(self.grammars.matcher(params.structured)) if params.structured is not None else None,
+            probe_names=probe_names,
         )
         self.scheduler.add(request)
         return request
@@ -154,6 +187,7 @@ class Engine:
             result = launched.result()
         except Exception as exc:
             return [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
+        self.outputs.collect_prompt_probes(batch.rows, result)
         # a request ended while this step was in flight (stop found in the step before, abort) drops its token
         rows = [(i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
         advance([(r.grammar, result.token_ids[i]) for i, r in rows if r.grammar and r.sampling_params.max_tokens])
@@ -209,12 +243,15 @@ class Engine:
             step.query_lens = [r.num_new for r in rows]
             step.slot_mapping = [s for r in rows for s in r.slots]
             step.prompt_logprobs = [r.prompt_logprobs for r in rows]
+            if self.scheduler.wants_probes:
+                step.probe_prompt = [_prompt_rows(r) for r in rows]
         samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
         step.samples = None if all(samples) else samples
         step.context_lens = [r.start + r.num_new for r in rows]
         step.block_tables = [r.block_table for r in rows]
         step.sampling_slots = [r.sampling_slot for r in requests]
         step.joined = [SlotState(r.sampling_slot, r.sampling_params, r.seed, len(r.output_token_ids)) for r in batch.joined]
+        step.probes = self.scheduler.wants_probes
         if self.scheduler.wants_logprobs:
             step.logprobs = [r.request.sampling_params.logprobs if r.samples else None for r in rows]
         if self.scheduler.needs_history:
@@ -222,3 +259,11 @@ class Engine:
         if has_open([r.grammar for r in requests]):
             step.token_bitmask = partial(self._bitmask, batch)
         return step
+
+
+def _prompt_rows(row: ScheduledRow) -> int:
+    """How many of the row's new positions are prompt positions whose scores its request still needs."""
+    request = row.request
+    if not request.needs_prompt_probes:
+        return 0
+    return max(0, min(row.start + row.num_new, len(request.prompt_token_ids)) - row.start)

@@ -1,9 +1,11 @@
-"""Turning a sampled token into a request's StepOutput: detokenize, stop strings, EOS, finish reasons."""
+"""Turning a sampled token into a request's StepOutput: detokenize, stop strings, EOS, probe scores, finish reasons."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from infer.engine.request import Request, StepOutput
-from infer.engine.scheduler import Scheduler
+from infer.engine.scheduler import ScheduledRow, Scheduler
 from infer.loader.tokenizer import Tokenizer
 from infer.runners.step import StepResult
 from infer.sampling.logprobs import TokenLogprob
@@ -27,6 +29,7 @@ class OutputProcessor:
             return self.output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
         token = result.token_ids[row]
         request.append_output(token)
+        probes, stopped = self._probe_scores(request, result, row)
         if request.grammar is not None and request.grammar.error is not None:
             error = f"the output constraint cannot be met with this model's tokenizer: {request.grammar.error}"
             return self.fail(request, error, client_error=True)
@@ -35,7 +38,7 @@ class OutputProcessor:
         if not is_eos:
             request.detokenizer.push(token)
             text = request.detokenizer.text
-        reason = self._finish_reason(request, is_eos)
+        reason = self._finish_reason(request, is_eos) or ("content_filter" if stopped else None)
         if reason is not None and not is_eos:
             request.detokenizer.flush()
             text = request.detokenizer.text
@@ -50,7 +53,39 @@ class OutputProcessor:
         if reason is not None:
             self.scheduler.finish(request, reason)
         logprob = result.logprobs[row] if result.logprobs else None
-        return self.output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs)
+        return self.output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs, probes=probes)
+
+    @staticmethod
+    def _probe_scores(request: Request, result: StepResult, row: int) -> tuple[dict[str, float | None] | None, bool]:
+        """(the scores the request asked for at its sampling row, whether its probe_stop threshold was crossed)."""
+        layout, scores = result.probe_layout, result.probe_scores
+        stop = request.sampling_params.probe_stop
+        if layout is None or scores is None or not (request.probe_names or stop):
+            return None, False
+        values = scores[row]
+        probes = {name: _score(values, layout.columns.get(name)) for name in request.probe_names} or None
+        stopped = False
+        if stop is not None:
+            value = _score(values, layout.columns.get(stop.name))
+            stopped = value is not None and stop.crossed(value)
+        return probes, stopped
+
+    @staticmethod
+    def collect_prompt_probes(rows: list[ScheduledRow], result: StepResult) -> None:
+        """Keep the prompt-position scores a step read back; positions a recomputation repeats are skipped."""
+        layout, chunks = result.probe_layout, result.prompt_probe_scores
+        if layout is None or chunks is None:
+            return
+        for row, chunk in zip(rows, chunks):
+            request = row.request
+            skip = request.prompt_probe_positions - row.start
+            if not len(chunk) or request.finished or skip < 0 or skip >= len(chunk):
+                continue
+            for name in request.probe_names:
+                column = layout.columns.get(name)
+                values = chunk[skip:, column].tolist() if column is not None else [None] * (len(chunk) - skip)
+                request.prompt_probes.setdefault(name, []).extend(values)
+            request.prompt_probe_positions = row.start + len(chunk)
 
     def fail(self, request: Request, error: str, client_error: bool = False) -> StepOutput:
         self.scheduler.finish(request, "error", failed=True)
@@ -71,9 +106,11 @@ class OutputProcessor:
         error: str | None = None,
         logprob: TokenLogprob | None = None,
         prompt_logprobs: list[TokenLogprob | None] | None = None,
+        probes: dict[str, float | None] | None = None,
     ) -> StepOutput:
         """One step's output for a request; finished once there is a finish reason."""
         first = not request.outputs_sent
+        prompt_probes = request.prompt_probes if first and request.sampling_params.probe_prompt else None
         request.outputs_sent = True
         scheduled = request.first_scheduled_time
         return StepOutput(
@@ -89,6 +126,8 @@ class OutputProcessor:
             prompt_logprobs=prompt_logprobs,
             queue_seconds=scheduled - request.arrival_time if first and scheduled is not None else None,
             cached_tokens=request.num_cached_tokens,
+            probes=probes,
+            prompt_probes=prompt_probes,
         )
 
     def _finish_reason(self, request: Request, is_eos: bool) -> str | None:
@@ -99,3 +138,8 @@ class OutputProcessor:
         if request.num_tokens >= self.max_seq_len:
             return "length"
         return None
+
+
+def _score(values: np.ndarray, column: int | None) -> float | None:
+    """A probe's score from a row of the score buffer; None when the probe left the set in a reload."""
+    return None if column is None else float(values[column])

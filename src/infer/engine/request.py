@@ -41,6 +41,8 @@ class StepOutput:
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
     cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
     client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
+    probes: dict[str, float | None] | None = None  # the token's probe scores, when asked (None: a probe since unloaded)
+    prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, when asked: per prompt token
 
 
 @dataclass(eq=False)  # identity: queue membership tests must not compare token lists field by field
@@ -67,6 +69,9 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     grammar: Grammar | None = None  # a structured request's matcher, advanced by every accepted token
     sampling_slot: int = -1  # while running: the runner's slot holding its sampling state (scheduler-assigned)
+    probe_names: tuple[str, ...] = ()  # probes whose scores its outputs carry (checked against the loaded set)
+    prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: collected so far
+    prompt_probe_positions: int = 0  # prompt positions whose scores are collected (a recomputation skips them)
     token_ids: list[int] = field(init=False)  # prompt and output ids known on the host (pending ones excluded)
 
     def __post_init__(self) -> None:
@@ -75,6 +80,11 @@ class Request:
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
+
+    @property
+    def needs_prompt_probes(self) -> bool:
+        """It asked for prompt scores and some prompt positions have none yet (so none may come from the prefix cache)."""
+        return self.sampling_params.probe_prompt and self.prompt_probe_positions < len(self.prompt_token_ids)
 
     @property
     def num_scheduled_tokens(self) -> int:

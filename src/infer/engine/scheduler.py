@@ -63,6 +63,7 @@ class Scheduler:
         self._joined: list[Request] = []
         self._with_history = 0  # running requests whose sampling needs all their tokens (repetition penalty)
         self._with_logprobs = 0  # running requests that ask for logprobs
+        self._with_probes = 0  # running requests whose outputs carry probe scores (or stop on one)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -78,6 +79,10 @@ class Scheduler:
     @property
     def wants_logprobs(self) -> bool:
         return self._with_logprobs > 0
+
+    @property
+    def wants_probes(self) -> bool:
+        return self._with_probes > 0
 
     def schedule(self) -> ScheduledBatch | None:
         """Pick the next step's rows, or None when there is nothing to run."""
@@ -200,9 +205,10 @@ class Scheduler:
         if request.pending_tokens:  # preempted with a token still on the device: admit once it is read
             return None
         whole = request.sampling_params.prompt_logprobs is not None and request.num_preemptions == 0
-        # a full hit still computes the last token (its logits); prompt logprobs need every position computed
-        cached = 0 if whole else self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1)
-        if self._caching and not whole and self._prefix_in_progress(request, cached):
+        # a full hit still computes the last token (its logits); prompt logprobs and probes need every position computed
+        lookup = not whole and not request.needs_prompt_probes
+        cached = self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1) if lookup else 0
+        if self._caching and lookup and self._prefix_in_progress(request, cached):
             self.kv.free(request.request_id)
             return None
         n = request.num_tokens - cached
@@ -265,6 +271,7 @@ class Scheduler:
         params = request.sampling_params
         self._with_history += params.needs_history
         self._with_logprobs += params.logprobs is not None
+        self._with_probes += bool(request.probe_names) or params.probe_stop is not None
 
     def _leave(self, request: Request) -> None:
         self.running.remove(request)
@@ -274,6 +281,7 @@ class Scheduler:
         params = request.sampling_params
         self._with_history -= params.needs_history
         self._with_logprobs -= params.logprobs is not None
+        self._with_probes -= bool(request.probe_names) or params.probe_stop is not None
 
     def _preempt(self, request: Request) -> None:
         """Recompute later: free the blocks, keep the tokens, go back to the front of the queue."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from infer.runners.step import StepInput, StepResult
+from omniscience import ProbeBank
 
 
 class LaunchedStep(Protocol):
@@ -15,6 +16,7 @@ class LaunchedStep(Protocol):
 
 class Runner(Protocol):
     vocab_size: int
+    probes: ProbeBank | None  # the loaded probe set's device buffers, when the engine was built with one
 
     def launch(self, step: StepInput) -> LaunchedStep:
         """Queue one step without waiting for it. Rows with prev_rows[i] >= 0 take their input token

@@ -6,10 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
 import torch
 
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.slots import SlotState
+from omniscience import ProbeLayout
 
 
 class StepKind(str, Enum):
@@ -35,6 +37,8 @@ class StepInput:
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
     logprobs: list[int | None] | None = None  # per sequence: top-k count for the sampled token (None: nobody asks)
     prompt_logprobs: list[int | None] | None = None  # per sequence (prefill): the same for its tokens
+    probes: bool = False  # read back each sequence's probe scores at the row that samples its token
+    probe_prompt: list[int] | None = None  # per sequence (prefill): how many of its first new rows' scores to read
     # Structured output: returns the [num_seqs, ceil(vocab/32)] int32 host bitmask of allowed tokens. The runner
     # calls it once the forward is queued and outside the sync-free scope: it may read the step before (the
     # step boundary) to advance the grammars, all while the device runs this step's forward.
@@ -54,3 +58,6 @@ class StepResult:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per sequence, when asked
     prompt_logprobs: list[list[TokenLogprob | None] | None] = field(default_factory=list)
+    probe_layout: ProbeLayout | None = None  # the probe set the scores below were computed with
+    probe_scores: np.ndarray | None = None  # [num_seqs, columns]: the scores of the row each token was sampled at
+    prompt_probe_scores: list[np.ndarray] | None = None  # per sequence: [probe_prompt[i], columns]

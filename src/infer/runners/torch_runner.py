@@ -5,6 +5,8 @@ sampling runs on the device from per-slot parameters written when a request join
 and the sampled ids come back through a pinned slot that is read only when the engine asks for the
 result (the step boundary). Decode steps run from fixed buffers, through a CUDA
 graph when one is captured for the batch's bucket. With INFER_STRICT_SYNC=1 any other sync raises.
+With a probe bank, taps at the probed layers' `resid_post` fill its score buffer during the forward (and
+inside the graphs); the rows a step's requests asked for travel back with the sampled ids.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from infer.sampling.sampler import sample
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.token_mask import apply_token_bitmask
 from infer.transfer import Readback, StagedUpload, upload
+from omniscience import ProbeBank, ProbeLayout
 
 
 @dataclass
@@ -35,10 +38,19 @@ class LaunchedStep:
     num_seqs: int
     logprobs: tuple[list[int], LogprobTensors] | None = None  # (rows, tensors) of rows that asked
     prompt_logprobs: list[LogprobTensors | None] | None = None
+    probe_layout: ProbeLayout | None = None  # set when probe scores were read back with the ids
+    probe_prompt: list[int] | None = None  # per sequence: prompt score rows following the num_seqs sampled ones
 
     def result(self) -> StepResult:
         token_ids = self.readback.read()
         out = StepResult(token_ids=token_ids)
+        scores = self.readback.read_scores()
+        if scores is not None:
+            out.probe_layout = self.probe_layout
+            out.probe_scores = scores[: self.num_seqs]
+            if self.probe_prompt is not None:
+                bounds = cu_seqlens(self.probe_prompt)
+                out.prompt_probe_scores = [scores[self.num_seqs + a : self.num_seqs + b] for a, b in zip(bounds, bounds[1:])]
         if self.logprobs is not None:
             rows, tensors = self.logprobs
             found: list[TokenLogprob | None] = [None] * self.num_seqs
@@ -55,10 +67,14 @@ class TorchRunner:
 
     def __init__(
         self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
-        max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (),
+        max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (), probes: ProbeBank | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
+        self.probes = probes
+        if probes is not None:  # before any graph is captured: the taps are part of the forward
+            for layer, tap in probes.taps().items():
+                model.blocks[layer].resid_post = tap
         self.device = model.embed.device
         self.block_size = block_size
         self.vocab_size = cfg.vocab_size
@@ -74,7 +90,8 @@ class TorchRunner:
         self.prefill_upload = StagedUpload(self.device)
         self.sampling_slots = SamplingSlots(max_batch_size, cfg.vocab_size, self.device)
         self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
-        self._readbacks = [Readback(self.device, max_batch_size) for _ in range(2)]  # one per step in flight
+        scores = (probes.scores.shape[0] + max_batch_size, probes.scores.shape[1]) if probes is not None else None
+        self._readbacks = [Readback(self.device, max_batch_size, scores) for _ in range(2)]  # one per step in flight
         self._next_readback = 0
         self.graphs: DecodeGraphs | None = None
         if graph_batch_sizes:
@@ -119,8 +136,9 @@ class TorchRunner:
             self.last_tokens[: step.num_seqs].copy_(token_ids)
             readback = self._readbacks[self._next_readback]
             self._next_readback ^= 1
-            readback.start(token_ids)
             launched = LaunchedStep(readback, step.num_seqs)
+            scores = self._probe_rows(step, batch, launched) if step.probes and self.probes is not None else None
+            readback.start(token_ids, scores)
             launched.logprobs = self._sampled_logprobs(step, logits, token_ids)
             if hidden is not None and batch is not None and ids is not None:
                 launched.prompt_logprobs = self._prompt_logprobs(step, batch, hidden, ids)
@@ -192,6 +210,23 @@ class TorchRunner:
         if step.samples is None:
             return step.sampling_slots
         return [slot for slot, counts in zip(step.sampling_slots, step.samples) if counts]
+
+    # probes -------------------------------------------------------------------------------------
+
+    def _probe_rows(self, step: StepInput, batch: ForwardBatch | None, launched: LaunchedStep) -> torch.Tensor:
+        """The score rows to read back: each sequence's sampling row, then the prompt rows asked for."""
+        assert self.probes is not None
+        scores = self.probes.scores
+        launched.probe_layout = self.probes.layout
+        if batch is None:  # decode: row i samples sequence i (a graph bucket's padding rows are left out)
+            return scores[: step.num_seqs]
+        rows = batch.last_token_indices
+        if step.probe_prompt is not None and any(step.probe_prompt):
+            cu = batch.cu_seqlens_q_host
+            prompt = [cu[i] + j for i, count in enumerate(step.probe_prompt) for j in range(count)]
+            rows = torch.cat([rows, upload(prompt, torch.int64, self.device)])
+            launched.probe_prompt = step.probe_prompt
+        return scores[rows]
 
     # sampling extras --------------------------------------------------------------------------
 

@@ -14,6 +14,28 @@ GREEDY_BELOW = 1e-5
 _TOP_K_DISABLED = (None, 0, -1)
 
 
+@dataclass(frozen=True)
+class ProbeStop:
+    """End a request (finish reason "content_filter") once probe `name` scores above `above` or below `below`."""
+
+    name: str
+    above: float | None = None
+    below: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"probe_stop.name must be a probe name, got {self.name!r}")
+        if self.above is None and self.below is None:
+            raise ValueError("probe_stop needs a threshold: above, below or both")
+        for key in ("above", "below"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                raise ValueError(f"probe_stop.{key} must be a finite number, got {value!r}")
+
+    def crossed(self, score: float) -> bool:
+        return (self.above is not None and score > self.above) or (self.below is not None and score < self.below)
+
+
 @dataclass
 class SamplingParams:
     """How one request picks tokens; invalid values raise ValueError naming the field."""
@@ -29,6 +51,11 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob and the k most likely
     prompt_logprobs: int | None = None  # the same for every prompt token (the first has none)
     structured: Constraint | None = None  # what the output must match (infer/structured)
+    # Probe scores (omniscience; the engine checks the names against its loaded set): True = every loaded probe,
+    # or a list of names; probe_prompt adds a score per prompt token; probe_stop ends the request on a threshold.
+    probes: bool | list[str] | None = None
+    probe_prompt: bool = False
+    probe_stop: ProbeStop | None = None
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)
@@ -53,8 +80,23 @@ class SamplingParams:
         self.stop = _stop_list(self.stop)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        self._check_probes()
         if self.structured is not None and not isinstance(self.structured, Constraint):
             raise ValueError(f"structured must be an infer.structured.Constraint, got {type(self.structured).__name__}")
+
+    def _check_probes(self) -> None:
+        if self.probes is False:
+            self.probes = None
+        if self.probes is not None and self.probes is not True:
+            if not isinstance(self.probes, (list, tuple)) or not all(isinstance(n, str) and n for n in self.probes):
+                raise ValueError(f"probes must be true or a list of probe names, got {self.probes!r}")
+            if len(set(self.probes)) != len(self.probes):
+                raise ValueError(f"probes names a probe twice: {list(self.probes)}")
+            self.probes = list(self.probes) or None
+        if not isinstance(self.probe_prompt, bool):
+            raise ValueError(f"probe_prompt must be a boolean, got {self.probe_prompt!r}")
+        if self.probe_stop is not None and not isinstance(self.probe_stop, ProbeStop):
+            raise ValueError(f"probe_stop must be an infer.sampling.params.ProbeStop, got {type(self.probe_stop).__name__}")
 
     @property
     def greedy(self) -> bool:
