@@ -42,8 +42,18 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto")
     p.add_argument("--max-seq-len", type=int, default=4096, metavar="N", help="longest prompt + output, in tokens")
+    _add_probe_flag(p)
+    p.add_argument("--show-probes", nargs="?", const="", default=None, metavar="NAME",
+                   help="shade each generated token by its score of probe NAME (default: the first loaded probe) "
+                        "and print every probe's mean score; needs --probes")
     _add_prefill_flags(p.add_argument_group("prefill"))
     p.set_defaults(func=_generate)
+
+
+def _add_probe_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--probes", default=None, metavar="FILE",
+                   help="a probe-set YAML file: linear probes on the residual stream, scored for every token "
+                        "(docs/omniscience.md)")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -99,6 +109,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "paged cache); --no-cuda-graphs runs decode eagerly")
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS,
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
+    _add_probe_flag(g)
     _add_prefill_flags(g)
 
 
@@ -136,7 +147,7 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
-                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", *PREFILL_FLAGS)
+                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "probes", *PREFILL_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,31 +193,56 @@ def _constraint(args: argparse.Namespace):  # -> Constraint | None (imported laz
 def _generate(args: argparse.Namespace) -> int:
     from infer.llm import LLM
     from infer.sampling.params import SamplingParams
+    from omniscience.shading import legend, shade
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.show_probes is not None and args.probes is None:
+        raise ValueError("--show-probes needs --probes FILE")
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
         repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, ignore_eos=args.ignore_eos,
-        structured=_constraint(args),
+        structured=_constraint(args), probes=True if args.probes else None,
     )
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
-              **{name: getattr(args, name) for name in PREFILL_FLAGS})
+              probes=args.probes, **{name: getattr(args, name) for name in PREFILL_FLAGS})
     print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         ids = llm.encode_chat(messages + [{"role": "user", "content": prompt}])
     else:
         ids = llm.encode(prompt)
+    shown = _shown_probe(llm, args.show_probes)
     started, count, reason = time.perf_counter(), 0, None
+    scores: dict[str, list[float]] = {}
     for out in llm.stream(ids, params):
-        sys.stdout.write(out.text_delta)
+        for name, value in (out.probes or {}).items():
+            scores.setdefault(name, []).append(value)
+        text = out.text_delta
+        if shown is not None:
+            text = shade(text, (out.probes or {}).get(shown.name), shown.activation)
+        sys.stdout.write(text)
         sys.stdout.flush()
         count, reason = out.completion_tokens, out.finish_reason
     elapsed = time.perf_counter() - started
     sys.stdout.write("\n")
     print(f"[infer] {count} tokens in {elapsed:.2f}s ({count / elapsed:.1f} tok/s), finish_reason={reason}", file=sys.stderr)
+    if shown is not None:
+        print(f"[infer] shading: {legend(shown.name, shown.layer, shown.activation)}", file=sys.stderr)
+    for name, values in scores.items():
+        print(f"[infer] probe {name}: mean {sum(values) / len(values):.4f} over {len(values)} tokens", file=sys.stderr)
     return 0
+
+
+def _shown_probe(llm, name: str | None):  # -> ProbeInfo | None
+    """The probe --show-probes shades by (an empty NAME: the first loaded)."""
+    if name is None:
+        return None
+    infos = llm.probes()
+    found = next((p for p in infos if p.name == name or not name), None)
+    if found is None:
+        raise ValueError(f"--show-probes: unknown probe {name!r}; loaded: {', '.join(p.name for p in infos)}")
+    return found
 
 
 def _export_tokenizer(args: argparse.Namespace) -> int:

@@ -58,7 +58,7 @@ if triton is not None:
         p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
         t_ok = t < rows
         p_ok = p < PROBES
-        acc = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)
+        acc = tl.full((BLOCK_T, BLOCK_P), 0.0, tl.float32)  # tl.full, not tl.zeros: the latter is a jit helper the interpreter cannot call
         for k0 in range(0, HIDDEN, BLOCK_H):  # HIDDEN is a constexpr: a plain Python range
             k = k0 + tl.arange(0, BLOCK_H)
             k_ok = k < HIDDEN

@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from infer.engine.engine import Engine
@@ -67,6 +68,7 @@ class AsyncEngine:
         self.max_waiting_requests = max_waiting_requests
         self.metrics = ServingMetrics()
         self._inbox: deque[_Submission] = deque()
+        self._between_steps: deque[tuple[Callable[[], object], Future]] = deque()
         self._live: dict[str, _Submission] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -102,11 +104,20 @@ class AsyncEngine:
         self.engine.abort(request_id)
         self._wake.set()
 
+    def between_steps(self, call: Callable[[], object]) -> Future:
+        """Run `call` on the engine thread between two steps (e.g. swapping probe weights); its result or
+        exception comes back through the future."""
+        future: Future = Future()
+        self._between_steps.append((call, future))
+        self._wake.set()
+        return future
+
     # the engine thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._take_submissions()
+            self._run_between_steps()
             if not self.engine.has_unfinished():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
@@ -127,6 +138,14 @@ class AsyncEngine:
                 self._deliver([StepOutput(sub.request_id, None, "", True, "error", str(exc))], sub)
                 continue
             self._live[sub.request_id] = sub
+
+    def _run_between_steps(self) -> None:
+        while self._between_steps:
+            call, future = self._between_steps.popleft()
+            try:
+                future.set_result(call())
+            except Exception as exc:  # the caller decides; the engine keeps serving
+                future.set_exception(exc)
 
     def _deliver(self, outputs: list[StepOutput], sub: _Submission | None = None) -> None:
         now = time.monotonic()

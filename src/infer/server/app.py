@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from infer.server import chat, completions, openapi, prometheus, tokenizer_routes
+from infer.server import chat, completions, openapi, probes, prometheus, tokenizer_routes
 from infer.server.errors import (
     APIError, LastResortMiddleware, api_error_handler, http_error_handler, validation_error_handler,
 )
@@ -32,7 +32,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_middleware(LastResortMiddleware)
-    for module in (completions, chat, tokenizer_routes, prometheus):
+    for module in (completions, chat, tokenizer_routes, prometheus, probes):
         app.include_router(module.router)
 
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})

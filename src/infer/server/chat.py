@@ -8,10 +8,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from infer.server.errors import APIError
-from infer.server.generation import Choice, Generation, client_gone, expand
+from infer.server.generation import Choice, Generation, chunk_probes, client_gone, expand, probe_fields
 from infer.server.openapi import GENERATION_RESPONSES
 from infer.server.protocol import ChatCompletionRequest, ChatMessage
 from infer.server.responses import chat_logprobs, envelope, sse, stream_error, usage
+from infer.server.probes import requested_probes
 from infer.server.sampling import check_supported, sampling_params
 from infer.server.state import ServerState
 from infer.server.structured import requested_constraint
@@ -48,8 +49,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens = state.max_seq_len - len(ids) if limit is None else limit  # no limit: the rest of the context
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs=logprobs, structured=requested_constraint(state, body))
+    probes = requested_probes(state, params)
     gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl")
-    view = _ChatView(state, body, len(ids), gen)
+    view = _ChatView(state, body, len(ids), gen, probes)
     if body.stream:
         return StreamingResponse(view.stream(), media_type="text/event-stream")
     choices = await gen.collect(request)
@@ -57,8 +59,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
 
 class _ChatView:
-    def __init__(self, state: ServerState, body: ChatCompletionRequest, prompt_tokens: int, gen: Generation) -> None:
+    def __init__(self, state: ServerState, body: ChatCompletionRequest, prompt_tokens: int, gen: Generation,
+                 probes: tuple[str, ...]) -> None:
         self.state, self.body, self.prompt_tokens, self.gen = state, body, prompt_tokens, gen
+        self.probes = probes  # the probe names each choice carries scores of
 
     def _envelope(self, kind: str, choices: list, **extra: object) -> dict[str, object]:
         return envelope(kind, self.gen.id, self.gen.created, self.state.model_name, choices, **extra)
@@ -67,7 +71,8 @@ class _ChatView:
         body = [
             {"index": c.index, "finish_reason": c.finish_reason,
              "message": {"role": "assistant", "content": c.text},
-             "logprobs": chat_logprobs(c.logprobs, self.state.token_text) if self.body.logprobs else None}
+             "logprobs": chat_logprobs(c.logprobs, self.state.token_text) if self.body.logprobs else None,
+             **probe_fields(self.probes, c.probes, c.prompt_probes, self.body.probe_prompt)}
             for c in choices
         ]
         completion = sum(len(c.token_ids) for c in choices)
@@ -84,11 +89,12 @@ class _ChatView:
                 yield stream_error(out.error, out.client_error)
                 return
             lps = [out.logprob] if out.logprob is not None else []
-            if not (out.text_delta or out.finished or lps):
+            if not (out.text_delta or out.finished or lps or out.probes):
                 continue
             choice = {"index": index, "delta": {"content": out.text_delta} if out.text_delta else {},
                       "logprobs": chat_logprobs(lps, self.state.token_text) if self.body.logprobs else None,
-                      "finish_reason": out.finish_reason if out.finished else None}
+                      "finish_reason": out.finish_reason if out.finished else None,
+                      **chunk_probes(self.probes, out, self.body.probe_prompt)}
             completion += out.completion_tokens if out.finished else 0
             cached = max(cached, out.cached_tokens)
             yield sse(self._envelope("chat.completion.chunk", [choice]))

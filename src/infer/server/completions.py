@@ -9,10 +9,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from infer.sampling.logprobs import TokenLogprob
 from infer.server.errors import APIError
-from infer.server.generation import Choice, Generation, client_gone, expand
+from infer.server.generation import Choice, Generation, chunk_probes, client_gone, expand, probe_fields
 from infer.server.openapi import GENERATION_RESPONSES
 from infer.server.protocol import CompletionRequest
 from infer.server.responses import completion_logprobs, envelope, sse, stream_error, usage
+from infer.server.probes import requested_probes
 from infer.server.sampling import check_supported, sampling_params
 from infer.server.state import ServerState
 from infer.server.structured import requested_constraint
@@ -54,9 +55,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     prompt_lp = body.logprobs if body.echo else None
     params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp,
                              structured=requested_constraint(state, body))
+    probes = requested_probes(state, params)
     echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
     gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl")
-    view = _CompletionView(state, body, prompts, echoes, gen)
+    view = _CompletionView(state, body, prompts, echoes, gen, probes)
     if body.stream:
         return StreamingResponse(view.stream(), media_type="text/event-stream")
     choices = await gen.collect(request)
@@ -67,8 +69,9 @@ class _CompletionView:
     """Formats one completion request's outputs, whole or as chunks."""
 
     def __init__(self, state: ServerState, body: CompletionRequest, prompts: list[list[int]], echoes: list[str],
-                 gen: Generation) -> None:
+                 gen: Generation, probes: tuple[str, ...]) -> None:
         self.state, self.body, self.prompts, self.echoes, self.gen = state, body, prompts, echoes, gen
+        self.probes = probes  # the probe names each choice carries scores of
 
     def _prompt(self, choice: int) -> int:
         return self.gen.jobs[choice].prompt_index
@@ -96,7 +99,8 @@ class _CompletionView:
         for c in choices:
             echo = self.echoes[self._prompt(c.index)]
             body.append({"index": c.index, "text": echo + c.text, "finish_reason": c.finish_reason,
-                         "logprobs": self._logprobs(c.index, c.prompt_logprobs, c.logprobs, 0)})
+                         "logprobs": self._logprobs(c.index, c.prompt_logprobs, c.logprobs, 0),
+                         **probe_fields(self.probes, c.probes, c.prompt_probes, self.body.probe_prompt)})
         completion = sum(len(c.token_ids) for c in choices)
         cached: dict[int, int] = {}
         for c in choices:
@@ -118,14 +122,15 @@ class _CompletionView:
                 started[index] = True
                 text = self.echoes[self._prompt(index)] + text
             lps = [out.logprob] if out.logprob is not None else []
-            if not (text or out.finished or lps or prompt_lps):
+            if not (text or out.finished or lps or prompt_lps or out.probes):
                 continue  # text held back (an incomplete character or a possible stop string)
             logprobs = self._logprobs(index, prompt_lps, lps, offsets[index])
             if logprobs is not None:
                 offsets[index] += sum(map(len, logprobs["tokens"]))
             completion += out.completion_tokens if out.finished else 0
             self._note_cached(cached, index, out.cached_tokens)
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None,
+                      **chunk_probes(self.probes, out, self.body.probe_prompt)}
             yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [choice]))
         if self.body.include_usage:
             yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [],

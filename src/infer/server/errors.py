@@ -20,6 +20,7 @@ log = logging.getLogger("infer.server")
 
 # pydantic error types that mean "not a well-formed request" rather than "a bad value"
 MALFORMED = {"json_invalid", "missing", "model_type", "model_attributes_type", "dict_type", "string_unicode"}
+PROBE_FIELDS = {"probes", "probe_prompt", "probe_stop"}  # any error in these is a 400 (docs/omniscience.md)
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
                422: "invalid_request_error", 500: "internal_error", 503: "overloaded_error"}
 RETRY_AFTER_SECONDS = 1
@@ -70,11 +71,16 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     if unknown:
         return error_response(400, f"unsupported field(s): {', '.join(unknown)}; this server does not accept them",
                               unknown[0], "unsupported_parameter")
-    status = 400 if any(e.get("type") in MALFORMED for e in errors) else 422
+    status = 400 if any(e.get("type") in MALFORMED or _probe_field(e) for e in errors) else 422
     names = [".".join(str(p) for p in e.get("loc", ())[1:]) or "body" for e in errors]
     field = names[0] if names and names[0] != "body" else None
     message = "; ".join(f"{name}: {e.get('msg')}" for name, e in zip(names[:5], errors[:5]))
     return error_response(status, message, field)
+
+
+def _probe_field(error: dict) -> bool:
+    loc = error.get("loc", ())
+    return len(loc) > 1 and loc[1] in PROBE_FIELDS
 
 
 async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:

@@ -43,6 +43,8 @@ class Choice:
     client_error: bool = False
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    probes: dict[str, list[float | None]] = field(default_factory=dict)
+    prompt_probes: dict[str, list[float | None]] | None = None
 
     def add(self, out: StepOutput) -> None:
         self.text += out.text_delta
@@ -52,6 +54,11 @@ class Choice:
             self.logprobs.append(out.logprob)
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+        if out.probes is not None:
+            for name, value in out.probes.items():
+                self.probes.setdefault(name, []).append(value)
+        if out.prompt_probes is not None:
+            self.prompt_probes = out.prompt_probes
         self.finish_reason = out.finish_reason or self.finish_reason
         self.error = out.error or self.error
         self.client_error = self.client_error or out.client_error
@@ -142,3 +149,22 @@ def client_gone(gen: Generation) -> Response:
 async def _until_disconnected(request: Request) -> None:
     while not await request.is_disconnected():
         await asyncio.sleep(0.2)
+
+
+def probe_fields(names: tuple[str, ...], probes: dict[str, list[float | None]] | None,
+                 prompt_probes: dict[str, list[float | None]] | None, with_prompt: bool) -> dict[str, object]:
+    """A choice's (or chunk's) `probes` and `prompt_probes`: every requested name present, even with no tokens."""
+    if not names:
+        return {}
+    fields: dict[str, object] = {"probes": {name: (probes or {}).get(name, []) for name in names}}
+    if with_prompt and prompt_probes is not None:
+        fields["prompt_probes"] = {name: prompt_probes.get(name, []) for name in names}
+    return fields
+
+
+def chunk_probes(names: tuple[str, ...], out: StepOutput, with_prompt: bool) -> dict[str, object]:
+    """A stream chunk's probe fields: the scores of the tokens in this chunk (and the prompt's, on the first)."""
+    if not names:
+        return {}
+    probes = {name: [value] for name, value in out.probes.items()} if out.probes is not None else {}
+    return probe_fields(names, probes, out.prompt_probes, with_prompt)

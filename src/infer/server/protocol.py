@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from infer.sampling.logprobs import MAX_LOGPROBS
 from infer.sampling.params import SEED_LIMIT
@@ -55,6 +55,14 @@ class StructuredOutputs(_Body):
     whitespace_pattern: str | None = None
 
 
+class ProbeStopField(_Body):
+    """End the request (finish_reason "content_filter") once probe `name` scores above `above` or below `below`."""
+
+    name: StrictStr
+    above: float | None = Field(None, allow_inf_nan=False)
+    below: float | None = Field(None, allow_inf_nan=False)
+
+
 class SamplingFields(_Body):
     """Fields shared by completions and chat completions."""
 
@@ -85,6 +93,11 @@ class SamplingFields(_Body):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
+    # Probe scores (infer serve --probes FILE; infer/server/probes.py)
+    probes: StrictBool | list[StrictStr] | None = Field(
+        None, description="true: every loaded probe's score per completion token; or a list of probe names")
+    probe_prompt: StrictBool = Field(False, description="also a score per prompt token (prompt_probes)")
+    probe_stop: ProbeStopField | None = None
 
     @property
     def include_usage(self) -> bool:

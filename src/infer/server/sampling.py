@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infer.sampling.params import SamplingParams
+from infer.sampling.params import ProbeStop, SamplingParams
 from infer.server.errors import APIError
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from infer.structured import Constraint
@@ -44,11 +44,16 @@ def sampling_params(
     structured: Constraint | None = None,
 ) -> SamplingParams:
     try:
+        probe_stop = ProbeStop(**body.probe_stop.model_dump()) if body.probe_stop is not None else None
+    except ValueError as exc:
+        raise APIError(400, str(exc), "probe_stop") from exc
+    try:
         return SamplingParams(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             repetition_penalty=body.repetition_penalty, max_tokens=max_tokens, stop=body.stop,  # type: ignore[arg-type]
             seed=body.seed, ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            structured=structured,
+            structured=structured, probes=body.probes, probe_prompt=body.probe_prompt,
+            probe_stop=probe_stop,
         )
     except ValueError as exc:  # SamplingParams names the field first
         raise APIError(422, str(exc), str(exc).split(" ", 1)[0]) from exc

@@ -1,0 +1,63 @@
+"""Probe scores over HTTP: the request fields' checks, `GET /v1/probes` and `POST /v1/probes/reload`.
+
+A request's `probes` (true, or names), `probe_prompt` and `probe_stop` are checked against the loaded set
+before anything is queued (400 naming the field). A reload re-reads the file the server was started with
+(never a path from the request), validates it off the engine thread, then swaps the weights in between two
+steps; a file that fails validation leaves the loaded probes as they were and comes back as a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+
+from fastapi import APIRouter, Request
+
+from infer.llm import probe_infos
+from infer.sampling.params import SamplingParams
+from infer.server.errors import APIError
+from infer.server.state import ServerState
+from omniscience import ProbeError, load_probe_set
+
+router = APIRouter()
+
+
+def requested_probes(state: ServerState, params: SamplingParams) -> tuple[str, ...]:
+    """The probe names each choice's scores carry; a 400 naming the field for a name or request not servable."""
+    try:
+        return state.built.engine.check_probes(params)
+    except ValueError as exc:
+        field = str(exc).split(":", 1)[0]
+        raise APIError(400, str(exc), field) from exc
+
+
+def listing(state: ServerState) -> dict[str, object]:
+    layout = state.built.engine.probe_layout
+    return {"object": "list", "version": layout.version if layout else None, "path": state.built.config.probes,
+            "data": [asdict(info) for info in probe_infos(layout)]}
+
+
+@router.get("/v1/probes")
+async def list_probes(request: Request) -> dict[str, object]:
+    """The loaded probes: name, layer, activation, source file, content hash, set version."""
+    return listing(request.app.state.infer)
+
+
+@router.post("/v1/probes/reload")
+async def reload_probes(request: Request) -> dict[str, object]:
+    """Re-read the configured probe-set file and swap its weights in atomically between two steps."""
+    state: ServerState = request.app.state.infer
+    if (await request.body()).strip() not in (b"", b"{}"):
+        raise APIError(400, "reload takes no parameters: it re-reads the probe-set file the server was started with",
+                       "body", "unsupported_parameter")
+    path = state.built.config.probes
+    if path is None:
+        raise APIError(400, "probes: no probe set is loaded (start the server with --probes FILE)", "probes")
+    model = state.built.model_config
+    try:
+        probe_set = await asyncio.to_thread(load_probe_set, path, model.hidden_size, model.num_hidden_layers)
+        engine = state.built.engine
+        await asyncio.wrap_future(state.engine.between_steps(lambda: engine.swap_probes(probe_set)))
+    except ProbeError as exc:
+        raise APIError(400, f"reload failed; the loaded probes are unchanged: {exc}", "probes") from exc
+    return listing(state)
