@@ -82,7 +82,8 @@ class _ChatView:
     async def stream(self) -> AsyncIterator[str]:
         for index in range(len(self.gen.jobs)):
             delta = {"role": "assistant", "content": ""}
-            yield sse(self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "finish_reason": None}]))
+            yield sse(self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "finish_reason": None,
+                                                                **probe_fields(self.probes, None, None, False)}]))
         completion = cached = 0
         async for index, out in self.gen.events():
             if out.error:

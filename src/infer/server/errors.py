@@ -72,10 +72,18 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
         return error_response(400, f"unsupported field(s): {', '.join(unknown)}; this server does not accept them",
                               unknown[0], "unsupported_parameter")
     status = 400 if any(e.get("type") in MALFORMED or _probe_field(e) for e in errors) else 422
-    names = [".".join(str(p) for p in e.get("loc", ())[1:]) or "body" for e in errors]
+    names = [_param(e) for e in errors]
     field = names[0] if names and names[0] != "body" else None
     message = "; ".join(f"{name}: {e.get('msg')}" for name, e in zip(names[:5], errors[:5]))
     return error_response(status, message, field)
+
+
+def _param(error: dict) -> str:
+    """The field an error is about: its path without the body prefix (a union's member names dropped)."""
+    loc = [str(p) for p in error.get("loc", ())[1:]]
+    if loc[:1] == ["probes"]:  # `true or a list of names`: pydantic reports each alternative by type name
+        return "probes"
+    return ".".join(loc) or "body"
 
 
 def _probe_field(error: dict) -> bool:
