@@ -152,7 +152,7 @@ def test_probe_stop_ends_the_request_with_content_filter(tiny):
     assert list(stopped.probes) == ["lin"] and len(stopped.probes["lin"]) == crossing + 1
 
 
-def test_unknown_probes_and_missing_sets_are_refused(tiny, smollm2_llm):
+def test_unknown_probes_and_a_smollm2_without_probes_are_refused(tiny, smollm2_llm):
     model, probes = tiny
     llm = LLM(model, probes=probes, dtype="float32", max_seq_len=128)
     assert [p.name for p in llm.probes()] == ["lin", "sig", "bank.p0", "bank.p1", "bank.p2"]
