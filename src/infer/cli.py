@@ -216,11 +216,12 @@ def _generate(args: argparse.Namespace) -> int:
     started, count, reason = time.perf_counter(), 0, None
     scores: dict[str, list[float]] = {}
     for out in llm.stream(ids, params):
-        for name, value in (out.probes or {}).items():
+        token_scores = out.probes.as_dict() if out.probes is not None else {}
+        for name, value in token_scores.items():
             scores.setdefault(name, []).append(value)
         text = out.text_delta
         if shown is not None:
-            text = shade(text, (out.probes or {}).get(shown.name), shown.activation)
+            text = shade(text, token_scores.get(shown.name), shown.activation)
         sys.stdout.write(text)
         sys.stdout.flush()
         count, reason = out.completion_tokens, out.finish_reason

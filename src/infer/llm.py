@@ -149,5 +149,5 @@ def _add_probes(result: RequestOutput, out: StepOutput) -> None:
     if out.prompt_probes is not None:
         result.prompt_probes = {name: list(values) for name, values in out.prompt_probes.items()}
     if out.probes is not None and out.token_id is not None:
-        for name, value in out.probes.items():
+        for name, value in out.probes.as_dict().items():
             result.probes.setdefault(name, []).append(value)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from omniscience.config import ProbeError
-from omniscience.kernel import ACTIVATION_CODES, probe_scores
+from omniscience.kernel import ACTIVATION_CODES, probe_scores, workspace
 from omniscience.weights import Probe, ProbeSet
 
 COLUMN_ALIGN = 16  # a layer's capacity: its probe count rounded up, so a reload may add a few
@@ -51,7 +51,7 @@ class ProbeTap(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bank = self.bank
         probe_scores(x, bank.weights[self.layer], bank.biases[self.layer], bank.codes[self.layer],
-                     bank.scores[: x.shape[0], self._columns])
+                     bank.scores[: x.shape[0], self._columns], bank.scratch.get(self.layer))
         return x
 
 
@@ -70,6 +70,8 @@ class ProbeBank:
         self.biases = {l: torch.zeros(c, device=device) for l, (_, c) in self.column_ranges.items()}
         self.codes = {l: torch.zeros(c, dtype=torch.int32, device=device) for l, (_, c) in self.column_ranges.items()}
         self.scores = torch.zeros(max_rows, width, device=device)
+        # the split-K kernel's workspace per layer (decode steps on CUDA; see kernel.py)
+        self.scratch = {l: workspace(c, device) for l, (_, c) in self.column_ranges.items()} if device.type == "cuda" else {}
         self.layout = ProbeLayout((), {}, 0)
         self.load(probe_set)
 

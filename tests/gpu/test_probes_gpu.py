@@ -12,7 +12,7 @@ import torch
 from checkpoints import save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
 from omniscience import load_probe_set
-from omniscience.kernel import launch_kernel
+from omniscience.kernel import launch_kernel, launch_split_kernel, workspace
 from probe_sets import Spec, write_probe_set
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -32,6 +32,23 @@ def test_kernel_matches_float64(dtype, rows, hidden, probes):
     want = torch.where(codes == 1, torch.sigmoid(z), torch.where(codes == 2, torch.tanh(z), z))
     torch.testing.assert_close(out[:, 8 : 8 + probes].cpu().double(), want, rtol=1e-4, atol=1e-4,
                                msg=lambda m: f"{m} (seed {g.initial_seed()})")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, hidden, probes", [(1, 2048, 16), (7, 576, 16), (64, 4096, 48)])
+def test_split_kernel_matches_float64_across_calls(dtype, rows, hidden, probes):
+    g = torch.Generator().manual_seed(random.SystemRandom().randrange(2**31))
+    partial, tickets = workspace(probes, torch.device("cuda"))
+    for _ in range(3):
+        h = torch.randn(rows, hidden, generator=g).to(dtype)
+        weight, bias = torch.randn(hidden, probes, generator=g) * 0.05, torch.randn(probes, generator=g)
+        codes = torch.randint(0, 3, (probes,), generator=g, dtype=torch.int32)
+        out = torch.zeros(rows, probes, device="cuda")
+        launch_split_kernel(h.cuda(), weight.cuda(), bias.cuda(), codes.cuda(), out, partial, tickets)
+        z = h.double() @ weight.double() + bias.double()
+        want = torch.where(codes == 1, torch.sigmoid(z), torch.where(codes == 2, torch.tanh(z), z))
+        torch.testing.assert_close(out.cpu().double(), want, rtol=1e-4, atol=1e-4, msg=lambda m: f"{m} (seed {g.initial_seed()})")
+        assert not partial.any() and not tickets.any()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infer.engine.request import Request, StepOutput
+from infer.engine.request import ProbeScores, Request, StepOutput
 from infer.engine.scheduler import ScheduledRow, Scheduler
 from infer.loader.tokenizer import Tokenizer
 from infer.runners.step import StepResult
@@ -19,6 +19,9 @@ class OutputProcessor:
         self._eos = tokenizer.eos_token_ids
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
+        self._columns: dict[tuple[int, int], tuple[tuple[str, ...], np.ndarray]] = {}  # (version, id(names)) -> columns
+        self._views: dict[int, np.ndarray] = {}  # this step's score columns per column selection
+        self._views_of: StepResult | None = None
 
     def process(self, request: Request, result: StepResult, row: int) -> StepOutput:
         """The output of the token sampled for `request` at `row` of a step."""
@@ -55,19 +58,34 @@ class OutputProcessor:
         logprob = result.logprobs[row] if result.logprobs else None
         return self.output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs, probes=probes)
 
-    @staticmethod
-    def _probe_scores(request: Request, result: StepResult, row: int) -> tuple[dict[str, float | None] | None, bool]:
-        """(the scores the request asked for at its sampling row, whether its probe_stop threshold was crossed)."""
+    def _probe_scores(self, request: Request, result: StepResult, row: int) -> tuple[ProbeScores | None, bool]:
+        """(the scores the request asked for at its sampling row, whether its probe_stop threshold was crossed).
+        Requests asking for the same probes share one column selection of the step's scores: a row view each."""
         layout, scores = result.probe_layout, result.probe_scores
         stop = request.sampling_params.probe_stop
         if layout is None or scores is None or not (request.probe_names or stop):
             return None, False
-        values = scores[row]
-        probes = {name: _score(values, layout.columns.get(name)) for name in request.probe_names} or None
+        probes = None
+        names = request.probe_names
+        if names:
+            key = (layout.version, id(names))  # requests asking for every probe share one names tuple
+            entry = self._columns.get(key)
+            if entry is None:
+                if len(self._columns) > 4096:  # selections of sets reloaded since, or many distinct name lists
+                    self._columns.clear()
+                entry = self._columns[key] = (names, np.array([layout.columns.get(n, -1) for n in names]))
+            columns = entry[1]  # the entry keeps `names` alive, so its id is not reused while cached
+            if self._views_of is not result:
+                self._views, self._views_of = {}, result
+            view = self._views.get(id(columns))
+            if view is None:
+                view = self._views[id(columns)] = scores[:, np.maximum(columns, 0)]
+                view[:, columns < 0] = np.nan  # probes a reload removed
+            probes = ProbeScores(names, view[row])
         stopped = False
         if stop is not None:
-            value = _score(values, layout.columns.get(stop.name))
-            stopped = value is not None and stop.crossed(value)
+            column = layout.columns.get(stop.name)
+            stopped = column is not None and stop.crossed(float(scores[row, column]))
         return probes, stopped
 
     @staticmethod
@@ -106,7 +124,7 @@ class OutputProcessor:
         error: str | None = None,
         logprob: TokenLogprob | None = None,
         prompt_logprobs: list[TokenLogprob | None] | None = None,
-        probes: dict[str, float | None] | None = None,
+        probes: ProbeScores | None = None,
     ) -> StepOutput:
         """One step's output for a request; finished once there is a finish reason."""
         first = not request.outputs_sent
@@ -139,7 +157,3 @@ class OutputProcessor:
             return "length"
         return None
 
-
-def _score(values: np.ndarray, column: int | None) -> float | None:
-    """A probe's score from a row of the score buffer; None when the probe left the set in a reload."""
-    return None if column is None else float(values[column])

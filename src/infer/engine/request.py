@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.sampling.logprobs import TokenLogprob
@@ -22,6 +24,16 @@ class RequestState(str, Enum):
     DECODE = "decode"
     FINISHED = "finished"
     FAILED = "failed"
+
+
+class ProbeScores(NamedTuple):
+    """One token's probe scores, kept as a row of the step's score matrix (no per-token dict on the engine thread)."""
+
+    names: tuple[str, ...]
+    values: np.ndarray  # [len(names)] float32; NaN for a probe a reload has removed
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {name: None if value != value else value for name, value in zip(self.names, self.values.tolist())}
 
 
 @dataclass(slots=True)
@@ -41,7 +53,7 @@ class StepOutput:
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
     cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
     client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
-    probes: dict[str, float | None] | None = None  # the token's probe scores, when asked (None: a probe since unloaded)
+    probes: ProbeScores | None = None  # the token's scores of the probes the request asked for
     prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, when asked: per prompt token
 
 

@@ -113,3 +113,15 @@ def test_reload_cannot_add_a_layer_or_overflow_a_layers_capacity(tmp_path):
         with pytest.raises(ProbeError, match=message):
             bank.load(load_probe_set(bigger, HIDDEN, LAYERS))
     assert torch.equal(bank.weights[1], before) and bank.layout.version == 1  # nothing was written
+
+
+@pytest.mark.parametrize("rows, hidden, probes", [(1, 576, 16), (5, 300, 16), (64, 256, 48)])
+def test_split_kernel_matches_float64_and_leaves_its_workspace_zero(interpreted_kernel, rng, rows, hidden, probes):
+    partial, tickets = interpreted_kernel.workspace(probes + 16, torch.device("cpu"))
+    for _ in range(2):  # a second call sees the workspace the first left behind
+        h, weight, bias, codes = _inputs(rng, rows, hidden, probes)
+        out = torch.full((rows, probes + 16), 7.0)
+        interpreted_kernel.launch_split_kernel(h, weight, bias, codes, out[:, 8 : 8 + probes], partial, tickets)
+        torch.testing.assert_close(out[:, 8 : 8 + probes].double(), _float64_reference(h, weight, bias, codes),
+                                   rtol=1e-5, atol=1e-5, msg=lambda m: f"{m} (seed {rng.initial_seed()})")
+        assert (partial == 0).all() and (tickets == 0).all()
