@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from infer.llm import probe_infos
 from infer.sampling.params import SamplingParams
 from infer.server.errors import APIError
+from infer.server.openapi import ERROR_RESPONSES
 from infer.server.state import ServerState
 from omniscience import ProbeError, load_probe_set
 
@@ -43,7 +44,7 @@ async def list_probes(request: Request) -> dict[str, object]:
     return listing(request.app.state.infer)
 
 
-@router.post("/v1/probes/reload")
+@router.post("/v1/probes/reload", responses={400: ERROR_RESPONSES[400]})
 async def reload_probes(request: Request) -> dict[str, object]:
     """Re-read the configured probe-set file and swap its weights in atomically between two steps."""
     state: ServerState = request.app.state.infer
