@@ -45,8 +45,13 @@ def write_probe_set(folder: Path, hidden: int, specs: list[Spec], seed: int = 0,
     return path
 
 
+def float64_scores(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """The read-out in float64: act_j(h . weight[:, j] + bias[j]) for h [T, hidden], weight [hidden, P], codes [P]."""
+    z = h.double() @ weight.double() + bias.double()
+    return torch.where(codes == 1, torch.sigmoid(z), torch.where(codes == 2, torch.tanh(z), z))
+
+
 def expected_scores(probe, residual: torch.Tensor) -> np.ndarray:
     """activation(w . h + b) in float64 for residual rows [T, hidden]: the reference served scores must match."""
-    z = residual.double() @ probe.weight.double() + probe.bias
-    code = ACTIVATION_CODES[probe.activation]
-    return (torch.sigmoid(z) if code == 1 else torch.tanh(z) if code == 2 else z).numpy()
+    codes = torch.tensor([ACTIVATION_CODES[probe.activation]])
+    return float64_scores(residual, probe.weight[:, None], torch.tensor([probe.bias]), codes)[:, 0].numpy()

@@ -9,7 +9,7 @@ from infer.engine.builder import BuiltEngine, Messages, build_engine
 from infer.engine.config import EngineConfig
 from infer.engine.request import StepOutput
 from infer.sampling.params import SamplingParams
-from omniscience import ProbeLayout, load_probe_set
+from omniscience import ProbeLayout
 
 Prompt = str | list[int]
 
@@ -124,10 +124,7 @@ class LLM:
 
     def reload_probes(self) -> list[ProbeInfo]:
         """Re-read the configured probe-set file and swap its weights in (ProbeError: the old set stays)."""
-        if self.config.probes is None:
-            raise ValueError("probes: this LLM was built without a probe set")
-        cfg = self.model_config
-        self.engine.swap_probes(load_probe_set(self.config.probes, cfg.hidden_size, cfg.num_hidden_layers))
+        self.engine.swap_probes(self.built.read_probe_set())
         return self.probes()
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:

@@ -13,7 +13,7 @@ from checkpoints import save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
 from omniscience import load_probe_set
 from omniscience.kernel import launch_kernel, launch_split_kernel, workspace
-from probe_sets import Spec, write_probe_set
+from probe_sets import Spec, float64_scores, write_probe_set
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 SPECS = [Spec("a", 0, "sigmoid"), Spec("bank", 1, "tanh", count=20), Spec("lin", 2)]
@@ -28,8 +28,7 @@ def test_kernel_matches_float64(dtype, rows, hidden, probes):
     codes = torch.randint(0, 3, (probes,), generator=g, dtype=torch.int32)
     out = torch.zeros(rows, probes + 16, device="cuda")
     launch_kernel(h.cuda(), weight.cuda(), bias.cuda(), codes.cuda(), out[:, 8 : 8 + probes])
-    z = h.double() @ weight.double() + bias.double()  # the bf16 residual itself is the input: only the sum rounds
-    want = torch.where(codes == 1, torch.sigmoid(z), torch.where(codes == 2, torch.tanh(z), z))
+    want = float64_scores(h, weight, bias, codes)  # the bf16 residual itself is the input: only the sum rounds
     torch.testing.assert_close(out[:, 8 : 8 + probes].cpu().double(), want, rtol=1e-4, atol=1e-4,
                                msg=lambda m: f"{m} (seed {g.initial_seed()})")
 
@@ -45,8 +44,7 @@ def test_split_kernel_matches_float64_across_calls(dtype, rows, hidden, probes):
         codes = torch.randint(0, 3, (probes,), generator=g, dtype=torch.int32)
         out = torch.zeros(rows, probes, device="cuda")
         launch_split_kernel(h.cuda(), weight.cuda(), bias.cuda(), codes.cuda(), out, partial, tickets)
-        z = h.double() @ weight.double() + bias.double()
-        want = torch.where(codes == 1, torch.sigmoid(z), torch.where(codes == 2, torch.tanh(z), z))
+        want = float64_scores(h, weight, bias, codes)
         torch.testing.assert_close(out.cpu().double(), want, rtol=1e-4, atol=1e-4, msg=lambda m: f"{m} (seed {g.initial_seed()})")
         assert not partial.any() and not tickets.any()
 

@@ -25,7 +25,7 @@ from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
 from infer.runners.cuda_graphs import bucket_sizes
 from infer.runners.torch_runner import TorchRunner
-from omniscience import ProbeBank, ProbeError, load_probe_set
+from omniscience import ProbeBank, ProbeError, ProbeSet, load_probe_set
 
 Messages = list[dict[str, str]]
 
@@ -68,13 +68,24 @@ class BuiltEngine:
         # the template writes BOS itself, so the tokenizer must not add another
         return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
+    def read_probe_set(self) -> ProbeSet:
+        """Re-read the configured probe-set file against this model (a reload; ProbeError when it is invalid)."""
+        if self.config.probes is None:
+            raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
+        return read_probe_set(self.config.probes, self.model_config)
+
+
+def read_probe_set(path: str, model_config: ModelConfig) -> ProbeSet:
+    """A probe-set file validated against the model's hidden size and layer count."""
+    return load_probe_set(path, model_config.hidden_size, model_config.num_hidden_layers)
+
 
 def probe_bank(config: EngineConfig, model_config: ModelConfig) -> ProbeBank | None:
     """The configured probe set, validated against the model, in device buffers for the largest step."""
     if config.probes is None:
         return None
     try:
-        probe_set = load_probe_set(config.probes, model_config.hidden_size, model_config.num_hidden_layers)
+        probe_set = read_probe_set(config.probes, model_config)
     except ProbeError as exc:
         raise EngineConfigError(f"probes={config.probes!r}: {exc}") from exc
     rows = max(config.max_num_batched_tokens or 0, config.max_batch_size)  # the most rows one forward has

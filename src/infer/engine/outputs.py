@@ -156,4 +156,3 @@ class OutputProcessor:
         if request.num_tokens >= self.max_seq_len:
             return "length"
         return None
-

@@ -18,7 +18,7 @@ from infer.sampling.params import SamplingParams
 from infer.server.errors import APIError
 from infer.server.openapi import ERROR_RESPONSES
 from infer.server.state import ServerState
-from omniscience import ProbeError, load_probe_set
+from omniscience import ProbeError
 
 router = APIRouter()
 
@@ -51,12 +51,10 @@ async def reload_probes(request: Request) -> dict[str, object]:
     if (await request.body()).strip() not in (b"", b"{}"):
         raise APIError(400, "reload takes no parameters: it re-reads the probe-set file the server was started with",
                        "body", "unsupported_parameter")
-    path = state.built.config.probes
-    if path is None:
+    if state.built.config.probes is None:
         raise APIError(400, "probes: no probe set is loaded (start the server with --probes FILE)", "probes")
-    model = state.built.model_config
     try:
-        probe_set = await asyncio.to_thread(load_probe_set, path, model.hidden_size, model.num_hidden_layers)
+        probe_set = await asyncio.to_thread(state.built.read_probe_set)
         engine = state.built.engine
         await asyncio.wrap_future(state.engine.between_steps(lambda: engine.swap_probes(probe_set)))
     except ProbeError as exc:

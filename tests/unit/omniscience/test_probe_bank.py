@@ -12,14 +12,9 @@ import torch
 
 from omniscience import ProbeBank, ProbeError, load_probe_set
 from omniscience.kernel import ACTIVATION_CODES, reference_scores
-from probe_sets import Spec, expected_scores, write_probe_set
+from probe_sets import Spec, expected_scores, float64_scores, write_probe_set
 
 HIDDEN, LAYERS = 16, 4
-
-
-def _float64_reference(h, weight, bias, codes):
-    z = h.double() @ weight.double() + bias.double()
-    return torch.where(codes == 1, torch.sigmoid(z), torch.where(codes == 2, torch.tanh(z), z))
 
 
 @pytest.fixture()
@@ -40,7 +35,7 @@ def test_reference_matches_float64(rng, rows, hidden, probes):
     h, weight, bias, codes = _inputs(rng, rows, hidden, probes)
     got = reference_scores(h, weight, bias, codes)
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), _float64_reference(h, weight, bias, codes), rtol=1e-5, atol=1e-5,
+    torch.testing.assert_close(got.double(), float64_scores(h, weight, bias, codes), rtol=1e-5, atol=1e-5,
                                msg=lambda m: f"{m} (seed {rng.initial_seed()})")
 
 
@@ -65,7 +60,7 @@ def test_triton_kernel_matches_float64_into_a_column_slice(interpreted_kernel, r
     h, weight, bias, codes = _inputs(rng, rows, hidden, probes)
     out = torch.full((rows + 3, probes + 32), 7.0)
     interpreted_kernel.launch_kernel(h, weight, bias, codes, out[:rows, 16 : 16 + probes])
-    torch.testing.assert_close(out[:rows, 16 : 16 + probes].double(), _float64_reference(h, weight, bias, codes),
+    torch.testing.assert_close(out[:rows, 16 : 16 + probes].double(), float64_scores(h, weight, bias, codes),
                                rtol=1e-5, atol=1e-5, msg=lambda m: f"{m} (seed {rng.initial_seed()})")
     untouched = torch.ones_like(out, dtype=torch.bool)
     untouched[:rows, 16 : 16 + probes] = False
@@ -122,6 +117,6 @@ def test_split_kernel_matches_float64_and_leaves_its_workspace_zero(interpreted_
         h, weight, bias, codes = _inputs(rng, rows, hidden, probes)
         out = torch.full((rows, probes + 16), 7.0)
         interpreted_kernel.launch_split_kernel(h, weight, bias, codes, out[:, 8 : 8 + probes], partial, tickets)
-        torch.testing.assert_close(out[:, 8 : 8 + probes].double(), _float64_reference(h, weight, bias, codes),
+        torch.testing.assert_close(out[:, 8 : 8 + probes].double(), float64_scores(h, weight, bias, codes),
                                    rtol=1e-5, atol=1e-5, msg=lambda m: f"{m} (seed {rng.initial_seed()})")
         assert (partial == 0).all() and (tickets == 0).all()
