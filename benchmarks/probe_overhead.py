@@ -6,7 +6,7 @@
 Both engines are resident at once and their timed runs interleave (A B A B ...); medians are reported.
 Batch 1: inter-token latency (ITL) of one request. Batch 64 (CUDA): steady-state decode tokens/s. The probe
 roofline: the bytes probes add per step (weights + scores) over the bytes a decode step reads anyway.
-Report: benchmarks/reports/probe_overhead_{gpu name or cpu}.{json,md} (OUT_DIR overrides the folder).
+Report: benchmarks/reports/probe_overhead_{gpu model, e.g. h100, or cpu}.{json,md} (OUT_DIR overrides the folder).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +56,19 @@ def itl_ms(llm: LLM, prompt: list[int], tokens: int, probes: bool, device: str) 
                 stamps.append(time.perf_counter())
     sync(device)
     return 1e3 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+def readout_ms(llm: LLM, hidden: int, repeats: int = 2000) -> float:
+    """The probed layers' read-outs of one decode row, timed alone (ms per token): on a noisy CPU the ITL
+    medians cannot resolve a cost this small, so the report states it directly."""
+    taps = llm.engine.runner.probes.taps()
+    x = torch.randn(1, hidden)
+    with torch.inference_mode():
+        started = time.perf_counter()
+        for _ in range(repeats):
+            for tap in taps.values():
+                tap(x)
+    return 1e3 * (time.perf_counter() - started) / repeats
 
 
 def batched_tok_s(llm: LLM, prompt: list[int], batch: int, steps: int, probes: bool, device: str) -> float:
@@ -109,21 +124,29 @@ def main() -> None:
             runs["b64_base"].append(batched_tok_s(base, prompt, 64, 128, False, args.device))
             runs["b64_probes"].append(batched_tok_s(probed, prompt, 64, 128, True, args.device))
     med = {k: statistics.median(v) for k, v in runs.items()}
+    readout = None if cuda else readout_ms(probed, cfg.hidden_size)
     probe_bytes = PROBED_LAYERS * cfg.hidden_size * 16 * 4  # float32 weights, capacity 16 per layer
     result = {
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__, "model": "llama-3.2-1b (random bf16)" if cuda else "bundled SmolLM2-135M (fp32)",
         "probes": f"{PROBES_PER_LAYER} x {PROBED_LAYERS} layers", "engine_options": options, "tokens": tokens,
         "repeats": args.repeats, "runs": runs, "median": med,
-        "command": "python benchmarks/probe_overhead.py" + ("" if cuda else " --device cpu"),
+        "command": " ".join(["python benchmarks/probe_overhead.py", *sys.argv[1:]]),
         "itl_overhead": med["itl_probes"] / med["itl_base"] - 1,
         "itl_overhead_loaded_unasked": med["itl_loaded_unasked"] / med["itl_base"] - 1,
         "probe_bytes_per_step": probe_bytes,
+        "readout_ms_per_token": readout,
         "roofline_overhead": probe_bytes / ms.weight_bytes(cfg, 2 if cuda else 4),
     }
     if cuda:
         result["b64_throughput_loss"] = 1 - med["b64_probes"] / med["b64_base"]
-    write(result, "cpu" if not cuda else torch.cuda.get_device_name().split()[-1].lower())
+    write(result, gpu_tag(torch.cuda.get_device_name()) if cuda else "cpu")
+
+
+def gpu_tag(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100' (the model number; the last word if there is none)."""
+    found = re.search(r"\b([A-Z]\d{1,3}[A-Z]?)\b", name)
+    return (found.group(1) if found else name.split()[-1]).lower()
 
 
 def write(r: dict, tag: str) -> None:
@@ -141,6 +164,10 @@ def write(r: dict, tag: str) -> None:
     if "b64_base" in m:
         lines.append(f"| batch-64 decode (tok/s) | {m['b64_base']:.0f} | {m['b64_probes']:.0f} | "
                      f"{-100 * r['b64_throughput_loss']:+.2f}% |")
+    if r.get("readout_ms_per_token") is not None:
+        lines += ["", f"The {r['probes']} read-outs of one decode row, timed alone: {r['readout_ms_per_token']:.3f} ms per "
+                      f"token, {100 * r['readout_ms_per_token'] / m['itl_base']:.2f}% of the ITL (the ITL medians above "
+                      f"vary by more than that between runs on this machine)."]
     lines += ["", f"Probe roofline: {r['probe_bytes_per_step'] / 1e6:.2f} MB of probe weights per step over the weights a "
                   f"decode step reads: {100 * r['roofline_overhead']:.3f}% — what the probes would cost if memory-bound.", ""]
     (folder / f"probe_overhead_{tag}.md").write_text("\n".join(lines))

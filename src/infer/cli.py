@@ -47,6 +47,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="shade each generated token by its score of probe NAME (default: the first loaded probe) "
                         "and print every probe's mean score; needs --probes")
     _add_prefill_flags(p.add_argument_group("prefill"))
+    _add_speculative_flags(p.add_argument_group("speculative decoding"))
     p.set_defaults(func=_generate)
 
 
@@ -111,6 +112,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
     _add_probe_flag(g)
     _add_prefill_flags(g)
+    _add_speculative_flags(p.add_argument_group("speculative decoding"))
 
 
 def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
@@ -129,6 +131,23 @@ def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
                                                       "(needs chunked prefill and the paged cache)")
 
 
+def _add_speculative_flags(g: argparse._ArgumentGroup) -> None:
+    from infer.engine.config import DEFAULT_SPECULATIVE_TOKENS, SPECULATIVE_METHODS, EngineConfig
+
+    d = EngineConfig()
+    g.add_argument("--speculative-method", default=None, choices=[m for m in SPECULATIVE_METHODS if m],
+                   help="propose draft tokens and verify them in one target forward (docs/speculative.md): "
+                        "'ngram' looks the request's last tokens up in its own prompt and output")
+    g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help=f"draft tokens per step and request (default with a method: {DEFAULT_SPECULATIVE_TOKENS})")
+    g.add_argument("--prompt-lookup-min", type=int, default=d.prompt_lookup_min, metavar="N",
+                   help="ngram: the shortest suffix of the request looked up")
+    g.add_argument("--prompt-lookup-max", type=int, default=d.prompt_lookup_max, metavar="N",
+                   help="ngram: the longest suffix looked up (tried first)")
+    g.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="draft: the drafter's checkpoint, with the target's tokenizer and vocabulary")
+
+
 def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export-tokenizer",
@@ -145,9 +164,11 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
 
 
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
+SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
-                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "probes", *PREFILL_FLAGS)
+                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "probes", *PREFILL_FLAGS,
+                *SPECULATIVE_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,7 +226,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
-              probes=args.probes, **{name: getattr(args, name) for name in PREFILL_FLAGS})
+              probes=args.probes, **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
     print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
@@ -216,7 +237,7 @@ def _generate(args: argparse.Namespace) -> int:
     started, count, reason = time.perf_counter(), 0, None
     scores: dict[str, list[float]] = {}
     for out in llm.stream(ids, params):
-        token_scores = out.probes.as_dict() if out.probes is not None else {}
+        token_scores = out.probe_dict() or {}
         for name, value in token_scores.items():
             scores.setdefault(name, []).append(value)
         text = out.text_delta

@@ -145,6 +145,7 @@ def _add_probes(result: RequestOutput, out: StepOutput) -> None:
     """Append one step's probe scores to a request's output."""
     if out.prompt_probes is not None:
         result.prompt_probes = {name: list(values) for name, values in out.prompt_probes.items()}
-    if out.probes is not None and out.token_id is not None:
-        for name, value in out.probes.as_dict().items():
+    scores = out.probe_dict()
+    if scores is not None and out.token_id is not None:
+        for name, value in scores.items():
             result.probes.setdefault(name, []).append(value)

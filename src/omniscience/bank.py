@@ -5,12 +5,16 @@ column range of one score buffer [max_rows, width]. A tap (installed where the m
 hook point was) writes the scores of every row of the step into that range and passes the residual on.
 Nothing is allocated or synchronized inside the forward, and the addresses never change, so captured
 CUDA graphs stay valid; a reload writes new weights into the same buffers (unused columns zero).
+On CUDA the read-outs of all but the last probed layer run on a side stream, beside the blocks that
+follow (docs/omniscience.md, "Overlap"); the last probed layer's tap joins it, so a forward ends with
+every score written, graph captured or not.
 Which rows belong to which request is decided outside the forward, by the caller, from the step's layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -34,7 +38,7 @@ class ProbeLayout:
     columns: dict[str, int] = field(hash=False)  # probe name -> column of the score buffer
     version: int
 
-    @property
+    @cached_property  # built once per version: requests asking for every probe share this tuple
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.probes)
 
@@ -49,10 +53,24 @@ class ProbeTap(nn.Module):
         self._columns = slice(start, start + width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bank, side = self.bank, self.bank.side_stream
+        if side is None:
+            self._read(x)
+        elif self.layer == bank.last_layer:  # join: the forward's later work (and readback) sees every score
+            torch.cuda.current_stream(x.device).wait_stream(side)
+            bank.reading.clear()
+            self._read(x)
+        else:  # fork: read beside the next blocks; holding x keeps its memory from reuse until the join
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                self._read(x)
+            bank.reading.append(x)
+        return x
+
+    def _read(self, x: torch.Tensor) -> None:
         bank = self.bank
         probe_scores(x, bank.weights[self.layer], bank.biases[self.layer], bank.codes[self.layer],
                      bank.scores[: x.shape[0], self._columns], bank.scratch.get(self.layer))
-        return x
 
 
 class ProbeBank:
@@ -72,6 +90,10 @@ class ProbeBank:
         self.scores = torch.zeros(max_rows, width, device=device)
         # the split-K kernel's workspace per layer (decode steps on CUDA; see kernel.py)
         self.scratch = {l: workspace(c, device) for l, (_, c) in self.column_ranges.items()} if device.type == "cuda" else {}
+        self.last_layer = max(self.column_ranges, default=-1)
+        many = device.type == "cuda" and len(self.column_ranges) > 1
+        self.side_stream = torch.cuda.Stream(device) if many else None
+        self.reading: list[torch.Tensor] = []  # residuals the side stream reads, held from fork until join
         self.layout = ProbeLayout((), {}, 0)
         self.load(probe_set)
 

@@ -116,14 +116,14 @@ def test_reload_changes_scores_from_the_next_step_without_failing_requests(tiny,
     request = engine.add_request(_prompts(1)[0], params)
     scores: list[dict] = []
     while len(scores) < 4:
-        scores += [o.probes.as_dict() for o in engine.step() if o.probes]
+        scores += [o.probe_dict() for o in engine.step() if o.probes is not None]
     new = write_probe_set(tmp_path, 64, [Spec("sig", 1, "sigmoid"), Spec("bank", 1, "tanh", count=2)], seed=9, scale=0.3)
     version = engine.swap_probes(load_probe_set(new, 64, 3)).version
     swapped_at = len(scores)
     while engine.has_unfinished():
         outs = engine.step()
         assert all(o.error is None for o in outs)
-        scores += [o.probes.as_dict() for o in outs if o.probes]
+        scores += [o.probe_dict() for o in outs if o.probes is not None]
     assert version == 2 and len(scores) == 12 and request.finish_reason == "length"
     # reference: the same tokens recomputed under each set
     old_llm, new_llm = LLM(model, probes=probes, dtype="float32"), LLM(model, probes=str(new), dtype="float32")

@@ -21,7 +21,14 @@ from infer.engine.config import EngineConfig, EngineConfigError
         ({"prefill_chunk_size": 0}, "prefill_chunk_size"),
         ({"max_prefill_chunks_per_step": 0}, "max_prefill_chunks_per_step"),
         ({"use_cuda_graphs": True, "kv_cache_backend": "contiguous"}, "use_cuda_graphs"),
-        ({"use_speculative_decoding": True}, "use_speculative_decoding"),
+        ({"speculative_method": "eagle"}, "speculative_method"),
+        ({"num_speculative_tokens": 4}, "num_speculative_tokens"),
+        ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"speculative_method": "ngram", "prompt_lookup_min": 0}, "prompt_lookup_min"),
+        ({"speculative_method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
+        ({"speculative_method": "ngram", "draft_model": "/x"}, "draft_model"),
+        ({"speculative_method": "draft"}, "speculative_method"),
+        ({"speculative_method": "ngram", "kv_cache_backend": "contiguous"}, "speculative_method"),
     ],
 )
 def test_invalid_or_incompatible_options_name_the_field(options: dict, field: str):
@@ -34,6 +41,7 @@ def test_invalid_or_incompatible_options_name_the_field(options: dict, field: st
     [
         ({"use_cuda_graphs": True, "device": "cpu"}, "use_cuda_graphs", "requires a CUDA device"),
         ({"quantization": "fp8"}, "quantization", "not implemented yet"),
+        ({"speculative_method": "draft", "draft_model": "/x"}, "speculative_method", "not implemented yet"),
     ],
 )
 def test_compatible_but_unbuilt_features_are_refused_clearly(options: dict, field: str, message: str):
@@ -47,3 +55,9 @@ def test_defaults_are_valid_and_continuous():
     assert config.use_chunked_prefill and not config.use_prefix_caching
     assert not EngineConfig(batching_mode="static").use_chunked_prefill
     assert config.max_num_batched_tokens == max(8192, config.max_seq_len)
+
+
+def test_speculation_defaults_to_four_drafts_with_a_method():
+    assert EngineConfig().speculative_tokens == 0
+    assert EngineConfig(speculative_method="ngram").speculative_tokens == 4
+    assert EngineConfig(speculative_method="ngram", num_speculative_tokens=7).speculative_tokens == 7

@@ -106,6 +106,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     runner = TorchRunner(
         loaded.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
         bucket_sizes(config.max_batch_size) if config.cuda_graphs else (), probe_bank(config, loaded.config),
+        max_drafts=config.speculative_tokens,
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = Engine(config, runner, kv, tokenizer)

@@ -13,8 +13,8 @@ BATCHING_MODES = ("continuous", "static")
 SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
 QUANTIZATIONS = (None, "fp8", "int8")
 LOAD_FORMATS = ("auto", "dummy")
-# Seed fields whose features land with later issues: accepted by the compatibility rules, refused when enabled.
-NOT_YET = {"use_speculative_decoding": "speculative decoding"}
+SPECULATIVE_METHODS = (None, "ngram", "draft")
+DEFAULT_SPECULATIVE_TOKENS = 4
 
 
 class EngineConfigError(ValueError):
@@ -46,9 +46,11 @@ class EngineConfig:
     use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
     quantization: str | None = None
     probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
-    use_speculative_decoding: bool = False
-    draft_model: str | None = None
-    spec_length: int = 5
+    speculative_method: str | None = None  # "ngram" (prompt lookup) or "draft" (a smaller model): docs/speculative.md
+    num_speculative_tokens: int | None = None  # drafts per step and request (k); None = 4 with a method
+    prompt_lookup_min: int = 1  # ngram: the shortest suffix looked up
+    prompt_lookup_max: int = 4  # ngram: the longest suffix looked up (tried first)
+    draft_model: str | None = None  # draft: the drafter's checkpoint (same tokenizer and vocabulary)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -68,7 +70,7 @@ class EngineConfig:
             "scheduler_policy", self.scheduler_policy in SCHEDULER_POLICIES, f"must be one of {', '.join(SCHEDULER_POLICIES)}"
         )
         self._check("fairness_steps", self.fairness_steps >= 2, "must be >= 2 (1 would never let a prefill run while anything decodes)")
-        for name in ("max_waiting_requests", "prefill_chunk_size", "spec_length"):
+        for name in ("max_waiting_requests", "prefill_chunk_size"):
             self._check(name, getattr(self, name) >= 1, "must be >= 1")
         self._check("max_prefill_chunks_per_step",
                     self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1, "must be >= 1 or None")
@@ -96,10 +98,31 @@ class EngineConfig:
         )
         self._check("use_cuda_graphs", not self.use_cuda_graphs or self.resolved_device.startswith("cuda"),
                     "requires a CUDA device")
-        self._check("use_speculative_decoding", not self.use_speculative_decoding or self.draft_model, "requires draft_model")
-        for name, feature in NOT_YET.items():
-            self._check(name, not getattr(self, name), f"{feature} is not implemented yet")
+        self._speculative()
         self._check("quantization", self.quantization is None, "quantized weights are not implemented yet")
+
+    def _speculative(self) -> None:
+        method = self.speculative_method
+        self._check("speculative_method", method in SPECULATIVE_METHODS, "must be None, 'ngram' or 'draft'")
+        k = self.num_speculative_tokens
+        self._check("num_speculative_tokens", k is None or method is not None, "requires speculative_method")
+        self._check("num_speculative_tokens", k is None or (isinstance(k, int) and k >= 1), "must be >= 1")
+        self._check("prompt_lookup_min", self.prompt_lookup_min >= 1, "must be >= 1")
+        self._check("prompt_lookup_max", self.prompt_lookup_max >= self.prompt_lookup_min,
+                    f"must be >= prompt_lookup_min ({self.prompt_lookup_min})")
+        self._check("draft_model", self.draft_model is None or method == "draft", "requires speculative_method='draft'")
+        self._check("speculative_method", method != "draft" or self.draft_model is not None, "'draft' requires draft_model")
+        self._check("speculative_method", method != "draft",
+                    "'draft' (a draft model) is not implemented yet; 'ngram' is (docs/speculative.md)")
+        self._check("speculative_method", method is None or self.kv_cache_backend == "paged",
+                    "requires kv_cache_backend='paged' (rejected drafts give their blocks back)")
+
+    @property
+    def speculative_tokens(self) -> int:
+        """Drafts per step and request: 0 without speculation."""
+        if self.speculative_method is None:
+            return 0
+        return self.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
 
     def _check(self, field: str, ok: bool, message: str) -> None:
         if not ok:

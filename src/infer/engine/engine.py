@@ -39,7 +39,7 @@ from omniscience import ProbeLayout, ProbeSet
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot for metrics: running requests, KV blocks, preemptions, prefix-cache tokens."""
+    """A snapshot for metrics: running requests, KV blocks, preemptions, prefix-cache tokens, speculation."""
 
     num_running: int
     kv_blocks_total: int
@@ -47,6 +47,9 @@ class EngineStats:
     num_preemptions: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    spec_drafted: int = 0  # speculation: draft tokens verified
+    spec_accepted: int = 0  # of which accepted
+    spec_verified_rows: int = 0  # request-steps that verified drafts (accepted / rows + 1 = mean tokens per such step)
 
 
 class Engine:
@@ -111,7 +114,7 @@ class Engine:
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Request:
         self.validate_prompt(prompt_token_ids)
-        probe_names = self.check_probes(params)
+        probe_names = self.outputs.shared_names(self.check_probes(params))
         request_id = request_id or f"req-{next(self._ids)}"
         if self._find(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -143,6 +146,9 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=self.kv.prefix_queries,
             prefix_cache_hits=self.kv.prefix_hits,
+            spec_drafted=self.scheduler.num_drafted,
+            spec_accepted=self.scheduler.num_accepted,
+            spec_verified_rows=self.scheduler.num_verified_rows,
         )
 
     def abort(self, request_id: str) -> None:
@@ -150,7 +156,7 @@ class Engine:
         self._aborts.append(request_id)
 
     def step(self) -> list[StepOutput]:
-        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history)
+        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history, self.scheduler.proposer is not None)
         outputs = [] if ahead else self._resolve()
         outputs += self.apply_aborts()
         batch = self.scheduler.schedule()
@@ -193,7 +199,11 @@ class Engine:
         advance([(r.grammar, result.token_ids[i]) for i, r in rows if r.grammar and r.sampling_params.max_tokens])
         if on_advanced is not None:
             on_advanced()
-        return [self.outputs.process(r, result, i) for i, r in rows]
+        if result.extra_tokens is not None:  # speculation: roll back what was not accepted before the outputs end anyone
+            for i, r in rows:
+                if batch.rows[i].drafts:
+                    self.scheduler.speculated(batch.rows[i], 1 + len(result.extra_tokens[i]))
+        return [out for i, r in rows for out in self.outputs.process(r, result, i)]
 
     def _bitmask(self, batch: ScheduledBatch) -> torch.Tensor:
         """StepInput.token_bitmask, called inside the launch of `batch` once its forward is queued. With a step
@@ -238,13 +248,15 @@ class Engine:
             step.query_lens = [1] * len(rows)
             step.slot_mapping = [r.slots[0] for r in rows]
         else:
-            step.token_ids = [t for r in rows for t in r.request.tokens_at(r.start, r.num_new)]
+            step.token_ids = [t for r in rows for t in (*r.request.tokens_at(r.start, r.num_new - len(r.drafts)), *r.drafts)]
             step.positions = [p for r in rows for p in range(r.start, r.start + r.num_new)]
             step.query_lens = [r.num_new for r in rows]
             step.slot_mapping = [s for r in rows for s in r.slots]
             step.prompt_logprobs = [r.prompt_logprobs for r in rows]
             if self.scheduler.wants_probes:
                 step.probe_prompt = [_prompt_rows(r) for r in rows]
+            if any(r.drafts for r in rows):
+                step.drafts = [r.drafts for r in rows]
         samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
         step.samples = None if all(samples) else samples
         step.context_lens = [r.start + r.num_new for r in rows]

@@ -19,18 +19,27 @@ class OutputProcessor:
         self._eos = tokenizer.eos_token_ids
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
-        self._columns: dict[tuple[int, int], tuple[tuple[str, ...], np.ndarray]] = {}  # (version, id(names)) -> columns
-        self._views: dict[int, np.ndarray] = {}  # this step's score columns per column selection
-        self._views_of: StepResult | None = None
+        self._columns: dict[tuple[int, tuple[str, ...]], np.ndarray] = {}  # (version, names) -> their columns
+        self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._selections: dict[int, ProbeScores] = {}  # id(names) -> this step's columns of those names
+        self._selections_of: StepResult | None = None
 
-    def process(self, request: Request, result: StepResult, row: int) -> StepOutput:
-        """The output of the token sampled for `request` at `row` of a step."""
+    def process(self, request: Request, result: StepResult, row: int) -> list[StepOutput]:
+        """The outputs of the tokens a step produced for `request` at `row`: one, or with speculation the accepted
+        run, applied token by token (an EOS, stop string or length limit drops the tokens after it)."""
+        out = [self._process(request, result, row, result.token_ids[row])]
+        for token in result.extra_tokens[row] if result.extra_tokens else ():
+            if request.finished:
+                break
+            out.append(self._process(request, result, row, token))
+        return out
+
+    def _process(self, request: Request, result: StepResult, row: int, token: int) -> StepOutput:
         prompt_logprobs = result.prompt_logprobs[row] if result.prompt_logprobs else None
         params = request.sampling_params
         if params.max_tokens == 0:  # prompt scoring only (echo with logprobs): nothing is generated
             self.scheduler.finish(request, "length")
             return self.output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
-        token = result.token_ids[row]
         request.append_output(token)
         probes, stopped = self._probe_scores(request, result, row)
         if request.grammar is not None and request.grammar.error is not None:
@@ -56,37 +65,50 @@ class OutputProcessor:
         if reason is not None:
             self.scheduler.finish(request, reason)
         logprob = result.logprobs[row] if result.logprobs else None
-        return self.output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs, probes=probes)
+        return self.output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs, probes=probes,
+                           probe_row=row)
+
+    def shared_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """One tuple object per distinct probe-name list, for the requests' `probe_names` (see _probe_scores)."""
+        if len(self._names) > 4096:  # many distinct lists: start over (a later equal list gets its own selection)
+            self._names.clear()
+        return self._names.setdefault(names, names)
 
     def _probe_scores(self, request: Request, result: StepResult, row: int) -> tuple[ProbeScores | None, bool]:
-        """(the scores the request asked for at its sampling row, whether its probe_stop threshold was crossed).
-        Requests asking for the same probes share one column selection of the step's scores: a row view each."""
-        layout, scores = result.probe_layout, result.probe_scores
-        stop = request.sampling_params.probe_stop
-        if layout is None or scores is None or not (request.probe_names or stop):
+        """(the step's scores of the probes the request asked for, whose row `row` is its token's; whether its
+        probe_stop threshold was crossed).
+        Per step, each distinct name list gets one column selection that its requests share (keyed by the
+        tuple's id: a request keeps its names alive, so ids are unique within the step)."""
+        scores = result.probe_scores
+        names, stop = request.probe_names, request.sampling_params.probe_stop
+        if scores is None or not (names or stop):
             return None, False
         probes = None
-        names = request.probe_names
         if names:
-            key = (layout.version, id(names))  # requests asking for every probe share one names tuple
-            entry = self._columns.get(key)
-            if entry is None:
-                if len(self._columns) > 4096:  # selections of sets reloaded since, or many distinct name lists
-                    self._columns.clear()
-                entry = self._columns[key] = (names, np.array([layout.columns.get(n, -1) for n in names]))
-            columns = entry[1]  # the entry keeps `names` alive, so its id is not reused while cached
-            if self._views_of is not result:
-                self._views, self._views_of = {}, result
-            view = self._views.get(id(columns))
-            if view is None:
-                view = self._views[id(columns)] = scores[:, np.maximum(columns, 0)]
-                view[:, columns < 0] = np.nan  # probes a reload removed
-            probes = ProbeScores(names, view[row])
+            if self._selections_of is not result:
+                self._selections, self._selections_of = {}, result
+            probes = self._selections.get(id(names))
+            if probes is None:
+                probes = self._selections[id(names)] = ProbeScores(names, self._select(names, result))
         stopped = False
-        if stop is not None:
-            column = layout.columns.get(stop.name)
+        if stop is not None and result.probe_layout is not None:
+            column = result.probe_layout.columns.get(stop.name)
             stopped = column is not None and stop.crossed(float(scores[row, column]))
         return probes, stopped
+
+    def _select(self, names: tuple[str, ...], result: StepResult) -> np.ndarray:
+        """The step's score columns of `names`, in their order; NaN for a probe the loaded set no longer has."""
+        layout, scores = result.probe_layout, result.probe_scores
+        assert layout is not None and scores is not None
+        key = (layout.version, names)
+        columns = self._columns.get(key)
+        if columns is None:
+            if len(self._columns) > 4096:  # selections of sets reloaded since, or many distinct name lists
+                self._columns.clear()
+            columns = self._columns[key] = np.array([layout.columns.get(n, -1) for n in names])
+        view = scores[:, np.maximum(columns, 0)]
+        view[:, columns < 0] = np.nan
+        return view
 
     @staticmethod
     def collect_prompt_probes(rows: list[ScheduledRow], result: StepResult) -> None:
@@ -125,6 +147,7 @@ class OutputProcessor:
         logprob: TokenLogprob | None = None,
         prompt_logprobs: list[TokenLogprob | None] | None = None,
         probes: ProbeScores | None = None,
+        probe_row: int = 0,
     ) -> StepOutput:
         """One step's output for a request; finished once there is a finish reason."""
         first = not request.outputs_sent
@@ -145,6 +168,7 @@ class OutputProcessor:
             queue_seconds=scheduled - request.arrival_time if first and scheduled is not None else None,
             cached_tokens=request.num_cached_tokens,
             probes=probes,
+            probe_row=probe_row,
             prompt_probes=prompt_probes,
         )
 

@@ -22,10 +22,11 @@ class InFlight:
         self.step: tuple[ScheduledBatch, LaunchedStep] | None = None
 
     @staticmethod
-    def may_launch_ahead(aborts_queued: bool, needs_history: bool) -> bool:
+    def may_launch_ahead(aborts_queued: bool, needs_history: bool, speculating: bool) -> bool:
         """Whether the next step may launch before the in-flight one is read: not with an abort to apply
-        first, nor while a running request's repetition penalty needs every one of its tokens on the host."""
-        return not aborts_queued and not needs_history
+        first, nor while a running request's repetition penalty needs every one of its tokens on the host,
+        nor with speculation (drafts are looked up in every known token, and rejected ones are rolled back)."""
+        return not aborts_queued and not needs_history and not speculating
 
     def prev_rows(self, batch: ScheduledBatch) -> list[int] | None:
         """Per row of `batch`: the in-flight row whose sampled token is this row's last input, or -1."""

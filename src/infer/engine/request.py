@@ -27,13 +27,14 @@ class RequestState(str, Enum):
 
 
 class ProbeScores(NamedTuple):
-    """One token's probe scores, kept as a row of the step's score matrix (no per-token dict on the engine thread)."""
+    """One step's scores of the probes a request asked for, for every row of the step: shared by the step's
+    requests asking for the same names, each output naming its row (nothing per token on the engine thread)."""
 
     names: tuple[str, ...]
-    values: np.ndarray  # [len(names)] float32; NaN for a probe a reload has removed
+    columns: np.ndarray  # [rows of the step, len(names)] float32; NaN for a probe a reload has removed
 
-    def as_dict(self) -> dict[str, float | None]:
-        return {name: None if value != value else value for name, value in zip(self.names, self.values.tolist())}
+    def as_dict(self, row: int) -> dict[str, float | None]:
+        return {name: None if value != value else value for name, value in zip(self.names, self.columns[row].tolist())}
 
 
 @dataclass(slots=True)
@@ -53,8 +54,13 @@ class StepOutput:
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
     cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
     client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
-    probes: ProbeScores | None = None  # the token's scores of the probes the request asked for
+    probes: ProbeScores | None = None  # the step's scores of the probes the request asked for; its row:
+    probe_row: int = 0
     prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, when asked: per prompt token
+
+    def probe_dict(self) -> dict[str, float | None] | None:
+        """The token's score per asked probe (None for one a reload removed), or None without probes."""
+        return self.probes.as_dict(self.probe_row) if self.probes is not None else None
 
 
 @dataclass(eq=False)  # identity: queue membership tests must not compare token lists field by field
@@ -84,6 +90,8 @@ class Request:
     probe_names: tuple[str, ...] = ()  # probes whose scores its outputs carry (checked against the loaded set)
     prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: collected so far
     prompt_probe_positions: int = 0  # prompt positions whose scores are collected (a recomputation skips them)
+    num_drafted: int = 0  # speculation: draft tokens verified for this request
+    num_accepted: int = 0  # of which accepted
     token_ids: list[int] = field(init=False)  # prompt and output ids known on the host (pending ones excluded)
 
     def __post_init__(self) -> None:
@@ -92,6 +100,14 @@ class Request:
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
+
+    @property
+    def may_speculate(self) -> bool:
+        """Whether drafts may be verified for it: not with features that need each token's own step (logprobs,
+        a repetition penalty, probe scores or probe_stop, an output grammar)."""
+        p = self.sampling_params
+        return (p.logprobs is None and not p.needs_history and not self.probe_names and p.probe_stop is None
+                and self.grammar is None)
 
     @property
     def needs_prompt_probes(self) -> bool:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestState
 from infer.kv.kv_manager import KVCacheManager
+from infer.speculative import NgramProposer
 
 
 class ScheduledRow(NamedTuple):  # a tuple: built for every request in every step, so it must be cheap
@@ -30,6 +31,7 @@ class ScheduledRow(NamedTuple):  # a tuple: built for every request in every ste
     block_table: list[int]
     samples: bool  # the row reaches the request's last known token: its sampled token is kept
     prompt_logprobs: int | None = None  # top-k for the prompt's tokens (a first, whole-prompt prefill only)
+    drafts: tuple[int, ...] = ()  # speculation: proposed tokens after the last known one, its last num_new - 1 inputs
 
 
 @dataclass
@@ -50,6 +52,11 @@ class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
         self.config = config
         self.kv = kv
+        k = config.speculative_tokens
+        self.proposer = NgramProposer(k, config.prompt_lookup_min, config.prompt_lookup_max) if k else None
+        self.num_drafted = 0  # draft tokens verified
+        self.num_accepted = 0  # of which accepted
+        self.num_verified_rows = 0  # rows (request-steps) that verified drafts
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: preemption takes from the end
         self.step_index = 0
@@ -112,6 +119,19 @@ class Scheduler:
                 if self.kv.publishable(request.request_id, known):
                     self.kv.publish(request.request_id, request.token_ids, known)
 
+    def speculated(self, row: ScheduledRow, emitted: int) -> None:
+        """A row with drafts was read: `emitted` tokens came out (accepted drafts + the target's own). The
+        positions past the accepted ones are rolled back and their blocks freed (never published: the prefix
+        cache only takes blocks of known tokens)."""
+        request = row.request
+        request.num_computed_tokens = row.start + emitted  # the input token and the accepted drafts
+        self.kv.shrink(request.request_id, request.num_computed_tokens)
+        request.num_drafted += len(row.drafts)
+        request.num_accepted += emitted - 1
+        self.num_drafted += len(row.drafts)
+        self.num_accepted += emitted - 1
+        self.num_verified_rows += 1
+
     def resolved(self, request: Request) -> None:
         """One of the request's pending tokens has been read (appended to its outputs, or dropped)."""
         request.pending_tokens -= 1
@@ -159,9 +179,22 @@ class Scheduler:
                 continue  # still prefilling, or preempted earlier in this loop (waiting again)
             if request.budget_reached(self.config.max_seq_len):
                 continue
-            if self._grow(request, request.num_scheduled_tokens, rows):
-                rows.append(self._row(request, 1))
+            drafts = self._drafts(request)
+            if self._grow(request, request.num_scheduled_tokens + len(drafts), rows):
+                rows.append(self._row(request, 1 + len(drafts), drafts=drafts))
         return rows
+
+    def _drafts(self, request: Request) -> tuple[int, ...]:
+        """Speculation: tokens proposed to follow the request's last one, as many as its limits and the free
+        blocks allow (none for requests whose features verify per token only: docs/speculative.md)."""
+        if self.proposer is None or request.pending_tokens or not request.may_speculate:
+            return ()
+        limit = min(request.sampling_params.max_tokens - len(request.output_token_ids),
+                    self.config.max_seq_len - request.num_tokens) - 1
+        drafts = self.proposer.propose(request.token_ids, limit)
+        if drafts and not self.kv.can_allocate(request.request_id, request.num_tokens + len(drafts)):
+            return ()  # drafts never preempt anyone
+        return tuple(drafts)
 
     def _chunks(self, decodes: list[ScheduledRow], budget: int) -> list[ScheduledRow]:
         """Prefill chunks: requests part-way through their prompt first, then admissions, within the budget."""
@@ -255,12 +288,14 @@ class Scheduler:
         self.kv.allocate(request.request_id, num_tokens)
         return True
 
-    def _row(self, request: Request, num_new: int, prompt_logprobs: int | None = None) -> ScheduledRow:
+    def _row(self, request: Request, num_new: int, prompt_logprobs: int | None = None,
+             drafts: tuple[int, ...] = ()) -> ScheduledRow:
         start = request.num_computed_tokens
         return ScheduledRow(
             request, start, num_new, self.kv.slots(request.request_id, start, num_new),
-            self.kv.block_table(request.request_id), samples=start + num_new == request.num_scheduled_tokens,
-            prompt_logprobs=prompt_logprobs,
+            self.kv.block_table(request.request_id),
+            samples=start + num_new - len(drafts) == request.num_scheduled_tokens,
+            prompt_logprobs=prompt_logprobs, drafts=drafts,
         )
 
     def _join(self, request: Request) -> None:

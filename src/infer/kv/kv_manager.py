@@ -105,6 +105,14 @@ class KVCacheManager:
         table, bs = self._tables[request_id], self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
 
+    def shrink(self, request_id: str, num_tokens: int) -> None:
+        """Give back the request's blocks past those holding its first num_tokens positions (rolled-back drafts).
+        Only blocks it owns are past them: cached blocks hold known tokens, which come first."""
+        table = self._tables[request_id]
+        keep = max(blocks_needed(num_tokens, self.block_size), len(self._chains.get(request_id, ())))
+        while len(table) > keep:
+            self.allocator.free(table.pop(), request_id)
+
     def free(self, request_id: str) -> None:
         """Release the request's references and free the blocks it owns."""
         self._lookups.pop(request_id, None)

@@ -39,6 +39,7 @@ class StepInput:
     prompt_logprobs: list[int | None] | None = None  # per sequence (prefill): the same for its tokens
     probes: bool = False  # read back each sequence's probe scores at the row that samples its token
     probe_prompt: list[int] | None = None  # per sequence (prefill): how many of its first new rows' scores to read
+    drafts: list[tuple[int, ...]] | None = None  # per sequence: draft tokens, its last inputs, to verify (None: no drafts)
     # Structured output: returns the [num_seqs, ceil(vocab/32)] int32 host bitmask of allowed tokens. The runner
     # calls it once the forward is queued and outside the sync-free scope: it may read the step before (the
     # step boundary) to advance the grammars, all while the device runs this step's forward.
@@ -61,3 +62,4 @@ class StepResult:
     probe_layout: ProbeLayout | None = None  # the probe set the scores below were computed with
     probe_scores: np.ndarray | None = None  # [num_seqs, columns]: the scores of the row each token was sampled at
     prompt_probe_scores: list[np.ndarray] | None = None  # per sequence: [probe_prompt[i], columns]
+    extra_tokens: list[list[int]] | None = None  # speculation: per sequence, the tokens emitted after token_ids[i]

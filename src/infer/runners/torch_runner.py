@@ -23,8 +23,10 @@ from infer.runners.decode_buffers import DecodeBuffers
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.sampling.logprobs import LogprobTensors, TokenLogprob, logprob_tensors
+from infer.runners.verify import VerifyInputs, pack, unpack, verify_inputs
 from infer.sampling.sampler import sample
 from infer.sampling.slots import SamplingSlots
+from infer.sampling.speculative import verify
 from infer.sampling.token_mask import apply_token_bitmask
 from infer.transfer import Readback, StagedUpload, upload
 from omniscience import ProbeBank, ProbeLayout
@@ -40,10 +42,13 @@ class LaunchedStep:
     prompt_logprobs: list[LogprobTensors | None] | None = None
     probe_layout: ProbeLayout | None = None  # set when probe scores were read back with the ids
     probe_prompt: list[int] | None = None  # per sequence: prompt score rows following the num_seqs sampled ones
+    verify_width: int | None = None  # speculation: K + 1 (the readback holds packed tokens and counts)
 
     def result(self) -> StepResult:
         token_ids = self.readback.read()
         out = StepResult(token_ids=token_ids)
+        if self.verify_width is not None:
+            out.token_ids, out.extra_tokens = unpack(token_ids, self.num_seqs, self.verify_width)
         scores = self.readback.read_scores()
         if scores is not None:
             out.probe_layout = self.probe_layout
@@ -68,6 +73,7 @@ class TorchRunner:
     def __init__(
         self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
         max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (), probes: ProbeBank | None = None,
+        max_drafts: int = 0,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -91,7 +97,9 @@ class TorchRunner:
         self.sampling_slots = SamplingSlots(max_batch_size, cfg.vocab_size, self.device)
         self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
         scores = (probes.scores.shape[0] + max_batch_size, probes.scores.shape[1]) if probes is not None else None
-        self._readbacks = [Readback(self.device, max_batch_size, scores) for _ in range(2)]  # one per step in flight
+        # one per step in flight; a verify step reads back max_drafts + 1 tokens and a count per row
+        readback_rows = max_batch_size * (max_drafts + 2 if max_drafts else 1)
+        self._readbacks = [Readback(self.device, readback_rows, scores) for _ in range(2)]
         self._next_readback = 0
         self.graphs: DecodeGraphs | None = None
         if graph_batch_sizes:
@@ -115,6 +123,7 @@ class TorchRunner:
         """Queue the step's GPU work; nothing here waits for the device."""
         if step.num_seqs > self.max_batch_size:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
+        verifying: VerifyInputs | None = None
         with step_scope(self.device):
             self.sampling_slots.join(step.joined)
             if step.step_kind is StepKind.DECODE:
@@ -124,22 +133,37 @@ class TorchRunner:
             else:
                 batch, ids, slots, advancing = self._prefill_inputs(step)
                 hidden = self.model(ids, batch)
-                logits = self.model.compute_logits(hidden[batch.last_token_indices])
+                if step.drafts is not None:
+                    verifying = verify_inputs(step.drafts, batch.cu_seqlens_q_host, step.samples, self.device)
+                    logits = self.model.compute_logits(hidden[verifying.logit_rows]).view(step.num_seqs, verifying.width, -1)
+                else:
+                    logits = self.model.compute_logits(hidden[batch.last_token_indices])
             tensors = self.sampling_slots.gather(slots, step.sampling_slots)
-            self.sampling_slots.advance(advancing)
+            if verifying is None:
+                self.sampling_slots.advance(advancing)
         # structured output: the mask may wait for the step before (its boundary), so it is made outside the scope
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
         with step_scope(self.device):
-            if bitmask is not None:  # disallowed tokens to -inf before sampling
-                apply_token_bitmask(logits, bitmask)
-            token_ids = sample(logits, tensors, self._seen_mask(step, logits.shape[-1]))
-            self.last_tokens[: step.num_seqs].copy_(token_ids)
+            first = logits if verifying is None else logits[:, 0]  # where rows without drafts sample
+            if bitmask is not None:  # disallowed tokens to -inf before sampling (rows with a grammar draft nothing)
+                apply_token_bitmask(first, bitmask)
+            seen = self._seen_mask(step, logits.shape[-1])
+            if verifying is None:
+                token_ids = sample(logits, tensors, seen)
+                self.last_tokens[: step.num_seqs].copy_(token_ids)
+                sent = token_ids
+            else:
+                tokens, counts = verify(logits, verifying.drafts, verifying.num_drafts, tensors, seen=seen)
+                self.sampling_slots.advance(slots, counts * verifying.counting)
+                token_ids = tokens[:, 0]
+                self.last_tokens[: step.num_seqs].copy_(tokens.gather(1, (counts - 1)[:, None]).squeeze(1))
+                sent = pack(tokens, counts)
             readback = self._readbacks[self._next_readback]
             self._next_readback ^= 1
-            launched = LaunchedStep(readback, step.num_seqs)
+            launched = LaunchedStep(readback, step.num_seqs, verify_width=None if verifying is None else verifying.width)
             scores = self._probe_rows(step, batch, launched) if step.probes and self.probes is not None else None
-            readback.start(token_ids, scores)
-            launched.logprobs = self._sampled_logprobs(step, logits, token_ids)
+            readback.start(sent, scores)
+            launched.logprobs = self._sampled_logprobs(step, first, token_ids)
             if hidden is not None and batch is not None and ids is not None:
                 launched.prompt_logprobs = self._prompt_logprobs(step, batch, hidden, ids)
         return launched

@@ -53,3 +53,21 @@ def uniform(seeds: torch.Tensor, steps: torch.Tensor, n: int) -> torch.Tensor:
     cols = _mix32_(torch.arange(n, device=seeds.device, dtype=torch.int64) ^ _SALT_COL)
     cells = (_mix32_(keys[:, None] ^ cols[None, :]) >> 8).to(torch.float32)
     return cells.mul_(_TWO_POW_M24).clamp_(min=_TWO_POW_M25)
+
+
+_SALT_ACCEPT = (0x6A09E667, 0x510E527F)  # the two words of a row's float64 draw
+
+
+def uniform64(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Float64 [B] in (0, 1) exclusive, one per row, independent of `uniform`'s columns for the same (seed, step).
+
+    53 bits from two 32-bit hashes of the row key (26 + 27 bits); the value is (k + 0.5) * 2**-53, exact in
+    float64. Speculative decoding compares it with an acceptance ratio computed in float64.
+    """
+    if seeds.shape != steps.shape or seeds.dim() != 1:
+        raise ValueError(f"seeds {tuple(seeds.shape)} and steps {tuple(steps.shape)} must be equal 1-D shapes")
+    keys = _row_keys(seeds.to(torch.int64), steps.to(torch.int64))
+    # mixed twice, salted: a stream apart from the single-mix column words of `uniform`
+    high = _mix32_(_mix32_(keys ^ _SALT_ACCEPT[0]) ^ _SALT_ACCEPT[1]) >> 6  # 26 bits
+    low = _mix32_(_mix32_(keys ^ _SALT_ACCEPT[1]) ^ _SALT_ACCEPT[0]) >> 5  # 27 bits
+    return ((high << 27) | low).to(torch.float64).add_(0.5).mul_(2.0**-53)

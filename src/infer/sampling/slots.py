@@ -67,6 +67,7 @@ class SamplingSlots:
             any_penalty=bool(self._penalty[slots_host].any()),
         )
 
-    def advance(self, slots: torch.Tensor) -> None:
-        """The rows holding `slots` sampled a token that counts: their next draw uses the next noise."""
-        self._ints[2].index_add_(0, slots, self._ones[: slots.shape[0]])
+    def advance(self, slots: torch.Tensor, by: torch.Tensor | None = None) -> None:
+        """The rows holding `slots` sampled tokens that count (one each, or `by` [rows] int64 with speculation):
+        their next draw uses the noise of the token index after them."""
+        self._ints[2].index_add_(0, slots, self._ones[: slots.shape[0]] if by is None else by)

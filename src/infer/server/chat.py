@@ -90,7 +90,7 @@ class _ChatView:
                 yield stream_error(out.error, out.client_error)
                 return
             lps = [out.logprob] if out.logprob is not None else []
-            if not (out.text_delta or out.finished or lps or out.probes):
+            if not (out.text_delta or out.finished or lps or out.probes is not None):
                 continue
             choice = {"index": index, "delta": {"content": out.text_delta} if out.text_delta else {},
                       "logprobs": chat_logprobs(lps, self.state.token_text) if self.body.logprobs else None,

@@ -122,7 +122,7 @@ class _CompletionView:
                 started[index] = True
                 text = self.echoes[self._prompt(index)] + text
             lps = [out.logprob] if out.logprob is not None else []
-            if not (text or out.finished or lps or prompt_lps or out.probes):
+            if not (text or out.finished or lps or prompt_lps or out.probes is not None):
                 continue  # text held back (an incomplete character or a possible stop string)
             logprobs = self._logprobs(index, prompt_lps, lps, offsets[index])
             if logprobs is not None:

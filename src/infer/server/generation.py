@@ -54,8 +54,9 @@ class Choice:
             self.logprobs.append(out.logprob)
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
-        if out.probes is not None:
-            for name, value in out.probes.as_dict().items():
+        scores = out.probe_dict()
+        if scores is not None:
+            for name, value in scores.items():
                 self.probes.setdefault(name, []).append(value)
         if out.prompt_probes is not None:
             self.prompt_probes = out.prompt_probes
@@ -166,5 +167,6 @@ def chunk_probes(names: tuple[str, ...], out: StepOutput, with_prompt: bool) -> 
     """A stream chunk's probe fields: the scores of the tokens in this chunk (and the prompt's, on the first)."""
     if not names:
         return {}
-    probes = {name: [value] for name, value in out.probes.as_dict().items()} if out.probes is not None else {}
+    scores = out.probe_dict()
+    probes = {name: [value] for name, value in scores.items()} if scores is not None else {}
     return probe_fields(names, probes, out.prompt_probes, with_prompt)

@@ -45,6 +45,15 @@ def render(state: ServerState) -> str:
             [(label, stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1))])
     _metric(lines, "infer:num_preemptions_total", "counter", "Requests preempted for recomputation.",
             [(label, stats.num_preemptions)])
+    _metric(lines, "infer:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified (speculative decoding).",
+            [(label, stats.spec_drafted)])
+    _metric(lines, "infer:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+            [(label, stats.spec_accepted)])
+    _metric(lines, "infer:spec_decode_draft_acceptance_rate", "gauge", "Accepted / drafted tokens since start.",
+            [(label, stats.spec_accepted / max(stats.spec_drafted, 1))])
+    _metric(lines, "infer:spec_decode_mean_accepted_length", "gauge",
+            "Tokens emitted per request-step that verified drafts (accepted drafts + 1), since start.",
+            [(label, 1 + stats.spec_accepted / max(stats.spec_verified_rows, 1))])
     _metric(lines, "infer:request_success_total", "counter", "Finished requests by finish reason.",
             [(f'{{model_name="{model}",finished_reason="{r}"}}', n) for r, n in sorted(m.finished.items())])
     _histogram(lines, "infer:time_to_first_token_seconds", "Time to first token.", m.ttft, model)

@@ -1,0 +1,5 @@
+"""Speculative decoding's proposers: where draft tokens come from (verification is in infer.sampling.speculative)."""
+
+from infer.speculative.ngram import NgramProposer
+
+__all__ = ["NgramProposer"]
