@@ -3,9 +3,9 @@
     python benchmarks/speculative.py                       # CPU, the bundled SmolLM2 (float32)
     python benchmarks/speculative.py --num-speculative-tokens 6
 
-Two task sets: "copy" prompts whose answers reuse the prompt's text (edit, extract, reformat a passage given in
-the prompt; written for this benchmark) and "fresh" prompts where nothing in the prompt is worth copying (the
-overhead when lookups miss). Each prompt runs with and without speculation, interleaved, `--repeats` times;
+Task sets: "copy" prompts whose answers reuse the prompt's text (edit, extract, reformat a passage given in the
+prompt; written for this benchmark), "fresh" prompts with nothing in the prompt worth copying, and "miss" (the
+fresh prompts with every proposal dropped: the overhead of speculation where nothing matches). Each prompt runs with and without speculation, interleaved, `--repeats` times;
 reported: decode tokens/s (median over repeats of the set's total), the speedup, whether the greedy text was
 identical, the acceptance rate and mean tokens per verifying step.
 Report: benchmarks/reports/speculative_cpu.{json,md} (OUT_DIR overrides the folder).
@@ -98,7 +98,12 @@ def main() -> None:
         "max_tokens": args.max_tokens, "repeats": args.repeats,
         "command": " ".join(["python benchmarks/speculative.py", *sys.argv[1:]]), "sets": {},
     }
+    sets["miss"] = sets["fresh"]
+    lookup = spec.engine.scheduler.proposer.propose
     for name, prompts in sets.items():
+        # miss: the lookups run and their proposals are dropped, so every step decodes one token: the cost of
+        # speculation being on (lookups, no step overlap) where nothing matches
+        spec.engine.scheduler.proposer.propose = (lambda t, n: (lookup(t, n), [])[1]) if name == "miss" else lookup
         rates: dict[str, list[float]] = {"plain": [], "ngram": []}
         identical = True
         before = (spec.engine.scheduler.num_drafted, spec.engine.scheduler.num_accepted, spec.engine.scheduler.num_verified_rows)
@@ -133,8 +138,9 @@ def write(r: dict) -> None:
         lines.append(f"| {name} | {s['tok_s']['plain']:.1f} | {s['tok_s']['ngram']:.1f} | {s['speedup']:.2f}x | "
                      f"{'yes' if s['identical_greedy_text'] else 'NO'} | {100 * s['acceptance_rate']:.0f}% "
                      f"({s['accepted']}/{s['drafted']}) | {s['mean_tokens_per_verify_step']:.2f} |")
-    lines += ["", "copy: answers that reuse the prompt's passage (edit, extract, reformat); fresh: nothing to copy "
-                  "(the cost of lookups that miss).", ""]
+    lines += ["", "copy: answers that reuse the prompt's passage (edit, extract, reformat). fresh: open-ended prompts "
+                  "(a small model still repeats itself, so lookups find matches). miss: the fresh prompts with every "
+                  "lookup's proposal dropped: the cost of having speculation on where nothing matches.", ""]
     (folder / "speculative_cpu.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

@@ -7,6 +7,8 @@ result (the step boundary). Decode steps run from fixed buffers, through a CUDA
 graph when one is captured for the batch's bucket. With INFER_STRICT_SYNC=1 any other sync raises.
 With a probe bank, taps at the probed layers' `resid_post` fill its score buffer during the forward (and
 inside the graphs); the rows a step's requests asked for travel back with the sampled ids.
+A step with draft tokens (speculation) is verified on the device (runners/verify.py, sampling/speculative.py);
+its emitted tokens and counts come back packed through the same readback.
 """
 
 from __future__ import annotations
