@@ -33,6 +33,9 @@ def _mix32_(x: torch.Tensor) -> torch.Tensor:
 
 def _row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """One 32-bit key per row from the 64-bit seed and step; rows never look at each other."""
+    if seeds.shape != steps.shape or seeds.dim() != 1:
+        raise ValueError(f"seeds {tuple(seeds.shape)} and steps {tuple(steps.shape)} must be equal 1-D shapes")
+    seeds, steps = seeds.to(torch.int64), steps.to(torch.int64)
     key = _mix32_((steps >> 32) ^ _SALT_STEP)
     key = _mix32_(key ^ (steps & _MASK32))
     key = _mix32_(key ^ (seeds >> 32) ^ _SALT_KEY)
@@ -47,9 +50,7 @@ def uniform(seeds: torch.Tensor, steps: torch.Tensor, n: int) -> torch.Tensor:
     k * 2**-24 except cell 0, represented by its midpoint 2**-25: every value is exact in float32 and
     neither 0 nor 1 can occur.
     """
-    if seeds.shape != steps.shape or seeds.dim() != 1:
-        raise ValueError(f"seeds {tuple(seeds.shape)} and steps {tuple(steps.shape)} must be equal 1-D shapes")
-    keys = _row_keys(seeds.to(torch.int64), steps.to(torch.int64))
+    keys = _row_keys(seeds, steps)
     cols = _mix32_(torch.arange(n, device=seeds.device, dtype=torch.int64) ^ _SALT_COL)
     cells = (_mix32_(keys[:, None] ^ cols[None, :]) >> 8).to(torch.float32)
     return cells.mul_(_TWO_POW_M24).clamp_(min=_TWO_POW_M25)
@@ -64,9 +65,7 @@ def uniform64(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     53 bits from two 32-bit hashes of the row key (26 + 27 bits); the value is (k + 0.5) * 2**-53, exact in
     float64. Speculative decoding compares it with an acceptance ratio computed in float64.
     """
-    if seeds.shape != steps.shape or seeds.dim() != 1:
-        raise ValueError(f"seeds {tuple(seeds.shape)} and steps {tuple(steps.shape)} must be equal 1-D shapes")
-    keys = _row_keys(seeds.to(torch.int64), steps.to(torch.int64))
+    keys = _row_keys(seeds, steps)
     # mixed twice, salted: a stream apart from the single-mix column words of `uniform`
     high = _mix32_(_mix32_(keys ^ _SALT_ACCEPT[0]) ^ _SALT_ACCEPT[1]) >> 6  # 26 bits
     low = _mix32_(_mix32_(keys ^ _SALT_ACCEPT[1]) ^ _SALT_ACCEPT[0]) >> 5  # 27 bits

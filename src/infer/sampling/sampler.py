@@ -38,6 +38,16 @@ class SamplingTensors:
     any_top_k_or_p: bool  # some sampled row filters its vocabulary
     any_penalty: bool  # some row has repetition_penalty != 1
 
+    def per_position(self, width: int) -> SamplingTensors:
+        """Each row repeated for `width` consecutive token positions (row-major), its step counter advanced by
+        the position: the parameters and noise of the tokens a speculative step decides."""
+        def rows(x: torch.Tensor) -> torch.Tensor:
+            return x.repeat_interleave(width)
+
+        steps = (self.steps[:, None] + torch.arange(width, device=self.steps.device)).reshape(-1)
+        return SamplingTensors(rows(self.temperature), rows(self.top_k), rows(self.top_p), rows(self.repetition_penalty),
+                               rows(self.seeds), steps, self.all_greedy, self.any_top_k_or_p, self.any_penalty)
+
     @classmethod
     def from_params(
         cls,
@@ -116,20 +126,32 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return (chunk * (vocab // chunks) + within.gather(-1, chunk)).squeeze(-1)
 
 
+def penalized(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None) -> torch.Tensor:
+    """The logits with the rows' repetition penalties applied (unchanged when no row has one)."""
+    if not t.any_penalty:
+        return logits
+    if seen is None:
+        raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
+    return apply_repetition_penalty(logits, seen, t.repetition_penalty)
+
+
+def scaled_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """What sampled rows draw from: logits over the temperature, outside top-k / top-p at -inf (greedy rows / 1)."""
+    scaled = logits / t.temperature.masked_fill(t.temperature == 0, 1.0)[:, None]
+    return filter_top_k_top_p(scaled, t.top_k, t.top_p) if t.any_top_k_or_p else scaled
+
+
+def gumbel_log_e(t: SamplingTensors, vocab: int) -> torch.Tensor:
+    """log E per row and token, E = -log U ~ Exp(1) from the rows' counter-based noise: argmax(x - log E) draws
+    from softmax(x) (Gumbel-max, the exponential race)."""
+    return uniform(t.seeds, t.steps, vocab).log_().neg_().log_()
+
+
 def sample(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None = None) -> torch.Tensor:
     """Next token id per row (int64 [B]) from float32 logits [B, V]; no host sync, graph-capturable."""
-    if t.any_penalty:
-        if seen is None:
-            raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
-        logits = apply_repetition_penalty(logits, seen, t.repetition_penalty)
+    logits = penalized(logits, t, seen)
     greedy_tokens = argmax_rows(logits)
     if t.all_greedy:
         return greedy_tokens
-    greedy = t.temperature == 0
-    scaled = logits / t.temperature.masked_fill(greedy, 1.0)[:, None]
-    if t.any_top_k_or_p:
-        scaled = filter_top_k_top_p(scaled, t.top_k, t.top_p)
-    # Gumbel-max: argmax(x - log E) with E = -log U ~ Exp(1) draws from softmax(x) (the exponential race).
-    log_e = uniform(t.seeds, t.steps, logits.shape[-1]).log_().neg_().log_()
-    sampled_tokens = argmax_rows(scaled - log_e)
-    return torch.where(greedy, greedy_tokens, sampled_tokens)
+    sampled_tokens = argmax_rows(scaled_logits(logits, t) - gumbel_log_e(t, logits.shape[-1]))
+    return torch.where(t.temperature == 0, greedy_tokens, sampled_tokens)

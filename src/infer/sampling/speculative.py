@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from infer.sampling.random import uniform, uniform64
-from infer.sampling.sampler import SamplingTensors, apply_repetition_penalty, argmax_rows, filter_top_k_top_p
+from infer.sampling.random import uniform64
+from infer.sampling.sampler import SamplingTensors, argmax_rows, gumbel_log_e, penalized, scaled_logits
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -35,37 +35,28 @@ def verify(
     """
     rows, width, vocab = logits.shape
     k = width - 1
-    flat = logits.reshape(rows * width, vocab)
-    seeds = t.seeds.repeat_interleave(width)
-    steps = (t.steps[:, None] + torch.arange(width, device=logits.device)).reshape(-1)  # the token index decided
-    if t.any_penalty:
-        if seen is None:
-            raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
-        flat = apply_repetition_penalty(flat, seen.repeat_interleave(width, 0), t.repetition_penalty.repeat_interleave(width))
+    at = t.per_position(width)  # row b * width + j: the parameters and noise of the token position j decides
+    flat = penalized(logits.reshape(rows * width, vocab), at, None if seen is None else seen.repeat_interleave(width, 0))
     target = argmax_rows(flat).view(rows, width)  # greedy rows: the target's token at every position
     accept = drafts == target[:, :k]
+    positions = torch.arange(k, device=logits.device)[None, :]
     if not t.all_greedy:
-        temperature = t.temperature.repeat_interleave(width)
         greedy = (t.temperature == 0)[:, None]
-        scaled = flat / temperature.masked_fill(temperature == 0, 1.0)[:, None]
-        if t.any_top_k_or_p:
-            scaled = filter_top_k_top_p(scaled, t.top_k.repeat_interleave(width), t.top_p.repeat_interleave(width))
-        log_e = uniform(seeds, steps, vocab).log_().neg_().log_()  # Gumbel noise: the same draw as plain sampling
+        scaled = scaled_logits(flat, at)
+        log_e = gumbel_log_e(at, vocab)  # the same draw as plain sampling of that token
         plain = argmax_rows(scaled - log_e).view(rows, width)
         if k:
             p = scaled.view(rows, width, vocab)[:, :k].to(torch.float64).softmax(dim=-1)
             q = (torch.nn.functional.one_hot(drafts, vocab).to(torch.float64) if draft_probs is None
                  else draft_probs.to(torch.float64))
             ratio = p.gather(-1, drafts[..., None]).squeeze(-1) / q.gather(-1, drafts[..., None]).squeeze(-1)
-            u = uniform64(seeds, steps).view(rows, width)[:, :k]
+            u = uniform64(at.seeds, at.steps).view(rows, width)[:, :k]
             rest = residual(p, q).log_().view(rows * k, vocab) - log_e.view(rows, width, vocab)[:, :k].reshape(rows * k, vocab)
             corrected = argmax_rows(rest).view(rows, k)
-            positions = torch.arange(k, device=logits.device)[None, :]
             # a sampled row's token where its run stops: the residual's sample at a rejected draft, p's past its drafts
             plain[:, :k] = torch.where(positions < num_drafts[:, None], corrected, plain[:, :k])
             accept = torch.where(greedy, accept, u < ratio)
         target = torch.where(greedy, target, plain)
-    positions = torch.arange(k, device=logits.device)[None, :]
     accepted = (accept & (positions < num_drafts[:, None])).to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # leading run
     last = target.gather(1, accepted[:, None])
     tokens = torch.cat([drafts, drafts.new_zeros(rows, 1)], dim=1) if k else drafts.new_zeros(rows, 1)
