@@ -2,10 +2,15 @@
 
     python benchmarks/speculative_gpu.py                     # Llama-3.2-1B and Llama-3.1-8B shapes, random bf16
 
-Random weights accept nothing, so this measures the mechanics: every request drafts k tokens every step (a
-proposer that always proposes), every step verifies, and step time is measured against plain decoding (CUDA
-graphs) in the same run. From t_decode and t_verify(k), a per-token acceptance rate a gives
-E = (1 - a^(k+1)) / (1 - a) tokens per verify step and a speedup of E * t_decode / t_verify(k).
+Random weights accept nothing a real proposer drafts, so two measurements stand in for a real model:
+- mechanics: every request drafts k tokens every step (a proposer that always proposes) and every step verifies;
+  step time against plain decoding in the same run (both replay CUDA graphs). From t_decode and t_verify(k), a
+  per-token acceptance rate a gives E = (1 - a^(k+1)) / (1 - a) tokens per verify step and a speedup of
+  E * t_decode / t_verify(k).
+- end to end at a set acceptance: an oracle proposer drafts the continuation plain greedy decoding produced (read
+  from a plain run of the same prompts), each draft kept with probability a, else replaced by a wrong token, and
+  the engine's output tokens/s is measured against plain decoding, with the greedy tokens compared (float32:
+  see E2E_DTYPE).
 Report: benchmarks/reports/speculative_gpu_{gpu}.{json,md} (OUT_DIR overrides the folder).
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -28,13 +34,24 @@ from probe_overhead import gpu_tag
 KS = (2, 4, 8)
 BATCHES = (1, 32)
 RATES = (0.5, 0.7, 0.9)
+ORACLE_K = 4
+ORACLE_RATES = (1.0, 0.8, 0.5)
+PROMPT_LEN, NEW_TOKENS = 64, 96
+# Random weights give near-flat logits, so in bf16 a batch's shape (b rows vs b * (k + 1)) flips greedy ties within
+# a few tokens (plain batch 1 vs batch 32 too) and the oracle's drafts leave the trajectory; in float32 greedy
+# decoding is the same at every shape, so the end-to-end runs use it.
+E2E_DTYPE = "float32"
+
+
+def prompts(batch: int) -> list[list[int]]:
+    """Distinct prompts (the oracle finds a request's reference continuation by its prompt)."""
+    return [[(7 * i + 13 * b + 3) % 1000 + 1 for i in range(PROMPT_LEN)] for b in range(batch)]
 
 
 def step_ms(llm: LLM, batch: int, steps: int = 48) -> float:
     """Median ms per engine step of `batch` decoding requests (after their prefills)."""
-    prompt = [(7 * i + 3) % 1000 + 1 for i in range(64)]
     params = SamplingParams(temperature=0, max_tokens=steps + 24, ignore_eos=True)
-    requests = [llm.engine.add_request(prompt, params) for _ in range(batch)]
+    requests = [llm.engine.add_request(p, params) for p in prompts(batch)]
     while any(not r.output_token_ids for r in requests):
         llm.engine.step()
     for _ in range(3):
@@ -53,6 +70,75 @@ def step_ms(llm: LLM, batch: int, steps: int = 48) -> float:
     return 1e3 * statistics.median(times)
 
 
+def timed_generate(llm: LLM, batch: int) -> tuple[float, list[list[int]]]:
+    """(output tokens/s, token ids) of `batch` greedy requests from submission to the last token."""
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = llm.generate_ids(prompts(batch), params)
+    torch.cuda.synchronize()
+    return batch * NEW_TOKENS / (time.perf_counter() - t), [o.token_ids for o in out]
+
+
+def oracle(reference: dict[tuple[int, ...], list[int]], rate: float, k: int):
+    """A proposer drafting the plain run's continuation, each draft kept with probability `rate`."""
+    rng = random.Random(0)
+
+    def propose(tokens: list[int], limit: int) -> list[int]:
+        want = reference[tuple(tokens[:PROMPT_LEN])][len(tokens) - PROMPT_LEN :][: min(k, limit)]
+        return [t if rng.random() < rate else (t + 1) % 1000 for t in want]
+
+    return propose
+
+
+def mechanics(model: str, options: dict) -> list[dict]:
+    """Verify-step cost vs decode-step cost for each k and batch (every request drafts k every step)."""
+    plain = LLM(model, **options)
+    decode = {b: step_ms(plain, b) for b in BATCHES}
+    del plain
+    torch.cuda.empty_cache()
+    spec = LLM(model, speculative_method="ngram", num_speculative_tokens=max(KS), **options)
+    rows = []
+    for k in KS:
+        spec.engine.scheduler.proposer.propose = lambda tokens, limit, k=k: [11] * min(k, limit)
+        for b in BATCHES:
+            verify = step_ms(spec, b)
+            ratio = verify / decode[b]
+            gains = {a: (1 - a ** (k + 1)) / (1 - a) / ratio for a in RATES}
+            rows.append({"k": k, "batch": b, "decode_ms": decode[b], "verify_ms": verify, "verify_over_decode": ratio,
+                         "speedup_at_acceptance": gains})
+    del spec
+    torch.cuda.empty_cache()
+    return rows
+
+
+def end_to_end(model: str, options: dict) -> list[dict]:
+    """Output tokens/s with oracle drafts at each set rate vs plain decoding, greedy tokens compared."""
+    plain = LLM(model, **options)
+    reference = {b: timed_generate(plain, b)[1] for b in BATCHES}  # also the warm-up
+    plain_tok_s = {b: statistics.median(timed_generate(plain, b)[0] for _ in range(3)) for b in BATCHES}
+    del plain
+    torch.cuda.empty_cache()
+    spec = LLM(model, speculative_method="ngram", num_speculative_tokens=ORACLE_K, **options)
+    s = spec.engine.scheduler
+    rows = []
+    for b in BATCHES:
+        by_prompt = {tuple(p): ids for p, ids in zip(prompts(b), reference[b])}
+        for rate in ORACLE_RATES:
+            s.proposer.propose = oracle(by_prompt, rate, ORACLE_K)
+            before = (s.num_drafted, s.num_accepted, s.num_verified_rows)
+            runs = [timed_generate(spec, b) for _ in range(3)]
+            drafted, accepted, verified = s.num_drafted - before[0], s.num_accepted - before[1], s.num_verified_rows - before[2]
+            tok_s = statistics.median(r[0] for r in runs)
+            rows.append({"batch": b, "k": ORACLE_K, "set_rate": rate, "acceptance": accepted / max(drafted, 1),
+                         "mean_tokens_per_verify_step": 1 + accepted / max(verified, 1),
+                         "plain_tok_s": plain_tok_s[b], "spec_tok_s": tok_s, "speedup": tok_s / plain_tok_s[b],
+                         "identical_greedy_tokens": all(r[1] == reference[b] for r in runs)})
+    del spec
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     shapes = sys.argv[1:] or ["llama-3.2-1b", "llama-3.1-8b"]
     work = Path(tempfile.mkdtemp())
@@ -60,24 +146,8 @@ def main() -> None:
     for shape in shapes:
         model = str(ms.write_model_dir(shape, work / shape))
         options = dict(load_format="dummy", max_seq_len=512, max_batch_size=max(BATCHES), kv_cache_memory_gb=4)
-        plain = LLM(model, **options)
-        decode = {b: step_ms(plain, b) for b in BATCHES}
-        del plain
-        torch.cuda.empty_cache()
-        spec = LLM(model, speculative_method="ngram", num_speculative_tokens=max(KS), **options)
-        proposer = spec.engine.scheduler.proposer
-        rows = []
-        for k in KS:
-            proposer.propose = lambda tokens, limit, k=k: [11] * min(k, limit)  # always k drafts: every step verifies
-            for b in BATCHES:
-                verify = step_ms(spec, b)
-                ratio = verify / decode[b]
-                gains = {a: (1 - a ** (k + 1)) / (1 - a) / ratio for a in RATES}
-                rows.append({"k": k, "batch": b, "decode_ms": decode[b], "verify_ms": verify, "verify_over_decode": ratio,
-                             "speedup_at_acceptance": gains})
-        del spec
-        torch.cuda.empty_cache()
-        result["shapes"][shape] = rows
+        result["shapes"][shape] = {"mechanics": mechanics(model, {**options, "dtype": "bfloat16"}),
+                                   "end_to_end": end_to_end(model, {**options, "dtype": E2E_DTYPE})}
     write(result)
 
 
@@ -86,17 +156,27 @@ def write(r: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tag = gpu_tag(r["device"])
     (folder / f"speculative_gpu_{tag}.json").write_text(json.dumps(r, indent=2))
-    lines = [f"# Speculative decoding mechanics, {r['device']}", "",
-             f"Random bf16 weights, torch {r['torch']}, median step times (`python benchmarks/speculative_gpu.py`). "
-             "Decode steps replay CUDA graphs; verify steps (every request drafting k tokens) run eagerly. "
-             "Speedup at acceptance a: (1 - a^(k+1)) / (1 - a) tokens per verify step, times t_decode / t_verify.", ""]
-    for shape, rows in r["shapes"].items():
-        lines += [f"## {shape}", "", "| k | batch | decode ms | verify ms | verify / decode | "
+    lines = [f"# Speculative decoding on the GPU, {r['device']}", "",
+             f"Random weights (mechanics in bf16), torch {r['torch']}, `python benchmarks/speculative_gpu.py`. Decode and verify steps "
+             "both replay CUDA graphs (a verify step decodes k + 1 rows per sequence).", ""]
+    for shape, parts in r["shapes"].items():
+        lines += [f"## {shape}", "", "Mechanics (median step times; every request drafts k every step). Speedup at "
+                  "acceptance a: (1 - a^(k+1)) / (1 - a) tokens per verify step, times t_decode / t_verify.", "",
+                  "| k | batch | decode ms | verify ms | verify / decode | "
                   + " | ".join(f"speedup at a={a}" for a in RATES) + " |", "|---|---|---|---|---|" + "---|" * len(RATES)]
-        for row in rows:
+        for row in parts["mechanics"]:
             gains = " | ".join(f"{row['speedup_at_acceptance'][a]:.2f}x" for a in RATES)
             lines.append(f"| {row['k']} | {row['batch']} | {row['decode_ms']:.2f} | {row['verify_ms']:.2f} | "
                          f"{row['verify_over_decode']:.2f} | {gains} |")
+        lines += ["", f"End to end ({E2E_DTYPE}: greedy decoding of random weights is batch-shape invariant only "
+                  f"there), oracle drafts (k = {ORACLE_K}, each kept with the set probability), {NEW_TOKENS} new tokens "
+                  "per request, medians of 3 runs:", "",
+                  "| batch | set rate | acceptance | tokens per verify step | plain tok/s | spec tok/s | speedup | identical |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for e in parts["end_to_end"]:
+            lines.append(f"| {e['batch']} | {e['set_rate']} | {100 * e['acceptance']:.0f}% | "
+                         f"{e['mean_tokens_per_verify_step']:.2f} | {e['plain_tok_s']:.0f} | {e['spec_tok_s']:.0f} | "
+                         f"{e['speedup']:.2f}x | {'yes' if e['identical_greedy_tokens'] else 'NO'} |")
         lines.append("")
     (folder / f"speculative_gpu_{tag}.md").write_text("\n".join(lines))
     print("\n".join(lines))

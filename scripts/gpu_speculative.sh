@@ -7,4 +7,4 @@ INFER_STRICT_SYNC=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/g
   2>&1 | tail -15 > "$out/gpu_speculative_tests.log"
 tail -4 "$out/gpu_speculative_tests.log"
 [[ "${1:-all}" == tests ]] && exit 0
-OUT_DIR="$out" timeout 330 python3 benchmarks/speculative_gpu.py 2>&1 | tail -40
+OUT_DIR="$out" timeout 480 python3 benchmarks/speculative_gpu.py 2>&1 | tail -60

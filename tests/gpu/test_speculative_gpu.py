@@ -1,5 +1,5 @@
-"""Speculative decoding on CUDA: greedy tokens identical to plain decoding with CUDA graphs on (decode steps
-replay graphs, verify steps run eagerly), batched, and clean under INFER_STRICT_SYNC=1 when set."""
+"""Speculative decoding on CUDA: greedy tokens identical to plain decoding with CUDA graphs on (decode and verify
+steps replay graphs, steps mixing prompt chunks verify eagerly), batched, and clean under INFER_STRICT_SYNC=1."""
 
 from __future__ import annotations
 

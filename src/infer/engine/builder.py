@@ -88,7 +88,7 @@ def probe_bank(config: EngineConfig, model_config: ModelConfig) -> ProbeBank | N
         probe_set = read_probe_set(config.probes, model_config)
     except ProbeError as exc:
         raise EngineConfigError(f"probes={config.probes!r}: {exc}") from exc
-    rows = max(config.max_num_batched_tokens or 0, config.max_batch_size)  # the most rows one forward has
+    rows = max(config.max_num_batched_tokens or 0, config.decode_rows)  # the most rows one forward has
     return ProbeBank(probe_set, model_config.hidden_size, rows, torch.device(config.resolved_device))
 
 
@@ -105,7 +105,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     runner = TorchRunner(
         loaded.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-        bucket_sizes(config.max_batch_size) if config.cuda_graphs else (), probe_bank(config, loaded.config),
+        bucket_sizes(config.decode_rows) if config.cuda_graphs else (), probe_bank(config, loaded.config),
         max_drafts=config.speculative_tokens,
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))

@@ -124,6 +124,11 @@ class EngineConfig:
             return 0
         return self.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
 
+    @property
+    def decode_rows(self) -> int:
+        """The most rows of one decode forward: a verify step decodes each sequence's token and its drafts."""
+        return self.max_batch_size * (self.speculative_tokens + 1)
+
     def _check(self, field: str, ok: bool, message: str) -> None:
         if not ok:
             raise EngineConfigError(f"{field}={getattr(self, field)!r}: {message}")

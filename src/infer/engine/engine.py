@@ -242,7 +242,7 @@ class Engine:
         rows, requests = batch.rows, batch.requests
         step = StepInput(StepKind.DECODE if batch.is_decode else StepKind.PREFILL)
         step.prev_rows = self._in_flight.prev_rows(batch)
-        if step.step_kind is StepKind.DECODE:
+        if batch.is_decode and not batch.has_drafts:
             step.token_ids = [r.request.tokens_at(r.start, 1)[0] for r in rows]
             step.positions = [r.start for r in rows]
             step.query_lens = [1] * len(rows)
@@ -252,11 +252,12 @@ class Engine:
             step.positions = [p for r in rows for p in range(r.start, r.start + r.num_new)]
             step.query_lens = [r.num_new for r in rows]
             step.slot_mapping = [s for r in rows for s in r.slots]
+            if batch.has_drafts:
+                step.drafts = [r.drafts for r in rows]
+        if not batch.is_decode:
             step.prompt_logprobs = [r.prompt_logprobs for r in rows]
             if self.scheduler.wants_probes:
                 step.probe_prompt = [_prompt_rows(r) for r in rows]
-            if any(r.drafts for r in rows):
-                step.drafts = [r.drafts for r in rows]
         samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
         step.samples = None if all(samples) else samples
         step.context_lens = [r.start + r.num_new for r in rows]

@@ -39,11 +39,14 @@ class ScheduledBatch:
     rows: list[ScheduledRow]
     joined: list[Request] = field(default_factory=list)  # requests that took a sampling slot for this step
     requests: list[Request] = field(init=False)
-    is_decode: bool = field(init=False)  # one new token per row: the decode fast path (fixed buffers, graphs)
+    # one known token per row (and its drafts): the decode fast path (fixed buffers, graphs)
+    is_decode: bool = field(init=False)
+    has_drafts: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.requests = [row.request for row in self.rows]
-        self.is_decode = all(row.num_new == 1 for row in self.rows)
+        self.has_drafts = any(row.drafts for row in self.rows)
+        self.is_decode = all(row.num_new == 1 + len(row.drafts) for row in self.rows)
 
 
 class Scheduler:
@@ -155,7 +158,7 @@ class Scheduler:
             rows = self._decodes()
             if self.config.scheduler_policy == "decode_round_robin" and rows and self._last_had_prefill:
                 return rows  # prefill chunks every other step while requests decode
-            return rows + self._chunks(rows, self.config.max_num_batched_tokens - len(rows))
+            return rows + self._chunks(rows, self.config.max_num_batched_tokens - sum(r.num_new for r in rows))
         if self.running and (self._overdue() or self._decode_turn()):
             return self._decodes()
         return self._admit(self.config.max_num_batched_tokens) or self._decodes()

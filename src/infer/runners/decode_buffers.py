@@ -11,6 +11,7 @@ Rows past the live batch are padding: slot -1 (the KV store skips it) and contex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -22,6 +23,28 @@ _INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows", "sampling_
 # A padding row: token 0 at position 0, KV slot -1 (the KV store skips it), prev_rows -1 (take token_ids),
 # sampling slot 0 (padding rows are never sampled).
 _PADDING = np.array([[0], [0], [-1], [-1], [0]], dtype=np.int64)
+
+
+class DecodeRows(NamedTuple):
+    """The per-row inputs of a decode forward, one row per query token (a verify step has k + 1 per sequence)."""
+
+    token_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    prev_rows: list[int]  # per row: the previous step's row whose sampled id is its token, or -1
+    sampling_slots: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+
+    @classmethod
+    def of(cls, step: StepInput) -> DecodeRows:
+        """A plain decode step's rows: one per sequence."""
+        return cls(step.token_ids, step.positions, step.slot_mapping, step.prev_rows or [-1] * step.num_seqs,
+                   step.sampling_slots, step.context_lens, step.block_tables)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass
@@ -83,11 +106,11 @@ class DecodeBuffers:
         """The device view of the first `rows` rows' sampling slots."""
         return self._views(self._device_bytes, rows)[0][4, :rows]
 
-    def fill(self, step: StepInput, rows: int) -> None:
-        """Write `step` (padded to `rows` rows) into the device buffers: one host->device copy, no sync."""
-        n = step.num_seqs
+    def fill(self, step: DecodeRows, rows: int) -> None:
+        """Write `step`'s rows (padded to `rows`) into the device buffers: one host->device copy, no sync."""
+        n = step.num_rows
         if not n <= rows <= self.max_batch:
-            raise ValueError(f"decode batch of {n} sequences padded to {rows} rows; the buffers hold {self.max_batch}")
+            raise ValueError(f"decode batch of {n} rows padded to {rows} rows; the buffers hold {self.max_batch}")
         staging, written = self._staging[self._next], self._tables_written[self._next]
         self._next ^= 1
         ints, ctx, tables = (t.numpy() for t in self._views(staging, rows))
@@ -96,7 +119,7 @@ class DecodeBuffers:
         ints[0, :n] = step.token_ids
         ints[1, :n] = step.positions
         ints[2, :n] = step.slot_mapping
-        ints[3, :n] = step.prev_rows or [-1] * n
+        ints[3, :n] = step.prev_rows
         ints[4, :n] = step.sampling_slots
         ctx[:n] = step.context_lens
         # A row's table is rewritten only when it differs from what this buffer holds there (tables grow one
@@ -106,7 +129,7 @@ class DecodeBuffers:
             if table == written[i]:
                 continue
             if len(table) > self.max_blocks:
-                raise ValueError(f"sequence {i} has {len(table)} blocks; the buffers hold {self.max_blocks}")
+                raise ValueError(f"row {i} has {len(table)} blocks; the buffers hold {self.max_blocks}")
             tables[i, : len(table)] = table
             written[i] = table
         used = self._int64_bytes + self._ctx_bytes + rows * self.max_blocks * 4

@@ -21,11 +21,11 @@ import torch
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.cuda_graphs import DecodeGraphs, GraphStats
-from infer.runners.decode_buffers import DecodeBuffers
+from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
+from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
 from infer.sampling.logprobs import LogprobTensors, TokenLogprob, logprob_tensors
-from infer.runners.verify import VerifyInputs, pack, unpack, verify_inputs
 from infer.sampling.sampler import sample
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.speculative import verify
@@ -94,7 +94,8 @@ class TorchRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         max_blocks = -(-max_seq_len // block_size)
-        self.buffers = DecodeBuffers(self.device, max_batch_size, max_blocks, max_seq_len)
+        self.decode_rows = max_batch_size * (max_drafts + 1)  # a verify step decodes K + 1 rows per sequence
+        self.buffers = DecodeBuffers(self.device, self.decode_rows, max_blocks, max_seq_len)
         self.prefill_upload = StagedUpload(self.device)
         self.sampling_slots = SamplingSlots(max_batch_size, cfg.vocab_size, self.device)
         self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
@@ -107,8 +108,8 @@ class TorchRunner:
         if graph_batch_sizes:
             if self.device.type != "cuda":
                 raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
-            if max(graph_batch_sizes) > max_batch_size:
-                raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed max_batch_size={max_batch_size}")
+            if max(graph_batch_sizes) > self.decode_rows:
+                raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed the {self.decode_rows} rows of a decode step")
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device)
 
@@ -131,12 +132,15 @@ class TorchRunner:
             if step.step_kind is StepKind.DECODE:
                 logits, slots = self._decode(step)
                 hidden, batch, ids = None, None, None
+                if step.drafts is not None:
+                    verifying = verify_inputs(step, self.device)
                 advancing = slots if step.samples is None else upload(self._advancing(step), torch.int64, self.device)
             else:
                 batch, ids, slots, advancing = self._prefill_inputs(step)
                 hidden = self.model(ids, batch)
                 if step.drafts is not None:
-                    verifying = verify_inputs(step.drafts, batch.cu_seqlens_q_host, step.samples, self.device)
+                    verifying = verify_inputs(step, self.device, batch.cu_seqlens_q_host)
+                    assert verifying.logit_rows is not None
                     logits = self.model.compute_logits(hidden[verifying.logit_rows]).view(step.num_seqs, verifying.width, -1)
                 else:
                     logits = self.model.compute_logits(hidden[batch.last_token_indices])
@@ -173,15 +177,19 @@ class TorchRunner:
     # decode -----------------------------------------------------------------------------------
 
     def _decode(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [num_seqs, vocab] of a decode step (graph replay for its bucket, else eager) and the rows'
-        sampling slots on the device."""
+        """Logits of a decode step (graph replay for its bucket, else eager) and the sequences' sampling slots
+        on the device: [num_seqs, vocab], or [num_seqs, K + 1, vocab] for a step with drafts (runners/verify.py)."""
         n = step.num_seqs
-        bucket = self.graphs.bucket(n) if self.graphs is not None else None
-        self.buffers.fill(step, bucket or n)
-        slots = self.buffers.sampling_slots(n)
+        rows = DecodeRows.of(step) if step.drafts is None else decode_rows(step)
+        width = rows.num_rows // n
+        bucket = self.graphs.bucket(rows.num_rows) if self.graphs is not None else None
+        self.buffers.fill(rows, bucket or rows.num_rows)
+        slots = self.buffers.sampling_slots(rows.num_rows)[::width]
         if bucket is not None and self.graphs is not None:
-            return self.graphs.replay(bucket)[:n], slots
-        return self._decode_logits(n, max(step.context_lens)), slots
+            logits = self.graphs.replay(bucket)[: rows.num_rows]
+        else:
+            logits = self._decode_logits(rows.num_rows, max(step.context_lens))
+        return (logits if step.drafts is None else logits.view(n, width, -1)), slots
 
     def _decode_logits(self, rows: int, max_context_len: int | None = None) -> torch.Tensor:
         """The decode forward on the fixed buffers (what a graph captures): ids, model, LM head.
@@ -244,8 +252,9 @@ class TorchRunner:
         assert self.probes is not None
         scores = self.probes.scores
         launched.probe_layout = self.probes.layout
-        if batch is None:  # decode: row i samples sequence i (a graph bucket's padding rows are left out)
-            return scores[: step.num_seqs]
+        if batch is None:  # decode: row i * width samples sequence i (a graph bucket's padding rows are left out)
+            width = launched.verify_width or 1
+            return scores[: step.num_seqs * width : width]
         rows = batch.last_token_indices
         if step.probe_prompt is not None and any(step.probe_prompt):
             cu = batch.cu_seqlens_q_host

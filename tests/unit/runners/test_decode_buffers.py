@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infer.runners.decode_buffers import DecodeBuffers
+from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.step import StepInput, StepKind
 
 MAX_BATCH, MAX_BLOCKS = 6, 5
@@ -39,7 +39,7 @@ def test_buffers_hold_each_step_exactly(steps: list[list[list[int]]], seed: int)
     for tables in steps:
         step = decode_step(tables, rng)
         rows = rng.randint(step.num_seqs, MAX_BATCH)
-        buffers.fill(step, rows)
+        buffers.fill(DecodeRows.of(step), rows)
         view = buffers.view([], rows)
         n = step.num_seqs
         assert view.token_ids[:n].tolist() == step.token_ids
