@@ -137,7 +137,8 @@ def _add_speculative_flags(g: argparse._ArgumentGroup) -> None:
     d = EngineConfig()
     g.add_argument("--speculative-method", default=None, choices=[m for m in SPECULATIVE_METHODS if m],
                    help="propose draft tokens and verify them in one target forward (docs/speculative.md): "
-                        "'ngram' looks the request's last tokens up in its own prompt and output")
+                        "'ngram' looks the request's last tokens up in its own prompt and output; 'draft' runs "
+                        "a smaller model (--draft-model) on the device")
     g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                    help=f"draft tokens per step and request (default with a method: {DEFAULT_SPECULATIVE_TOKENS})")
     g.add_argument("--prompt-lookup-min", type=int, default=d.prompt_lookup_min, metavar="N",

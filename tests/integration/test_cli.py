@@ -11,7 +11,7 @@ from infer.cli import build_parser
 
 FLAGS = ["--model", "--chat", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k",
          "--repetition-penalty", "--stop", "--seed", "--ignore-eos", "--json-schema", "--regex", "--dtype", "--device",
-         "--max-seq-len"]
+         "--max-seq-len", "--speculative-method", "--num-speculative-tokens", "--draft-model"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -20,7 +20,9 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching-mode", "--scheduler-policy",
                "--fairness-steps", "--max-batch-size", "--max-num-batched-tokens", "--kv-cache-backend",
-               "--block-size", "--num-kv-blocks", "--kv-cache-memory-gb", "--max-waiting-requests", "--max-seq-len"]
+               "--block-size", "--num-kv-blocks", "--kv-cache-memory-gb", "--max-waiting-requests", "--max-seq-len",
+               "--speculative-method", "--num-speculative-tokens", "--prompt-lookup-min", "--prompt-lookup-max",
+               "--draft-model"]
 
 
 @pytest.mark.parametrize(("command", "flags"), [("generate", FLAGS), ("serve", SERVE_FLAGS)])
@@ -50,6 +52,19 @@ def test_generate_streams_an_answer_from_the_bundled_model():
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "loaded SmolLM2-135M-Instruct" in result.stderr and "tok/s" in result.stderr
+
+
+@pytest.mark.slow
+def test_generate_with_a_draft_model_gives_the_plain_answer():
+    """The bundled model drafting for itself (same GGUF): the greedy answer is the one plain decoding gives."""
+    from infer.loader.gguf_loader import bundled_smollm2
+
+    args = ["generate", "--chat", "What is the capital of France?", "--temperature", "0", "--max-tokens", "24"]
+    plain = _run(*args)
+    drafted = _run(*args, "--speculative-method", "draft", "--draft-model", str(bundled_smollm2()),
+                   "--num-speculative-tokens", "3")
+    assert drafted.returncode == 0, drafted.stderr
+    assert drafted.stdout == plain.stdout and "Paris" in drafted.stdout
 
 
 def test_serve_bad_engine_option_fails_at_startup_naming_the_field():

@@ -18,12 +18,13 @@ from infer.engine.engine import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.kv.sizing import kv_layout
 from infer.loader.gguf_loader import bundled_smollm2
-from infer.loader.model_loader import load_model
+from infer.loader.model_loader import LoadedModel, load_model
 from infer.loader.tokenizer import Tokenizer
 from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_chat
 from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
 from infer.runners.cuda_graphs import bucket_sizes
+from infer.runners.drafter import Drafter
 from infer.runners.torch_runner import TorchRunner
 from omniscience import ProbeBank, ProbeError, ProbeSet, load_probe_set
 
@@ -92,6 +93,22 @@ def probe_bank(config: EngineConfig, model_config: ModelConfig) -> ProbeBank | N
     return ProbeBank(probe_set, model_config.hidden_size, rows, torch.device(config.resolved_device))
 
 
+def load_drafter(config: EngineConfig, target: ModelConfig) -> LoadedModel:
+    """The draft model, on the target's device and dtype; its vocabulary must be the target's (drafts are token ids)."""
+    assert config.draft_model is not None
+    try:
+        drafter = load_model(Path(config.draft_model).expanduser(), config.torch_dtype, config.resolved_device,
+                             config.max_seq_len, config.load_format)
+    except (OSError, ValueError, KeyError) as exc:
+        raise EngineConfigError(f"draft_model={config.draft_model!r}: cannot load it: {exc}") from exc
+    if drafter.config.vocab_size != target.vocab_size:
+        raise EngineConfigError(
+            f"draft_model={config.draft_model!r}: its vocabulary has {drafter.config.vocab_size} tokens and the "
+            f"target's has {target.vocab_size}; a drafter must share the target's tokenizer and vocabulary"
+        )
+    return drafter
+
+
 def build_engine(config: EngineConfig) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine."""
     started = time.perf_counter()
@@ -99,14 +116,17 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format)
     tokenizer = Tokenizer.from_path(path)
     config = replace(config, max_seq_len=min(config.max_seq_len, loaded.config.max_position_embeddings))
+    drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None
     layout = kv_layout(
         loaded.config, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
         config.max_batch_size, config.num_kv_blocks, config.kv_cache_memory_gb * 2**30,
+        draft=drafter.config if drafter is not None else None,
     )
     runner = TorchRunner(
         loaded.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
         bucket_sizes(config.decode_rows) if config.cuda_graphs else (), probe_bank(config, loaded.config),
         max_drafts=config.speculative_tokens,
+        drafter=Drafter(drafter.model, layout.num_blocks, layout.block_size) if drafter is not None else None,
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = Engine(config, runner, kv, tokenizer)

@@ -112,8 +112,8 @@ class EngineConfig:
                     f"must be >= prompt_lookup_min ({self.prompt_lookup_min})")
         self._check("draft_model", self.draft_model is None or method == "draft", "requires speculative_method='draft'")
         self._check("speculative_method", method != "draft" or self.draft_model is not None, "'draft' requires draft_model")
-        self._check("speculative_method", method != "draft",
-                    "'draft' (a draft model) is not implemented yet; 'ngram' is (docs/speculative.md)")
+        self._check("draft_model", self.draft_model is None or Path(self.draft_model).expanduser().exists(),
+                    "does not exist")
         self._check("speculative_method", method is None or self.kv_cache_backend == "paged",
                     "requires kv_cache_backend='paged' (rejected drafts give their blocks back)")
 

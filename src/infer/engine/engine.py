@@ -254,6 +254,9 @@ class Engine:
             step.slot_mapping = [s for r in rows for s in r.slots]
             if batch.has_drafts:
                 step.drafts = [r.drafts for r in rows]
+                if self.config.speculative_method == "draft":
+                    step.drafter_tokens = [r.request.token_ids[r.request.num_drafter_tokens : r.start + 1] if r.drafts
+                                           else [] for r in rows]
         if not batch.is_decode:
             step.prompt_logprobs = [r.prompt_logprobs for r in rows]
             if self.scheduler.wants_probes:

@@ -92,6 +92,7 @@ class Request:
     prompt_probe_positions: int = 0  # prompt positions whose scores are collected (a recomputation skips them)
     num_drafted: int = 0  # speculation: draft tokens verified for this request
     num_accepted: int = 0  # of which accepted
+    num_drafter_tokens: int = 0  # draft model: leading positions whose KV the drafter holds (runners/drafter.py)
     token_ids: list[int] = field(init=False)  # prompt and output ids known on the host (pending ones excluded)
 
     def __post_init__(self) -> None:

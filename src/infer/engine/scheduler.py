@@ -18,7 +18,7 @@ from typing import NamedTuple
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestState
 from infer.kv.kv_manager import KVCacheManager
-from infer.speculative import NgramProposer
+from infer.speculative import DraftModelProposer, NgramProposer
 
 
 class ScheduledRow(NamedTuple):  # a tuple: built for every request in every step, so it must be cheap
@@ -56,7 +56,11 @@ class Scheduler:
         self.config = config
         self.kv = kv
         k = config.speculative_tokens
-        self.proposer = NgramProposer(k, config.prompt_lookup_min, config.prompt_lookup_max) if k else None
+        self.proposer: NgramProposer | DraftModelProposer | None = None
+        if config.speculative_method == "ngram":
+            self.proposer = NgramProposer(k, config.prompt_lookup_min, config.prompt_lookup_max)
+        elif config.speculative_method == "draft":
+            self.proposer = DraftModelProposer(k)
         self.num_drafted = 0  # draft tokens verified
         self.num_accepted = 0  # of which accepted
         self.num_verified_rows = 0  # rows (request-steps) that verified drafts
@@ -128,6 +132,8 @@ class Scheduler:
         cache only takes blocks of known tokens)."""
         request = row.request
         request.num_computed_tokens = row.start + emitted  # the input token and the accepted drafts
+        # a drafter fed the input token and all drafts but the last: with every draft accepted it lacks the last one
+        request.num_drafter_tokens = request.num_computed_tokens - (emitted - 1 == len(row.drafts))
         self.kv.shrink(request.request_id, request.num_computed_tokens)
         request.num_drafted += len(row.drafts)
         request.num_accepted += emitted - 1
@@ -261,6 +267,7 @@ class Scheduler:
         self._join(request)
         request.state = RequestState.PREFILL
         request.num_computed_tokens = cached
+        request.num_drafter_tokens = 0  # new blocks (and a cached prefix's) may hold no drafter KV: it starts over
         if request.num_preemptions == 0:
             request.num_cached_tokens = cached
         return self._row(request, n, request.sampling_params.prompt_logprobs if whole else None)

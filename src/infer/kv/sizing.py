@@ -30,14 +30,17 @@ def kv_layout(
     max_batch_size: int,
     num_blocks: int | None,
     memory_bytes: float,
+    draft: ModelConfig | None = None,
 ) -> KVLayout:
-    """Contiguous = one max_seq_len block per slot; paged = as many blocks as the memory budget holds."""
+    """Contiguous = one max_seq_len block per slot; paged = as many blocks as the memory budget holds (with a
+    draft model, each block holds its KV too: the drafter's cache uses the target's blocks)."""
     if backend == "contiguous":
         block_size = max_seq_len
         if num_blocks is None:
             num_blocks = min(max_batch_size, int(memory_bytes // (kv_bytes_per_token(cfg, dtype) * max_seq_len)))
     elif num_blocks is None:
-        num_blocks = int(memory_bytes // (kv_bytes_per_token(cfg, dtype) * block_size))
+        per_token = kv_bytes_per_token(cfg, dtype) + (kv_bytes_per_token(draft, dtype) if draft is not None else 0)
+        num_blocks = int(memory_bytes // (per_token * block_size))
     minimum = blocks_needed(max_seq_len, block_size)
     if num_blocks < minimum:
         raise ValueError(

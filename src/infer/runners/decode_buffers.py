@@ -102,6 +102,10 @@ class DecodeBuffers:
         )
         return DecodeView(token_ids=ints[0, :rows], prev_rows=ints[3, :rows], sampling_slots=ints[4, :rows], batch=batch)
 
+    def token_ids(self, rows: int) -> torch.Tensor:
+        """The device view of the first `rows` rows' token ids (written in place after a fill: drafter drafts)."""
+        return self._views(self._device_bytes, rows)[0][0, :rows]
+
     def sampling_slots(self, rows: int) -> torch.Tensor:
         """The device view of the first `rows` rows' sampling slots."""
         return self._views(self._device_bytes, rows)[0][4, :rows]

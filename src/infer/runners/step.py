@@ -40,6 +40,9 @@ class StepInput:
     probes: bool = False  # read back each sequence's probe scores at the row that samples its token
     probe_prompt: list[int] | None = None  # per sequence (prefill): how many of its first new rows' scores to read
     drafts: list[tuple[int, ...]] | None = None  # per sequence: draft tokens, its last inputs, to verify (None: no drafts)
+    # draft model: per sequence with drafts, the tokens its drafter has no KV for, ending with its input token (the
+    # drafts above are then placeholders the drafter overwrites on the device); None with n-gram drafts
+    drafter_tokens: list[list[int]] | None = None
     # Structured output: returns the [num_seqs, ceil(vocab/32)] int32 host bitmask of allowed tokens. The runner
     # calls it once the forward is queued and outside the sync-free scope: it may read the step before (the
     # step boundary) to advance the grammars, all while the device runs this step's forward.

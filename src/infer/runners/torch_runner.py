@@ -22,6 +22,7 @@ from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.cuda_graphs import DecodeGraphs, GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
+from infer.runners.drafter import Drafter, Drafts
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
@@ -75,11 +76,12 @@ class TorchRunner:
     def __init__(
         self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
         max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (), probes: ProbeBank | None = None,
-        max_drafts: int = 0,
+        max_drafts: int = 0, drafter: Drafter | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
         self.probes = probes
+        self.drafter = drafter
         if probes is not None:  # before any graph is captured: the taps are part of the forward
             for layer, tap in probes.taps().items():
                 model.blocks[layer].resid_post = tap
@@ -127,16 +129,23 @@ class TorchRunner:
         if step.num_seqs > self.max_batch_size:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
         verifying: VerifyInputs | None = None
+        drafted: Drafts | None = None
         with step_scope(self.device):
             self.sampling_slots.join(step.joined)
+            if step.drafter_tokens is not None:
+                if self.drafter is None:
+                    raise ValueError("the step asks for drafter drafts; the runner was built without a draft model")
+                drafted = self.drafter.propose(step, self.sampling_slots)
             if step.step_kind is StepKind.DECODE:
-                logits, slots = self._decode(step)
+                logits, slots = self._decode(step, None if drafted is None else drafted.tokens)
                 hidden, batch, ids = None, None, None
                 if step.drafts is not None:
                     verifying = verify_inputs(step, self.device)
                 advancing = slots if step.samples is None else upload(self._advancing(step), torch.int64, self.device)
             else:
                 batch, ids, slots, advancing = self._prefill_inputs(step)
+                if drafted is not None:
+                    self._place_drafts(step, ids, drafted.tokens)
                 hidden = self.model(ids, batch)
                 if step.drafts is not None:
                     verifying = verify_inputs(step, self.device, batch.cu_seqlens_q_host)
@@ -159,7 +168,10 @@ class TorchRunner:
                 self.last_tokens[: step.num_seqs].copy_(token_ids)
                 sent = token_ids
             else:
-                tokens, counts = verify(logits, verifying.drafts, verifying.num_drafts, tensors, seen=seen)
+                if drafted is not None:
+                    verifying = verifying._replace(drafts=drafted.tokens)
+                tokens, counts = verify(logits, verifying.drafts, verifying.num_drafts, tensors,
+                                        draft_probs=None if drafted is None else drafted.probs, seen=seen)
                 self.sampling_slots.advance(slots, counts * verifying.counting)
                 token_ids = tokens[:, 0]
                 self.last_tokens[: step.num_seqs].copy_(tokens.gather(1, (counts - 1)[:, None]).squeeze(1))
@@ -176,14 +188,17 @@ class TorchRunner:
 
     # decode -----------------------------------------------------------------------------------
 
-    def _decode(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(self, step: StepInput, drafted: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of a decode step (graph replay for its bucket, else eager) and the sequences' sampling slots
-        on the device: [num_seqs, vocab], or [num_seqs, K + 1, vocab] for a step with drafts (runners/verify.py)."""
+        on the device: [num_seqs, vocab], or [num_seqs, K + 1, vocab] for a step with drafts (runners/verify.py).
+        `drafted` [num_seqs, K]: the drafter's tokens, written over the placeholder drafts on the device."""
         n = step.num_seqs
         rows = DecodeRows.of(step) if step.drafts is None else decode_rows(step)
         width = rows.num_rows // n
         bucket = self.graphs.bucket(rows.num_rows) if self.graphs is not None else None
         self.buffers.fill(rows, bucket or rows.num_rows)
+        if drafted is not None:  # row b * width + j holds draft j (rows past a sequence's drafts are padding)
+            self.buffers.token_ids(rows.num_rows).view(n, width)[:, 1:].copy_(drafted)
         slots = self.buffers.sampling_slots(rows.num_rows)[::width]
         if bucket is not None and self.graphs is not None:
             logits = self.graphs.replay(bucket)[: rows.num_rows]
@@ -203,6 +218,14 @@ class TorchRunner:
         return self.model.compute_logits(self.model(token_ids, view.batch))
 
     # prefill and mixed steps -------------------------------------------------------------------
+
+    def _place_drafts(self, step: StepInput, ids: torch.Tensor, drafted: torch.Tensor) -> None:
+        """Write the drafter's tokens over the placeholder drafts of a packed (varlen) step's input ids."""
+        assert step.drafts is not None
+        cu, width = cu_seqlens(step.query_lens), drafted.shape[1]
+        pairs = [(cu[b] + j, b * width + j - 1) for b, d in enumerate(step.drafts) for j in range(1, len(d) + 1)]
+        index = upload(np.array(pairs, dtype=np.int64).T.tolist(), torch.int64, self.device)
+        ids[index[0]] = drafted.view(-1)[index[1]]
 
     def _prefill_inputs(self, step: StepInput) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(batch, input ids, the rows' sampling slots, the slots of rows whose token counts), uploaded in one

@@ -9,7 +9,7 @@ import torch
 import infer.sampling.speculative as speculative
 from infer.sampling.params import SamplingParams
 from infer.sampling.sampler import SamplingTensors, sample
-from infer.sampling.speculative import verify
+from infer.sampling.speculative import draft_sample, verify
 
 V = 6
 
@@ -140,3 +140,22 @@ def test_the_test_catches_resampling_from_p_instead_of_the_residual(drafter: str
     monkeypatch.setattr(speculative, "residual", lambda p, q: p.clone())
     samples = speculative_samples(11, drafter)
     assert chi_square_p(samples, _joint(TARGET.double().softmax(-1), 0)) < 1e-6
+
+
+def test_draft_sample_draws_from_the_q_it_returns():
+    """The drafter's sampled tokens follow the q handed to `verify` (tempered, top-k filtered), over many seeds;
+    greedy rows take the argmax."""
+    vocab, n = 12, 40_000
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(3)).expand(n, vocab).contiguous()
+    t = SamplingTensors.from_params([SamplingParams(temperature=0.7, top_k=6)] * n, list(range(n)), [5] * n, vocab, "cpu")
+    tokens, q = draft_sample(logits, t, 2)
+    assert q is not None and torch.allclose(q.sum(-1), torch.ones(n))
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    expected = q[0].double() * n
+    kept = expected > 0
+    assert counts[~kept].sum() == 0  # nothing outside the top-k
+    chi2 = (((counts - expected)[kept]) ** 2 / expected[kept]).sum().item()
+    assert chi2 < 30.0, chi2  # 5 degrees of freedom: p ~ 1.5e-5
+    greedy = SamplingTensors.from_params([SamplingParams(temperature=0)] * 2, [1, 2], [0, 0], vocab, "cpu")
+    tokens, q = draft_sample(logits[:2], greedy, 0)
+    assert q is None and tokens.tolist() == [int(logits[0].argmax())] * 2
