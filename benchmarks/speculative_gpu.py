@@ -34,6 +34,8 @@ from probe_overhead import gpu_tag
 KS = (2, 4, 8)
 BATCHES = (1, 32)
 RATES = (0.5, 0.7, 0.9)
+DRAFTER = "llama-3.2-1b"  # the draft model for the larger shapes (same vocabulary)
+DRAFT_KS = (2, 4)
 ORACLE_K = 4
 ORACLE_RATES = (1.0, 0.8, 0.5)
 PROMPT_LEN, NEW_TOKENS = 64, 96
@@ -91,7 +93,7 @@ def oracle(reference: dict[tuple[int, ...], list[int]], rate: float, k: int):
     return propose
 
 
-def mechanics(model: str, options: dict) -> list[dict]:
+def mechanics(model: str, options: dict) -> tuple[list[dict], dict[int, float]]:
     """Verify-step cost vs decode-step cost for each k and batch (every request drafts k every step)."""
     plain = LLM(model, **options)
     decode = {b: step_ms(plain, b) for b in BATCHES}
@@ -109,6 +111,20 @@ def mechanics(model: str, options: dict) -> list[dict]:
                          "speedup_at_acceptance": gains})
     del spec
     torch.cuda.empty_cache()
+    return rows, decode
+
+
+def draft_mechanics(model: str, drafter: str, options: dict, decode: dict[int, float]) -> list[dict]:
+    """Step time with a draft model (every request drafts k every step: drafter passes, then the verify)."""
+    rows = []
+    for k in DRAFT_KS:
+        spec = LLM(model, speculative_method="draft", draft_model=drafter, num_speculative_tokens=k, **options)
+        for b in BATCHES:
+            t = step_ms(spec, b)
+            rows.append({"k": k, "batch": b, "decode_ms": decode[b], "draft_and_verify_ms": t, "over_decode": t / decode[b],
+                         "speedup_at_acceptance": {a: (1 - a ** (k + 1)) / (1 - a) * decode[b] / t for a in RATES}})
+        del spec
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -143,11 +159,15 @@ def main() -> None:
     shapes = sys.argv[1:] or ["llama-3.2-1b", "llama-3.1-8b"]
     work = Path(tempfile.mkdtemp())
     result: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
+    dirs = {shape: str(ms.write_model_dir(shape, work / shape)) for shape in {*shapes, DRAFTER}}
     for shape in shapes:
-        model = str(ms.write_model_dir(shape, work / shape))
+        model = dirs[shape]
         options = dict(load_format="dummy", max_seq_len=512, max_batch_size=max(BATCHES), kv_cache_memory_gb=4)
-        result["shapes"][shape] = {"mechanics": mechanics(model, {**options, "dtype": "bfloat16"}),
-                                   "end_to_end": end_to_end(model, {**options, "dtype": E2E_DTYPE})}
+        bf16 = {**options, "dtype": "bfloat16"}
+        rows, decode = mechanics(model, bf16)
+        result["shapes"][shape] = {"mechanics": rows, "end_to_end": end_to_end(model, {**options, "dtype": E2E_DTYPE})}
+        if shape != DRAFTER:
+            result["shapes"][shape]["draft"] = draft_mechanics(model, dirs[DRAFTER], bf16, decode)
     write(result)
 
 
@@ -168,6 +188,15 @@ def write(r: dict) -> None:
             gains = " | ".join(f"{row['speedup_at_acceptance'][a]:.2f}x" for a in RATES)
             lines.append(f"| {row['k']} | {row['batch']} | {row['decode_ms']:.2f} | {row['verify_ms']:.2f} | "
                          f"{row['verify_over_decode']:.2f} | {gains} |")
+        if "draft" in parts:
+            lines += ["", f"Draft model ({DRAFTER} shape drafting, bf16; its decode passes run eagerly): step time with "
+                      "every request drafting k, against a plain decode step; speedup at acceptance a as above.", "",
+                      "| k | batch | decode ms | draft + verify ms | / decode | "
+                      + " | ".join(f"speedup at a={a}" for a in RATES) + " |", "|---|---|---|---|---|" + "---|" * len(RATES)]
+            for row in parts["draft"]:
+                gains = " | ".join(f"{row['speedup_at_acceptance'][a]:.2f}x" for a in RATES)
+                lines.append(f"| {row['k']} | {row['batch']} | {row['decode_ms']:.2f} | {row['draft_and_verify_ms']:.2f} | "
+                             f"{row['over_decode']:.2f} | {gains} |")
         lines += ["", f"End to end ({E2E_DTYPE}: greedy decoding of random weights is batch-shape invariant only "
                   f"there), oracle drafts (k = {ORACLE_K}, each kept with the set probability), {NEW_TOKENS} new tokens "
                   "per request, medians of 3 runs:", "",
