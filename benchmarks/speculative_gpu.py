@@ -189,7 +189,7 @@ def write(r: dict) -> None:
             lines.append(f"| {row['k']} | {row['batch']} | {row['decode_ms']:.2f} | {row['verify_ms']:.2f} | "
                          f"{row['verify_over_decode']:.2f} | {gains} |")
         if "draft" in parts:
-            lines += ["", f"Draft model ({DRAFTER} shape drafting, bf16; its decode passes run eagerly): step time with "
+            lines += ["", f"Draft model ({DRAFTER} shape drafting, bf16; its decode passes replay CUDA graphs): step time with "
                       "every request drafting k, against a plain decode step; speedup at acceptance a as above.", "",
                       "| k | batch | decode ms | draft + verify ms | / decode | "
                       + " | ".join(f"speedup at a={a}" for a in RATES) + " |", "|---|---|---|---|---|" + "---|" * len(RATES)]
