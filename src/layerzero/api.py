@@ -190,6 +190,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _call("linear", x, weight, bias)
 
 
+def linear_int4(
+    x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W.T (+ bias) for a 4-bit weight W [N, K] kept packed: qweight [N, K/2] uint8 holds two columns per
+    byte (the even one in the low nibble); scales_zeros [K/group_size, N, 2] gives each group of `group_size`
+    columns W = (q - 8) * scale + zero. The output has x's dtype."""
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
+        raise ValueError(f"qweight must be a 2-D uint8 tensor of packed 4-bit values, got {qweight.dtype} {tuple(qweight.shape)}")
+    k = 2 * qweight.shape[1]
+    if x.shape[-1] != k or k % group_size or scales_zeros.shape != (k // group_size, qweight.shape[0], 2):
+        raise ValueError(f"linear_int4: x [..., {x.shape[-1]}], qweight {tuple(qweight.shape)}, group_size {group_size} "
+                         f"and scales_zeros {tuple(scales_zeros.shape)} do not fit (expected [{k // max(group_size, 1)}, "
+                         f"{qweight.shape[0]}, 2] for K = {k})")
+    return _call("linear_int4", x, qweight, scales_zeros, bias, group_size=int(group_size))
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Row lookup of token ids in an embedding table."""
     return _call("embedding", ids, weight)

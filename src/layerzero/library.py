@@ -238,6 +238,18 @@ def _(x, weight, bias):
     return x.new_empty([*x.shape[:-1], weight.shape[0]])
 
 
+@custom_op("layerzero::linear_int4", mutates_args=())
+def linear_int4(x: Tensor, qweight: Tensor, scales_zeros: Tensor, bias: Tensor | None, *, group_size: int) -> Tensor:
+    """x @ W.T (+ bias) for a 4-bit packed weight (layerzero.api.linear_int4)."""
+    return _fresh(_dispatch("linear_int4", x, qweight, scales_zeros, bias, group_size=group_size),
+                  (x, qweight, scales_zeros, bias))
+
+
+@linear_int4.register_fake
+def _(x, qweight, scales_zeros, bias, *, group_size):
+    return x.new_empty([*x.shape[:-1], qweight.shape[0]])
+
+
 @custom_op("layerzero::embedding", mutates_args=())
 def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     """Rows of `weight` at `ids`."""
@@ -298,7 +310,7 @@ OPS: dict[str, Any] = {
     "attention": attention, "varlen_attention": varlen_attention, "paged_attention": paged_attention,
     "paged_prefill_attention": paged_prefill_attention, "store_kv_cache": store_kv_cache, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
     "layer_norm": layer_norm, "rope": rope, "silu_and_mul": silu_and_mul, "gelu_and_mul": gelu_and_mul,
-    "linear": linear, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
+    "linear": linear, "linear_int4": linear_int4, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
     "quantize": quantize, "dequantize": dequantize,
 }
 

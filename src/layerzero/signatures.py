@@ -111,6 +111,12 @@ def _linear(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
                 params=(("out_features", weight.shape[0]), ("bias", bias is not None)))
 
 
+def _linear_int4(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, qweight, _, bias = args[:4]
+    return dict(tokens=_rows(x), hidden=x.shape[-1],
+                params=(("out_features", qweight.shape[0]), ("bias", bias is not None), ("group_size", kw["group_size"])))
+
+
 def _embedding(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     ids, weight = args[:2]
     return dict(tokens=ids.numel(), hidden=weight.shape[-1], dtype=weight.dtype)
@@ -173,6 +179,7 @@ SIGNATURES: dict[str, OpSignature] = {
     "silu_and_mul": OpSignature(_rowwise, (0,), ()),
     "gelu_and_mul": OpSignature(_rowwise, (0,), ("approximate",)),
     "linear": OpSignature(_linear, (0, 1, 2), ()),
+    "linear_int4": OpSignature(_linear_int4, (0, 1, 2, 3), ("group_size",)),
     "embedding": OpSignature(_embedding, (0, 1), ()),
     "sample_topk": OpSignature(_topk, (0, 1), ()),
     "sample_topp": OpSignature(_sampling, (0,), ()),

@@ -14,6 +14,7 @@ SOURCES: tuple[tuple[str, str, str], ...] = (
     ("reference", "layerzero.backends.reference", "kernel_specs"),
     ("torch", "layerzero.backends.torch_backend", "kernel_specs"),
     ("onednn", "layerzero.backends.onednn", "kernel_specs"),
+    ("int4_cpu", "layerzero.backends.int4_cpu", "kernel_specs"),
     ("optional", "layerzero.backends.optional", "kernel_specs"),
     ("triton", "layerzero.backends.triton.specs", "kernel_specs"),
     ("plugins", "layerzero.plugins", "load_entry_points"),

@@ -97,6 +97,7 @@ _EXTRA = {
     "sample_topp": ("sampling", "sample_topp"),
     "quantize": ("quantize", "quantize"),
     "dequantize": ("quantize", "dequantize"),
+    "linear_int4": ("quantize", "linear_int4"),
     "tokenize": ("tokenize", "tokenize"),
     "detokenize": ("tokenize", "detokenize"),
 }
@@ -126,5 +127,5 @@ def kernel_specs() -> list[KernelSpec]:
         except (ImportError, AttributeError) as exc:
             specs.append(_unimportable(op, module, exc))
             continue
-        specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize")))
+        specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4")))
     return specs

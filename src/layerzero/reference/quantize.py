@@ -76,3 +76,31 @@ def dequantize(
     if q.dtype == getattr(torch, "float8_e4m3fn", None):
         return (q.float() * scale.float()).to(out_dtype)
     raise ValueError(f"dequantize expects an int8 or float8_e4m3fn tensor, got {q.dtype}")
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] uint8 (even column in the low nibble) -> [N, K] int64 values in [0, 15]."""
+    q = qweight.to(torch.int64)
+    return torch.stack([q & 0xF, q >> 4], dim=-1).reshape(qweight.shape[0], -1)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] integers in [0, 15] (K even) -> [N, K/2] uint8, the even column in the low nibble."""
+    q = q.to(torch.int64)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+
+
+def dequantize_int4(qweight: torch.Tensor, scales_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The float32 weight [N, K] of a 4-bit group-quantized one: (q - 8) * scale + zero per group of columns."""
+    sz = scales_zeros.float().transpose(0, 1)  # [N, K/group, 2]
+    scale = sz[..., 0].repeat_interleave(group_size, dim=1)
+    zero = sz[..., 1].repeat_interleave(group_size, dim=1)
+    return (unpack_int4(qweight).float() - 8) * scale + zero
+
+
+def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
+                *, group_size: int) -> torch.Tensor:
+    """The reference: the weight dequantized to float32, x in float32, the result in x's dtype."""
+    w = dequantize_int4(qweight, scales_zeros, group_size)
+    out = torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
+    return out.to(x.dtype)
