@@ -42,6 +42,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto")
     p.add_argument("--max-seq-len", type=int, default=4096, metavar="N", help="longest prompt + output, in tokens")
+    _add_quantization_flag(p)
     _add_probe_flag(p)
     p.add_argument("--show-probes", nargs="?", const="", default=None, metavar="NAME",
                    help="shade each generated token by its score of probe NAME (default: the first loaded probe) "
@@ -49,6 +50,15 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     _add_prefill_flags(p.add_argument_group("prefill"))
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
     p.set_defaults(func=_generate)
+
+
+def _add_quantization_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    from infer.engine.config import QUANTIZATIONS
+
+    p.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                   help="auto: weights stay as the checkpoint stores them (a GGUF's 4-bit weights stay 4-bit on the "
+                        "CPU); none: dequantize everything to --dtype (exact parity work); int4: quantize every "
+                        "linear weight to 4 bits at load (CPU). See docs/quantization.md")
 
 
 def _add_probe_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -110,6 +120,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "paged cache); --no-cuda-graphs runs decode eagerly")
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS,
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
+    _add_quantization_flag(g)
     _add_probe_flag(g)
     _add_prefill_flags(g)
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
@@ -168,7 +179,7 @@ PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunk
 SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
-                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "probes", *PREFILL_FLAGS,
+                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes", *PREFILL_FLAGS,
                 *SPECULATIVE_FLAGS)
 
 
@@ -227,7 +238,8 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
-              probes=args.probes, **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
+              probes=args.probes, quantization=args.quantization,
+              **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
     print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])

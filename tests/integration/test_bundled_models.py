@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer import SamplingParams
+from infer import LLM, SamplingParams
 from infer.loader.model_loader import load_model
 from infer.models.forward_batch import ForwardBatch
 
@@ -27,8 +27,10 @@ def smollm2(smollm2_llm):
     return smollm2_llm
 
 
-def test_smollm2_greedy_matches_transformers_token_for_token(smollm2, hf_smollm2):
+def test_smollm2_greedy_matches_transformers_token_for_token(smollm2_gguf, hf_smollm2):
+    """Dequantized (quantization="none"): the same float32 weights as transformers' GGUF loader."""
     hf = hf_smollm2
+    smollm2 = LLM(str(smollm2_gguf), max_seq_len=1024, quantization="none")
     prompts = [smollm2.encode_chat(c) for c in CHATS]
     ours = smollm2.generate_ids(prompts, SamplingParams(temperature=0.0, max_tokens=64))
     with torch.no_grad():

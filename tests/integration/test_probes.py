@@ -66,7 +66,7 @@ def test_scores_equal_transformers_hidden_states(tiny, device):
 @pytest.mark.slow
 def test_smollm2_scores_equal_transformers_hidden_states(smollm2_gguf, hf_smollm2, tmp_path):
     probes = write_probe_set(tmp_path, 576, [Spec("early", 3, "sigmoid"), Spec("late", 17, count=2)], scale=0.05)
-    llm = LLM(str(smollm2_gguf), probes=str(probes), max_seq_len=256)
+    llm = LLM(str(smollm2_gguf), probes=str(probes), max_seq_len=256, quantization="none")  # the weights transformers loads
     out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=6, probe_prompt=True))[0]
     assert "Paris" in out.text and set(out.probes) == {"early", "late.p0", "late.p1"}
     _hf_check(hf_smollm2, load_probe_set(probes, 576, 30), out)

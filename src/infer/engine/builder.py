@@ -98,7 +98,7 @@ def load_drafter(config: EngineConfig, target: ModelConfig) -> LoadedModel:
     assert config.draft_model is not None
     try:
         drafter = load_model(Path(config.draft_model).expanduser(), config.torch_dtype, config.resolved_device,
-                             config.max_seq_len, config.load_format)
+                             config.max_seq_len, config.load_format, config.quantization)
     except (OSError, ValueError, KeyError) as exc:
         raise EngineConfigError(f"draft_model={config.draft_model!r}: cannot load it: {exc}") from exc
     if drafter.config.vocab_size != target.vocab_size:
@@ -113,7 +113,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
-    loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format)
+    loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format,
+                        config.quantization)
     tokenizer = Tokenizer.from_path(path)
     config = replace(config, max_seq_len=min(config.max_seq_len, loaded.config.max_position_embeddings))
     drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None

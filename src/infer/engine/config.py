@@ -11,7 +11,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 KV_BACKENDS = ("paged", "contiguous")
 BATCHING_MODES = ("continuous", "static")
 SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
-QUANTIZATIONS = (None, "fp8", "int8")
+QUANTIZATIONS = ("auto", "none", "int4")
 LOAD_FORMATS = ("auto", "dummy")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
 DEFAULT_SPECULATIVE_TOKENS = 4
@@ -44,7 +44,7 @@ class EngineConfig:
     max_prefill_chunks_per_step: int | None = None  # None = as many as the token budget and batch size allow
     use_prefix_caching: bool = False  # off by default: it costs ~10% at a 0% hit rate on an H100 (docs/engine.md)
     use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
-    quantization: str | None = None
+    quantization: str = "auto"  # "auto": GGUF 4-bit weights stay 4-bit (CPU); "none"; "int4": docs/quantization.md
     probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
     speculative_method: str | None = None  # "ngram" (prompt lookup) or "draft" (a smaller model): docs/speculative.md
     num_speculative_tokens: int | None = None  # drafts per step and request (k); None = 4 with a method
@@ -74,7 +74,7 @@ class EngineConfig:
             self._check(name, getattr(self, name) >= 1, "must be >= 1")
         self._check("max_prefill_chunks_per_step",
                     self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1, "must be >= 1 or None")
-        self._check("quantization", self.quantization in QUANTIZATIONS, "must be None, fp8 or int8")
+        self._check("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}")
         self._check("probes", self.probes is None or (isinstance(self.probes, str) and Path(self.probes).expanduser().is_file()),
                     "must be the path of an existing probe-set YAML file")
         self._compatibility()
@@ -99,7 +99,8 @@ class EngineConfig:
         self._check("use_cuda_graphs", not self.use_cuda_graphs or self.resolved_device.startswith("cuda"),
                     "requires a CUDA device")
         self._speculative()
-        self._check("quantization", self.quantization is None, "quantized weights are not implemented yet")
+        self._check("quantization", self.quantization != "int4" or not self.resolved_device.startswith("cuda"),
+                    "'int4' needs the CPU: the 4-bit matmul kernel is CPU-only so far (docs/quantization.md)")
 
     def _speculative(self) -> None:
         method = self.speculative_method

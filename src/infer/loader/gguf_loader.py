@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
+
+from infer.loader.gguf_quant import INT4_TYPES, Int4Groups, read_int4
 from tqdm.auto import tqdm
 
 # GGUF `general.architecture` -> HF `model_type`.
@@ -231,8 +233,9 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def iter_gguf_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor in HF layout) for every weight, dequantized, with llama.cpp's transforms undone."""
+def iter_gguf_tensors(path: str | Path, keep_int4: bool = False) -> Iterator[tuple[str, torch.Tensor | Int4Groups]]:
+    """(HF name, float32 tensor in HF layout) for every weight, dequantized, with llama.cpp's transforms undone;
+    with keep_int4, Q4_0 / Q4_1 / Q4_K tensors come as their 4-bit groups instead (infer/loader/gguf_quant.py)."""
     reader = open_gguf(path)
     arch = _architecture(reader)
     config = read_gguf_config(path)
@@ -241,8 +244,14 @@ def iter_gguf_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
         if tensor.name in _CONFIG_TENSORS:
             continue
         name = _hf_name(arch, tensor.name)
-        w = dequantize(tensor.data, tensor.tensor_type)
         base = tensor.name.split(".")[-2]
+        if keep_int4 and tensor.tensor_type in INT4_TYPES:
+            groups = read_int4(tensor.data, tensor.tensor_type)
+            if arch == "llama" and base in qk_heads:  # rows move; each row keeps its groups
+                groups = Int4Groups(*(_unpermute(a, qk_heads[base]) for a in groups))
+            yield name, Int4Groups(*(np.ascontiguousarray(a) for a in groups))
+            continue
+        w = dequantize(tensor.data, tensor.tensor_type)
         if arch == "llama" and base in qk_heads:
             w = _unpermute(w, qk_heads[base])
         if arch == "gemma3" and tensor.name.endswith("norm.weight"):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import nn
 
-from infer.models.layers import WeightMap
+from infer.loader.gguf_quant import GROUP, Int4Groups, dequantize_groups
+from infer.models.layers import WeightMap, WeightSlot
+from infer.models.quant import Int4Weight, replace_weight
 
 # Tensors some checkpoints carry that the model recomputes or does not use.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -18,10 +22,18 @@ class WeightLoadError(ValueError):
 
 
 def load_weights(
-    model: nn.Module, weight_map: WeightMap, tensors: Iterable[tuple[str, torch.Tensor]], tied_lm_head: bool
+    model: nn.Module, weight_map: WeightMap, tensors: Iterable[tuple[str, torch.Tensor | Int4Groups]], tied_lm_head: bool,
+    int4_params: Iterable[str] = (),
 ) -> None:
-    """Fill every mapped parameter exactly once; fail naming any missing, unexpected or misshapen tensor."""
+    """Fill every mapped parameter exactly once; fail naming any missing, unexpected or misshapen tensor.
+
+    A tensor may come as 4-bit groups (GGUF Q4_*). A parameter in `int4_params` whose every piece comes so is
+    kept 4-bit (an `Int4Weight` in its place); any other gets the pieces dequantized.
+    """
     params = dict(model.named_parameters(remove_duplicate=False))
+    keep = set(int4_params)
+    pieces = Counter(slot.param for slot in weight_map.values())
+    groups: dict[str, list[tuple[WeightSlot, str, Int4Groups]]] = {}
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
@@ -33,16 +45,28 @@ def load_weights(
             continue
         param = params[slot.param]
         target = param.data if slot.rows is None else param.data.narrow(0, slot.start, slot.rows)
-        if target.shape != tensor.shape:
-            raise WeightLoadError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}"
-            )
+        shape = tensor.q.shape if isinstance(tensor, Int4Groups) else tensor.shape
+        if target.shape != shape:
+            raise WeightLoadError(f"tensor {name!r} has shape {tuple(shape)}, model expects {tuple(target.shape)}")
         if name in loaded:
             raise WeightLoadError(f"tensor {name!r} appears twice in the checkpoint")
-        target.copy_(tensor)
+        if isinstance(tensor, Int4Groups):
+            groups.setdefault(slot.param, []).append((slot, name, tensor))
+        else:
+            target.copy_(tensor)
         loaded.add(name)
     if unexpected:
         raise WeightLoadError(f"unexpected tensors in checkpoint: {', '.join(sorted(unexpected)[:20])}")
     missing = sorted(set(weight_map) - loaded)
     if missing:
         raise WeightLoadError(f"missing tensors in checkpoint: {', '.join(missing[:20])}")
+    for param_name, parts in groups.items():
+        param = params[param_name]
+        if param_name in keep and len(parts) == pieces[param_name]:
+            parts.sort(key=lambda part: part[0].start)
+            q, scale, zero = (np.concatenate([part[2][i] for part in parts]) for i in range(3))
+            replace_weight(model, param_name, Int4Weight.from_groups(q, scale, zero, GROUP, param.device))
+            continue
+        for slot, _, part in parts:  # not kept 4-bit: dequantized like any other tensor
+            target = param.data if slot.rows is None else param.data.narrow(0, slot.start, slot.rows)
+            target.copy_(torch.from_numpy(dequantize_groups(part)))

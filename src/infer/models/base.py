@@ -9,6 +9,9 @@ import layerzero as lz
 from infer.models.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
+from infer.models.quant import Int4Weight, linear
+
+LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block's weights that only feed matmuls
 
 
 class Block(nn.Module):
@@ -53,6 +56,12 @@ class CausalLM(nn.Module):
             out |= prefixed(block.weight_map(), f"model.layers.{i}.", f"blocks.{i}.")
         return out
 
+    def linear_weights(self) -> list[str]:
+        """The parameters that only feed matmuls (may be kept quantized); the embedding, a lookup, never is, nor a
+        head tied to it."""
+        names = [n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1] in LINEAR_WEIGHTS]
+        return names + ([] if self.config.tie_word_embeddings else ["lm_head"])
+
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return lz.embedding(input_ids, self.embed)
 
@@ -65,7 +74,12 @@ class CausalLM(nn.Module):
             x = block(x, cos, sin, batch)
         return self.final_norm(x)
 
+    def hold_head_in(self, dtype: torch.dtype) -> None:
+        """Keep the LM head as its own copy in `dtype` (a tied embedding stays as it is, for the lookup)."""
+        self.lm_head = nn.Parameter(self.lm_head.detach().to(dtype), requires_grad=False)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = lz.linear(hidden, self.lm_head).float()
+        head = self.lm_head
+        logits = linear(hidden if isinstance(head, Int4Weight) else hidden.to(head.dtype), head).float()
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

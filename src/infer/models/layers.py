@@ -11,6 +11,7 @@ from torch import nn
 import layerzero as lz
 from infer.models.config import ModelConfig, RopeConfig
 from infer.models.forward_batch import ForwardBatch
+from infer.models.quant import linear
 
 
 class WeightSlot(NamedTuple):
@@ -122,7 +123,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = lz.linear(x, self.qkv_proj, self.qkv_bias)
+        qkv = linear(x, self.qkv_proj, self.qkv_bias)
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, dim)
         if self.q_norm is None:  # q and k heads are adjacent in qkv: one rope launch rotates both
             qk = lz.rope(qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), cos, sin)
@@ -132,7 +133,7 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, kv_heads, dim))
             q, k = lz.rope(q, cos, sin), lz.rope(k, cos, sin)
         o = self._attend(q, k, v, batch)
-        return lz.linear(o.reshape(tokens, self.q_size), self.o_proj)
+        return linear(o.reshape(tokens, self.q_size), self.o_proj)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         cache = batch.kv_caches[self.layer] if batch.kv_caches is not None else None
@@ -178,6 +179,6 @@ class GatedMLP(nn.Module):
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = lz.linear(x, self.gate_up_proj)
+        gate_up = linear(x, self.gate_up_proj)
         h = lz.silu_and_mul(gate_up) if self.act == "silu" else lz.gelu_and_mul(gate_up, "tanh")
-        return lz.linear(h, self.down_proj)
+        return linear(h, self.down_proj)
