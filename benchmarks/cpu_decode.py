@@ -1,6 +1,7 @@
-"""CPU decode of the bundled SmolLM2-135M at the server's default settings: infer vs transformers, same run.
+"""CPU decode of the bundled SmolLM2-135M at the server's default settings: infer vs transformers and llama.cpp,
+same run.
 
-    .venv/bin/python benchmarks/cpu_decode.py [--tokens 64] [--runs 3]
+    .venv/bin/python benchmarks/cpu_decode.py [--tokens 64] [--runs 3] [--llama-cpp-python /tmp/llamacpp/bin/python]
 
 Each measurement is interleaved run by run with its transformers peer, so drift on a shared machine
 hits both alike:
@@ -9,8 +10,11 @@ hits both alike:
 - batch 16: 16 different chat prompts at once, generated tokens / wall time (prefill included),
   in process (`LLM.generate`) and as 16 concurrent HTTP requests to `infer serve`, vs transformers'
   batch-16 `generate` of the same prompts, left-padded.
-Both run the default EngineConfig (max_seq_len 4096, max_batch_size 32), as `make serve` does.
-Writes benchmarks/reports/cpu_decode.{json,md}.
+- with --llama-cpp-python (an interpreter with llama-cpp-python, see benchmarks/llama_cpp_peer.py): batch-1
+  decode and prompt processing of the same prompt on the same GGUF with the same thread count, against ours
+  (prompt processing: prompt tokens over the time to the first token).
+Both run the default EngineConfig (max_seq_len 4096, max_batch_size 32, quantization auto: the GGUF's 4-bit
+weights stay 4-bit), as `make serve` does. Writes benchmarks/reports/cpu_decode.{json,md}.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,6 +78,44 @@ def greedy(tokens: int) -> SamplingParams:
 def ours_batch1(llm: LLM, ids: list[int], tokens: int) -> float:
     stamps = [time.perf_counter() for _ in llm.stream(ids, greedy(tokens))]
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def ours_prompt(llm: LLM, ids: list[int]) -> float:
+    """Prompt tokens over the time to the first token (prefill and one sample)."""
+    started = time.perf_counter()
+    next(iter(llm.stream(ids, greedy(1))))
+    return len(ids) / (time.perf_counter() - started)
+
+
+class LlamaCpp:
+    """benchmarks/llama_cpp_peer.py in the interpreter that has llama-cpp-python, one JSON line per measurement."""
+
+    def __init__(self, python: str, model: Path, threads: int) -> None:
+        script = Path(__file__).with_name("llama_cpp_peer.py")
+        self.proc = subprocess.Popen([python, str(script), str(model), str(threads)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.version = json.loads(self.proc.stdout.readline())["version"]
+
+    def measure(self, ids: list[int], tokens: int) -> dict[str, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"ids": ids, "tokens": tokens}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def weights_read_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights a batch-1 decode step reads: every parameter and 4-bit buffer, but not an embedding table
+    apart from the head (a lookup reads one row)."""
+    embed = model.embed if model.lm_head is not model.embed else None
+    params = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+    packed = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n.endswith(("qweight", "scales_zeros")))
+    return params + packed
 
 
 def ours_engine(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
@@ -144,6 +187,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median reported)")
+    parser.add_argument("--llama-cpp-python", default=None, metavar="PYTHON",
+                        help="an interpreter with llama-cpp-python: adds llama.cpp batch-1 decode and prompt rows")
     args = parser.parse_args()
 
     llm = LLM(None)  # the defaults `make serve` runs with
@@ -152,14 +197,24 @@ def main() -> None:
         llm.path.parent, gguf_file=llm.path.name, dtype=torch.float32
     ).eval()
     pad_id = llm.tokenizer.hf.pad_token_id or 0
-    weight_bytes = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
+    weight_bytes = weights_read_per_token(llm.runner.model)
     bandwidth = copy_bandwidth_gbs()
     rows: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in LABELS}
+    peer = LlamaCpp(args.llama_cpp_python, llm.path, torch.get_num_threads()) if args.llama_cpp_python else None
+    versus: dict[str, tuple[list[float], list[float]]] = {"decode": ([], []), "prompt": ([], [])}
     with serve_process() as base_url:
         ours_batch1(llm, prompts[0], 8)  # warm-up: oneDNN weight packing, first-call selection
         server_batch1(base_url, prompts[0], 8)
         hf_batch1(hf, prompts[0], 4)
+        if peer is not None:
+            peer.measure(prompts[0], 8)
         for _ in range(args.runs):
+            if peer is not None:
+                theirs = peer.measure(prompts[0], args.tokens)
+                versus["decode"][0].append(ours_batch1(llm, prompts[0], args.tokens))
+                versus["decode"][1].append(theirs["decode_tok_s"])
+                versus["prompt"][0].append(ours_prompt(llm, prompts[0]))
+                versus["prompt"][1].append(theirs["prompt_tok_s"])
             hf1 = hf_batch1(hf, prompts[0], args.tokens)
             hf16 = hf_batch(hf, prompts, args.tokens, pad_id)
             measured = {"batch1": ours_batch1(llm, prompts[0], args.tokens),
@@ -175,8 +230,14 @@ def main() -> None:
                       "transformers_median_tok_s": statistics.median(theirs),
                       "ratio_infer_over_transformers": median_ratio(ours, theirs)}
                for name, (ours, theirs) in rows.items()}
+    llama_cpp = {name: {"infer_tok_s": ours, "llama_cpp_tok_s": theirs, "ratio_infer_over_llama_cpp":
+                        median_ratio(ours, theirs)} for name, (ours, theirs) in versus.items() if ours}
+    if peer is not None:
+        peer.close()
     report = {
         "benchmark": "cpu_decode",
+        "llama_cpp": llama_cpp,
+        "llama_cpp_python": peer.version if peer is not None else None,
         "model": llm.path.name,
         "prompt_tokens": [len(p) for p in prompts],
         "new_tokens": args.tokens,
@@ -195,7 +256,7 @@ def main() -> None:
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / "cpu_decode.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     md = [
-        "# CPU decode — SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), default engine settings",
+        "# CPU decode — SmolLM2-135M-Instruct (GGUF Q4_1 kept 4-bit, quantization=auto), default engine settings",
         "",
         f"Hardware: {report['hardware']['cpu']}, {report['hardware']['threads']} threads. "
         f"Software: torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}.",
@@ -210,14 +271,23 @@ def main() -> None:
         ours_label, peer_label = LABELS[name]
         md.append(f"| {ours_label} | {r['infer_median_tok_s']:.1f} | {r['transformers_median_tok_s']:.1f} "
                   f"({peer_label}) | {r['ratio_infer_over_transformers']:.2f} |")
+    if llama_cpp:
+        md += ["", f"llama.cpp (llama-cpp-python {report['llama_cpp_python']}) on the same GGUF, "
+               f"{report['hardware']['threads']} threads, the first prompt, interleaved run by run:", "",
+               "| measurement | infer tok/s | llama.cpp tok/s | infer ÷ llama.cpp |", "|---|---:|---:|---:|"]
+        for name, label in (("decode", "batch 1, decode"), ("prompt", "prompt processing (prompt tokens / time to first token)")):
+            r = llama_cpp[name]
+            md.append(f"| {label} | {statistics.median(r['infer_tok_s']):.1f} | {statistics.median(r['llama_cpp_tok_s']):.1f} "
+                      f"| {r['ratio_infer_over_llama_cpp']:.2f} |")
     md += [
         "",
-        f"Batch-1 roofline: {weight_bytes / 1e6:.0f} MB of fp32 weights read per token at the measured copy bandwidth "
+        f"Batch-1 roofline: {weight_bytes / 1e6:.0f} MB of weights read per token at the measured copy bandwidth "
         f"{bandwidth:.1f} GB/s = {roofline:.1f} tok/s; infer reaches {report['infer_batch1_fraction_of_roofline']:.2f} of it.",
         "",
         f"EngineConfig: `{json.dumps(llm.config.as_dict(), default=str)}`",
         "",
-        "Reproduce: `.venv/bin/python benchmarks/cpu_decode.py`",
+        "Reproduce: `.venv/bin/python benchmarks/cpu_decode.py --llama-cpp-python PYTHON` (PYTHON: a venv with "
+        "`pip install llama-cpp-python==0.3.36`, see benchmarks/llama_cpp_peer.py)",
     ]
     (REPORTS / "cpu_decode.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

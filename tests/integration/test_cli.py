@@ -11,7 +11,7 @@ from infer.cli import build_parser
 
 FLAGS = ["--model", "--chat", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k",
          "--repetition-penalty", "--stop", "--seed", "--ignore-eos", "--json-schema", "--regex", "--dtype", "--device",
-         "--max-seq-len", "--speculative-method", "--num-speculative-tokens", "--draft-model"]
+         "--max-seq-len", "--quantization", "--speculative-method", "--num-speculative-tokens", "--draft-model"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -21,6 +21,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching-mode", "--scheduler-policy",
                "--fairness-steps", "--max-batch-size", "--max-num-batched-tokens", "--kv-cache-backend",
                "--block-size", "--num-kv-blocks", "--kv-cache-memory-gb", "--max-waiting-requests", "--max-seq-len",
+               "--quantization",
                "--speculative-method", "--num-speculative-tokens", "--prompt-lookup-min", "--prompt-lookup-max",
                "--draft-model"]
 

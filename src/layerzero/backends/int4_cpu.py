@@ -10,6 +10,11 @@ dequantized float32 self (top-1 agreement 98.3% -> 99.4% on SmolLM2, docs/quanti
   group, so the kernel gets zeros of 0 and the offsets are added in float32: the sum over groups of
   zero[g] * (x summed over group g), a matmul of K / group_size columns.
 Groups of 32 or more columns.
+
+The packed kernel wins where decode is bandwidth-bound, at a few rows; at 16 rows and more (prefill, large
+batches) a float32 oneDNN matmul is 1.4-2.6x faster, so those calls take `torch.linear_int4_dense_cpu`: the weight
+dequantized exactly to float32 once, on its first many-row call, and kept packed for oneDNN (the memory of a
+dequantized model on top of the 4-bit one, while the weight lives).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import torch
 from layerzero.context import SelectionContext
 from layerzero.kernel_spec import KernelSpec
 from layerzero.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
-from layerzero.reference.quantize import unpack_int4
+from layerzero.reference.quantize import dequantize_int4, unpack_int4
 
 PRIORITY = 60  # above the reference (dequantize, then a float32 matmul)
+MANY_ROWS = 16  # from here on the dense float32 copy is faster than the packed 4-bit kernel (docs/quantization.md)
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class _Converted:
     packed: torch.Tensor
     scales: torch.Tensor  # [K/group, N, 2] bfloat16 as the kernel takes them, zeros 0
     zeros: torch.Tensor  # [K/group, N] float32
+    dense: list[torch.Tensor]  # the oneDNN-packed float32 weight, made on the first many-row call
 
 
 class _Cache:
@@ -56,7 +63,7 @@ class _Cache:
         ref = weakref.ref(qweight, lambda _: self._entries.pop(key, None))
         scales = torch.stack([scales_zeros[..., 0], torch.zeros_like(scales_zeros[..., 0])], dim=-1)
         entry = _Converted(ref, qweight.data_ptr(), version, packed, scales.to(torch.bfloat16).contiguous(),
-                           scales_zeros[..., 1].float().contiguous())
+                           scales_zeros[..., 1].float().contiguous(), [])
         with self._lock:
             self._entries[key] = entry
         return entry
@@ -81,6 +88,18 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
     return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
 
 
+def linear_int4_dense(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
+                      *, group_size: int) -> torch.Tensor:
+    """Many rows: the exactly dequantized float32 weight through oneDNN (made once per weight)."""
+    entry = CONVERTED.get(qweight, scales_zeros)
+    if not entry.dense:
+        w = dequantize_int4(qweight, scales_zeros, group_size)
+        entry.dense.append(torch.ops.mkldnn._reorder_linear_weight(w, None))
+    rows = x.reshape(-1, x.shape[-1]).float().contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(rows, entry.dense[0], None if bias is None else bias.float(), "none", [], "")
+    return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
+
+
 def _available() -> Reason | None:
     ops = torch.ops.aten
     if not (hasattr(ops, "_weight_int4pack_mm_for_cpu") and hasattr(ops, "_convert_weight_to_int4pack_for_cpu")):
@@ -98,9 +117,25 @@ def _shapes(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+def _few_rows(ctx: SelectionContext) -> list[Reason]:
+    if ctx.tokens >= MANY_ROWS:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: from {MANY_ROWS} the dense float32 copy is faster")]
+    return _shapes(ctx)
+
+
+def _many_rows(ctx: SelectionContext) -> list[Reason]:
+    if ctx.tokens < MANY_ROWS:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: below {MANY_ROWS} the packed 4-bit kernel is faster")]
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return [Reason(NOT_INSTALLED, "this torch build has no oneDNN (mkldnn) linear")]
+    return []
+
+
 def kernel_specs() -> list[KernelSpec]:
+    cpu, dtypes = frozenset({"cpu"}), frozenset({torch.float32, torch.bfloat16})
     return [
         KernelSpec("torch.linear_int4_cpu", "linear_int4", "torch", linear_int4, torch.__version__,
-                   platforms=frozenset({"cpu"}), dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY,
-                   check=_shapes, available=_available),
+                   platforms=cpu, dtypes=dtypes, priority=PRIORITY, check=_few_rows, available=_available),
+        KernelSpec("torch.linear_int4_dense_cpu", "linear_int4", "torch", linear_int4_dense, torch.__version__,
+                   platforms=cpu, dtypes=dtypes, priority=PRIORITY, check=_many_rows, available=_available),
     ]
