@@ -9,12 +9,9 @@ dequantized float32 self (top-1 agreement 98.3% -> 99.4% on SmolLM2, docs/quanti
 - a zero (a group's offset, often far larger than its step) rounded to bfloat16 would shift every weight of its
   group, so the kernel gets zeros of 0 and the offsets are added in float32: the sum over groups of
   zero[g] * (x summed over group g), a matmul of K / group_size columns.
-Groups of 32 or more columns.
-
-The packed kernel wins where decode is bandwidth-bound, at a few rows; at 16 rows and more (prefill, large
-batches) a float32 oneDNN matmul is 1.4-2.6x faster, so those calls take `torch.linear_int4_dense_cpu`: the weight
-dequantized exactly to float32 once, on its first many-row call, and kept packed for oneDNN (the memory of a
-dequantized model on top of the 4-bit one, while the weight lives).
+Groups of 32 or more columns. Every step is row by row (the kernel, and the offsets as a batched product of one
+row each rather than a matmul whose blocking depends on the row count), so a row's result does not depend on what
+shares its call: a request decodes the same tokens alone or in any batch.
 """
 
 from __future__ import annotations
@@ -28,10 +25,9 @@ import torch
 from layerzero.context import SelectionContext
 from layerzero.kernel_spec import KernelSpec
 from layerzero.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
-from layerzero.reference.quantize import dequantize_int4, unpack_int4
+from layerzero.reference.quantize import unpack_int4
 
 PRIORITY = 60  # above the reference (dequantize, then a float32 matmul)
-MANY_ROWS = 16  # from here on the dense float32 copy is faster than the packed 4-bit kernel (docs/quantization.md)
 
 
 @dataclass(frozen=True)
@@ -42,7 +38,6 @@ class _Converted:
     packed: torch.Tensor
     scales: torch.Tensor  # [K/group, N, 2] bfloat16 as the kernel takes them, zeros 0
     zeros: torch.Tensor  # [K/group, N] float32
-    dense: list[torch.Tensor]  # the oneDNN-packed float32 weight, made on the first many-row call
 
 
 class _Cache:
@@ -63,7 +58,7 @@ class _Cache:
         ref = weakref.ref(qweight, lambda _: self._entries.pop(key, None))
         scales = torch.stack([scales_zeros[..., 0], torch.zeros_like(scales_zeros[..., 0])], dim=-1)
         entry = _Converted(ref, qweight.data_ptr(), version, packed, scales.to(torch.bfloat16).contiguous(),
-                           scales_zeros[..., 1].float().contiguous(), [])
+                           scales_zeros[..., 1].float().contiguous())
         with self._lock:
             self._entries[key] = entry
         return entry
@@ -82,21 +77,9 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
     if rows.dtype == torch.float32:
         out += matmul((rows - high.float()).to(torch.bfloat16), entry.packed, group_size, entry.scales).float()
     sums = rows.float().view(rows.shape[0], -1, group_size).sum(dim=-1)  # [rows, K/group]
-    out = torch.addmm(out, sums, entry.zeros)
+    out += torch.bmm(sums[:, None, :], entry.zeros.expand(rows.shape[0], *entry.zeros.shape)).squeeze(1)
     if bias is not None:
         out = out + bias.float()
-    return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
-
-
-def linear_int4_dense(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
-                      *, group_size: int) -> torch.Tensor:
-    """Many rows: the exactly dequantized float32 weight through oneDNN (made once per weight)."""
-    entry = CONVERTED.get(qweight, scales_zeros)
-    if not entry.dense:
-        w = dequantize_int4(qweight, scales_zeros, group_size)
-        entry.dense.append(torch.ops.mkldnn._reorder_linear_weight(w, None))
-    rows = x.reshape(-1, x.shape[-1]).float().contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(rows, entry.dense[0], None if bias is None else bias.float(), "none", [], "")
     return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
 
 
@@ -117,25 +100,9 @@ def _shapes(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
-def _few_rows(ctx: SelectionContext) -> list[Reason]:
-    if ctx.tokens >= MANY_ROWS:
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: from {MANY_ROWS} the dense float32 copy is faster")]
-    return _shapes(ctx)
-
-
-def _many_rows(ctx: SelectionContext) -> list[Reason]:
-    if ctx.tokens < MANY_ROWS:
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: below {MANY_ROWS} the packed 4-bit kernel is faster")]
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return [Reason(NOT_INSTALLED, "this torch build has no oneDNN (mkldnn) linear")]
-    return []
-
-
 def kernel_specs() -> list[KernelSpec]:
-    cpu, dtypes = frozenset({"cpu"}), frozenset({torch.float32, torch.bfloat16})
     return [
         KernelSpec("torch.linear_int4_cpu", "linear_int4", "torch", linear_int4, torch.__version__,
-                   platforms=cpu, dtypes=dtypes, priority=PRIORITY, check=_few_rows, available=_available),
-        KernelSpec("torch.linear_int4_dense_cpu", "linear_int4", "torch", linear_int4_dense, torch.__version__,
-                   platforms=cpu, dtypes=dtypes, priority=PRIORITY, check=_many_rows, available=_available),
+                   platforms=frozenset({"cpu"}), dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY,
+                   check=_shapes, available=_available),
     ]
