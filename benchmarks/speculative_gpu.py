@@ -171,6 +171,17 @@ def main() -> None:
     write(result)
 
 
+def _step_table(rows: list[dict], columns: tuple[str, str], time_key: str, ratio_key: str) -> list[str]:
+    """A markdown table of step times against a decode step, with the speedup each acceptance rate buys."""
+    lines = [f"| k | batch | decode ms | {columns[0]} | {columns[1]} | " + " | ".join(f"speedup at a={a}" for a in RATES) + " |",
+             "|---|---|---|---|---|" + "---|" * len(RATES)]
+    for row in rows:
+        gains = " | ".join(f"{row['speedup_at_acceptance'][a]:.2f}x" for a in RATES)
+        lines.append(f"| {row['k']} | {row['batch']} | {row['decode_ms']:.2f} | {row[time_key]:.2f} | "
+                     f"{row[ratio_key]:.2f} | {gains} |")
+    return lines
+
+
 def write(r: dict) -> None:
     folder = Path(os.environ.get("OUT_DIR") or Path(__file__).parent / "reports")
     folder.mkdir(parents=True, exist_ok=True)
@@ -181,22 +192,12 @@ def write(r: dict) -> None:
              "both replay CUDA graphs (a verify step decodes k + 1 rows per sequence).", ""]
     for shape, parts in r["shapes"].items():
         lines += [f"## {shape}", "", "Mechanics (median step times; every request drafts k every step). Speedup at "
-                  "acceptance a: (1 - a^(k+1)) / (1 - a) tokens per verify step, times t_decode / t_verify.", "",
-                  "| k | batch | decode ms | verify ms | verify / decode | "
-                  + " | ".join(f"speedup at a={a}" for a in RATES) + " |", "|---|---|---|---|---|" + "---|" * len(RATES)]
-        for row in parts["mechanics"]:
-            gains = " | ".join(f"{row['speedup_at_acceptance'][a]:.2f}x" for a in RATES)
-            lines.append(f"| {row['k']} | {row['batch']} | {row['decode_ms']:.2f} | {row['verify_ms']:.2f} | "
-                         f"{row['verify_over_decode']:.2f} | {gains} |")
+                  "acceptance a: (1 - a^(k+1)) / (1 - a) tokens per verify step, times t_decode / t_verify.", ""]
+        lines += _step_table(parts["mechanics"], ("verify ms", "verify / decode"), "verify_ms", "verify_over_decode")
         if "draft" in parts:
             lines += ["", f"Draft model ({DRAFTER} shape drafting, bf16; its decode passes replay CUDA graphs): step time with "
-                      "every request drafting k, against a plain decode step; speedup at acceptance a as above.", "",
-                      "| k | batch | decode ms | draft + verify ms | / decode | "
-                      + " | ".join(f"speedup at a={a}" for a in RATES) + " |", "|---|---|---|---|---|" + "---|" * len(RATES)]
-            for row in parts["draft"]:
-                gains = " | ".join(f"{row['speedup_at_acceptance'][a]:.2f}x" for a in RATES)
-                lines.append(f"| {row['k']} | {row['batch']} | {row['decode_ms']:.2f} | {row['draft_and_verify_ms']:.2f} | "
-                             f"{row['over_decode']:.2f} | {gains} |")
+                      "every request drafting k, against a plain decode step; speedup at acceptance a as above.", ""]
+            lines += _step_table(parts["draft"], ("draft + verify ms", "/ decode"), "draft_and_verify_ms", "over_decode")
         lines += ["", f"End to end ({E2E_DTYPE}: greedy decoding of random weights is batch-shape invariant only "
                   f"there), oracle drafts (k = {ORACLE_K}, each kept with the set probability), {NEW_TOKENS} new tokens "
                   "per request, medians of 3 runs:", "",

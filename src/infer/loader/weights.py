@@ -21,6 +21,11 @@ class WeightLoadError(ValueError):
     """A checkpoint that does not fit the model; the message names the tensors."""
 
 
+def _target(param: torch.Tensor, slot: WeightSlot) -> torch.Tensor:
+    """The part of `param` a checkpoint tensor fills: all of it, or its row range in a fused parameter."""
+    return param.data if slot.rows is None else param.data.narrow(0, slot.start, slot.rows)
+
+
 def load_weights(
     model: nn.Module, weight_map: WeightMap, tensors: Iterable[tuple[str, torch.Tensor | Int4Groups]], tied_lm_head: bool,
     int4_params: Iterable[str] = (),
@@ -44,7 +49,7 @@ def load_weights(
             unexpected.append(name)
             continue
         param = params[slot.param]
-        target = param.data if slot.rows is None else param.data.narrow(0, slot.start, slot.rows)
+        target = _target(param, slot)
         shape = tensor.q.shape if isinstance(tensor, Int4Groups) else tensor.shape
         if target.shape != shape:
             raise WeightLoadError(f"tensor {name!r} has shape {tuple(shape)}, model expects {tuple(target.shape)}")
@@ -68,5 +73,4 @@ def load_weights(
             replace_weight(model, param_name, Int4Weight.from_groups(q, scale, zero, GROUP, param.device))
             continue
         for slot, _, part in parts:  # not kept 4-bit: dequantized like any other tensor
-            target = param.data if slot.rows is None else param.data.narrow(0, slot.start, slot.rows)
-            target.copy_(torch.from_numpy(dequantize_groups(part)))
+            _target(param, slot).copy_(torch.from_numpy(dequantize_groups(part)))

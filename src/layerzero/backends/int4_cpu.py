@@ -1,8 +1,8 @@
 """4-bit weight-only linear on the CPU through torch's packed int4 kernel (`_weight_int4pack_mm_for_cpu`).
 
 The kernel reads each weight in its own blocked layout, so a weight is converted once, on first use, and the
-converted copy is kept while the weight lives (keyed by identity, version and storage, as oneDNN's packed
-weights are). It multiplies in bfloat16, which is where the speed comes from on the CPU (float32 activations make it 10-30x
+converted copy is kept while the weight lives (backends/weight_cache.py, as oneDNN's packed weights are).
+It multiplies in bfloat16, which is where the speed comes from on the CPU (float32 activations make it 10-30x
 slower), and takes its scales and zeros in bfloat16. Two corrections keep a GGUF model's answers those of its
 dequantized float32 self (top-1 agreement 98.3% -> 99.4% on SmolLM2, docs/quantization.md):
 - a float32 x runs as two bfloat16 passes, x_hi = bf16(x) and x_lo = bf16(x - x_hi): 16 bits of mantissa (the
@@ -17,12 +17,11 @@ shares its call: a request decodes the same tokens alone or in any batch.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from layerzero.backends.weight_cache import WeightCache
 from layerzero.context import SelectionContext
 from layerzero.kernel_spec import KernelSpec
 from layerzero.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
@@ -31,46 +30,24 @@ from layerzero.reference.quantize import unpack_int4
 PRIORITY = 60  # above the reference (dequantize, then a float32 matmul)
 
 
-@dataclass(frozen=True)
-class _Converted:
-    weight: weakref.ref[torch.Tensor]
-    data_ptr: int
-    version: int
-    packed: torch.Tensor
+class _Converted(NamedTuple):
+    packed: torch.Tensor  # the kernel's blocked layout of the 4-bit values
     scales: torch.Tensor  # [K/group, N, 2] bfloat16 as the kernel takes them, zeros 0
     zeros: torch.Tensor  # [K/group, N] float32
 
 
-class _Cache:
-    """Converted copies of 4-bit weights by identity; an entry goes when its weight is collected."""
-
-    def __init__(self) -> None:
-        self._entries: dict[int, _Converted] = {}
-        self._lock = threading.Lock()
-
-    def get(self, qweight: torch.Tensor, scales_zeros: torch.Tensor) -> _Converted:
-        version = -1 if torch.is_inference(qweight) else qweight._version
-        entry = self._entries.get(id(qweight))
-        if entry is not None and entry.weight() is qweight and entry.data_ptr == qweight.data_ptr() \
-                and entry.version == version:
-            return entry
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(qweight).to(torch.int32), 1)
-        key = id(qweight)
-        ref = weakref.ref(qweight, lambda _: self._entries.pop(key, None))
-        scales = torch.stack([scales_zeros[..., 0], torch.zeros_like(scales_zeros[..., 0])], dim=-1)
-        entry = _Converted(ref, qweight.data_ptr(), version, packed, scales.to(torch.bfloat16).contiguous(),
-                           scales_zeros[..., 1].float().contiguous())
-        with self._lock:
-            self._entries[key] = entry
-        return entry
+def _convert(qweight: torch.Tensor, scales_zeros: torch.Tensor) -> _Converted:
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(qweight).to(torch.int32), 1)
+    scales = torch.stack([scales_zeros[..., 0], torch.zeros_like(scales_zeros[..., 0])], dim=-1)
+    return _Converted(packed, scales.to(torch.bfloat16).contiguous(), scales_zeros[..., 1].float().contiguous())
 
 
-CONVERTED = _Cache()
+CONVERTED: WeightCache[_Converted] = WeightCache()  # by the identity of qweight
 
 
 def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
                 *, group_size: int) -> torch.Tensor:
-    entry = CONVERTED.get(qweight, scales_zeros)
+    entry = CONVERTED.get(qweight, lambda: _convert(qweight, scales_zeros))
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
     high = rows.to(torch.bfloat16)

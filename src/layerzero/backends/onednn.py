@@ -10,12 +10,9 @@ The price is one extra copy of every linear weight in host memory; lock `linear`
 
 from __future__ import annotations
 
-import threading
-import weakref
-from dataclasses import dataclass
-
 import torch
 
+from layerzero.backends.weight_cache import WeightCache
 from layerzero.context import SelectionContext
 from layerzero.kernel_spec import KernelSpec
 from layerzero.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
@@ -23,45 +20,14 @@ from layerzero.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
 PRIORITY = 60  # above the reference (F.linear), the only other CPU linear
 
 
-@dataclass(frozen=True)
-class _Packed:
-    weight: weakref.ref[torch.Tensor]
-    data_ptr: int
-    version: int
-    packed: torch.Tensor
-
-
-class PackedWeights:
-    """oneDNN-packed copies of weights by identity; an entry goes when its weight is collected."""
-
-    def __init__(self) -> None:
-        self._entries: dict[int, _Packed] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, weight: torch.Tensor) -> torch.Tensor:
-        version = -1 if torch.is_inference(weight) else weight._version  # inference tensors keep no counter
-        entry = self._entries.get(id(weight))
-        if entry is not None and entry.weight() is weight and entry.data_ptr == weight.data_ptr() \
-                and entry.version == version:
-            return entry.packed
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        key = id(weight)
-        ref = weakref.ref(weight, lambda _: self._entries.pop(key, None))
-        with self._lock:
-            self._entries[key] = _Packed(ref, weight.data_ptr(), version, packed)
-        return packed
-
-
-PACKED = PackedWeights()
+PACKED: WeightCache[torch.Tensor] = WeightCache()  # oneDNN-packed copies of float32 weights
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ weight[out, in].T + bias through oneDNN with the weight's packed copy."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(rows, PACKED.get(weight), bias, "none", [], "")
+    packed = PACKED.get(weight, lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
