@@ -29,8 +29,8 @@ os.environ.setdefault("LAYERZERO_PERFDB", "off")  # static priorities only: the 
 import torch  # noqa: E402
 
 import layerzero as lz  # noqa: E402
-from layerzero.context import SelectionContext  # noqa: E402
-from layerzero.selection import get_engine  # noqa: E402
+from layerzero.select.context import SelectionContext  # noqa: E402
+from layerzero.select.engine import get_engine  # noqa: E402
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 

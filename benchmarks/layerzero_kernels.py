@@ -33,12 +33,12 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-from layerzero.backends.triton import activation, kv_cache, norm, paged_attention, rope, varlen_attention
-from layerzero.reference import activation as act_ref
-from layerzero.reference import attention as attn_ref
-from layerzero.reference import kv_cache as kv_ref
-from layerzero.reference import norm as norm_ref
-from layerzero.reference import rope as rope_ref
+from layerzero.kernels.reference import activation as act_ref
+from layerzero.kernels.reference import attention as attn_ref
+from layerzero.kernels.reference import kv_cache as kv_ref
+from layerzero.kernels.reference import norm as norm_ref
+from layerzero.kernels.reference import rope as rope_ref
+from layerzero.kernels.triton import activation, kv_cache, norm, paged_attention, rope, varlen_attention
 
 REPORTS = Path(__file__).parent / "reports"
 BLOCK_SIZE = 16

@@ -27,7 +27,7 @@ import torch
 
 import model_shapes as ms
 from infer import LLM, SamplingParams
-from layerzero.measure import measure
+from layerzero.perf.measure import measure
 
 
 def workload(vocab: int, requests: int, seed: int = 0) -> list[list[int]]:

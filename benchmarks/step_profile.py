@@ -24,7 +24,7 @@ import torch
 import model_shapes as ms
 from infer import LLM, SamplingParams
 from infer.transfer import Readback
-from layerzero.measure import measure
+from layerzero.perf.measure import measure
 
 
 class WaitClock:

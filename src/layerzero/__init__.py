@@ -28,8 +28,8 @@ from layerzero.api import (
     tokenize,
     varlen_attention,
 )
-from layerzero.context import SelectionContext
-from layerzero.errors import (
+from layerzero.select.context import SelectionContext
+from layerzero.select.errors import (
     CudaGraphUnsafeError,
     KernelExecutionError,
     KernelLockError,
@@ -37,32 +37,32 @@ from layerzero.errors import (
     LayoutError,
     NoKernelFoundError,
 )
-from layerzero.kernel_spec import KernelSpec
-from layerzero.reasons import Reason
-from layerzero.tune import tune  # eager: a lazy `tune` would be shadowed by the submodule of the same name
+from layerzero.select.kernel_spec import KernelSpec
+from layerzero.select.reasons import Reason
 
 # name -> module that defines it, imported on first access (so `import layerzero` stays light and never
 # depends on an optional part being importable)
 _LAZY = {
-    "which": "layerzero.inspect",
-    "explain": "layerzero.inspect",
-    "list_kernels": "layerzero.inspect",
-    "validate": "layerzero.inspect",
-    "readiness_check": "layerzero.inspect",
-    "doctor": "layerzero.doctor",
-    "configure": "layerzero.policy",
-    "load_config": "layerzero.policy",
-    "lock": "layerzero.policy",
-    "unlock": "layerzero.policy",
-    "prefer": "layerzero.policy",
-    "disabled": "layerzero.policy",
-    "register_kernel": "layerzero.plugins",
-    "warmup": "layerzero.dispatch_table",
-    "solve": "layerzero.dispatch_table",
-    "DispatchTable": "layerzero.dispatch_table",
-    "SelectionReport": "layerzero.selection",
-    "get_engine": "layerzero.selection",
-    "get_registry": "layerzero.registry",
+    "which": "layerzero.tools.inspect",
+    "explain": "layerzero.tools.inspect",
+    "list_kernels": "layerzero.tools.inspect",
+    "validate": "layerzero.tools.inspect",
+    "readiness_check": "layerzero.tools.inspect",
+    "doctor": "layerzero.tools.doctor",
+    "configure": "layerzero.policy.state",
+    "load_config": "layerzero.policy.state",
+    "lock": "layerzero.policy.state",
+    "unlock": "layerzero.policy.state",
+    "prefer": "layerzero.policy.state",
+    "disabled": "layerzero.policy.state",
+    "register_kernel": "layerzero.extend.plugins",
+    "tune": "layerzero.perf.tune",
+    "warmup": "layerzero.perf.tables",
+    "solve": "layerzero.perf.tables",
+    "DispatchTable": "layerzero.perf.tables",
+    "SelectionReport": "layerzero.select.engine",
+    "get_engine": "layerzero.select.engine",
+    "get_registry": "layerzero.kernels",
 }
 _RENAMED = {"load_config": "load"}
 
@@ -109,7 +109,6 @@ __all__ = [
     "silu_and_mul",
     "store_kv_cache",
     "tokenize",
-    "tune",
     "varlen_attention",
     *_LAZY,
 ]

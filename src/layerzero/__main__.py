@@ -20,12 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "doctor":
-        from layerzero.doctor import doctor
+        from layerzero.tools.doctor import doctor
 
         doctor(as_json=args.json)
         return 0
     if args.command == "kernels":
-        from layerzero.inspect import list_kernels
+        from layerzero.tools.inspect import list_kernels
 
         found = list_kernels(args.op)
         if args.json:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                 state = "available" if k["available"] else f"unavailable {k['unavailable_reason']['code']}"
                 print(f"{k['op']:<20} {k['kernel_id']:<40} priority {k['priority']:<4} {state}")
         return 0
-    from layerzero.readiness import readiness_check
+    from layerzero.tools.readiness import readiness_check
 
     report = readiness_check()
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)

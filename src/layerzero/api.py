@@ -3,7 +3,7 @@
 Each function normalizes its arguments into the op's canonical kernel call (layout resolved, default
 scale, 3-D paged query, a host bound on the context length) and hands it to `dispatch`, which selects
 a kernel (with reasons), runs it and falls back at run time. Under torch.compile the call goes through
-the `torch.ops.layerzero` custom ops instead (`layerzero.library.call_op`).
+the `torch.ops.layerzero` custom ops instead (`layerzero.extend.library.call_op`).
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 
 import torch
 
-from layerzero.dispatch import dispatch
-from layerzero.layout import resolve_layout
+from layerzero.dispatch.call import dispatch
+from layerzero.select.layout import resolve_layout
 
 _HOST_OPS = frozenset({"tokenize", "detokenize"})
 
 
 def _call(op: str, *args: Any, **kwargs: Any) -> Any:
     if op not in _HOST_OPS and torch.compiler.is_compiling():
-        from layerzero.library import call_op  # imported late: library's ops call back into dispatch
+        from layerzero.extend.library import call_op  # imported late: library's ops call back into dispatch
 
         return call_op(op, *args, **kwargs)
     return dispatch(op, *args, **kwargs)

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layerzero.reference import activation as act_ref
-from layerzero.reference import attention as attn_ref
-from layerzero.reference import kv_cache as kv_ref
-from layerzero.reference import norm as norm_ref
-from layerzero.reference import rope as rope_ref
+from layerzero.kernels.reference import activation as act_ref
+from layerzero.kernels.reference import attention as attn_ref
+from layerzero.kernels.reference import kv_cache as kv_ref
+from layerzero.kernels.reference import norm as norm_ref
+from layerzero.kernels.reference import rope as rope_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 pytest.importorskip("triton")
-from layerzero.backends.triton import activation, kv_cache, norm, paged_attention, rope, varlen_attention  # noqa: E402
+from layerzero.kernels.triton import activation, kv_cache, norm, paged_attention, rope, varlen_attention  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}  # spec §3.2

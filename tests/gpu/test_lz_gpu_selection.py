@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero import reasons as R
-from layerzero.backends import reference, torch_backend
+from layerzero.kernels import torch_backend
+from layerzero.kernels.reference import specs as reference
+from layerzero.select import reasons as R
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

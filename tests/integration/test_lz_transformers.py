@@ -8,7 +8,7 @@ from checkpoints import tiny_hf_model
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask, sliding_window_causal_mask_function
 
-import layerzero.integrations.transformers as lz_hf
+import layerzero.extend.transformers as lz_hf
 
 VOCAB = 320
 

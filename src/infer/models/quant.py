@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import layerzero as lz
-from layerzero.reference.quantize import dequantize_int4, pack_int4
+from layerzero.kernels.reference.quantize import dequantize_int4, pack_int4
 
 
 class Int4Weight(nn.Module):

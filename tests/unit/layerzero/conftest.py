@@ -18,11 +18,11 @@ from types import ModuleType
 import pytest
 import torch
 
-PACKAGE = "layerzero.backends.triton"
+PACKAGE = "layerzero.kernels.triton"
 
 
 def load_interpreted(name: str) -> ModuleType:
-    """A private copy of layerzero.backends.triton.<name> whose kernels run through the interpreter."""
+    """A private copy of layerzero.kernels.triton.<name> whose kernels run through the interpreter."""
     full = f"{PACKAGE}.{name}"
     importlib.import_module("triton")  # triton itself stays compiled-mode: only our kernels are interpreted
     package = importlib.import_module(PACKAGE)

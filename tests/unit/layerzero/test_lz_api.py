@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.layout import resolve_layout
+from layerzero.select.layout import resolve_layout
 
 
 def test_layout_from_shapes_strides_or_explicit():
@@ -61,7 +61,7 @@ def test_exports_resolve():
 
 
 def test_import_is_light_and_never_needs_optional_parts():
-    code = "import sys, layerzero; assert 'layerzero.inspect' not in sys.modules and 'layerzero.dispatch_table' not in sys.modules"
+    code = "import sys, layerzero; assert 'layerzero.tools.inspect' not in sys.modules and 'layerzero.perf.tables' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -1,0 +1,1 @@
+"""Extending layerzero: kernel plugins, capabilities descriptors, torch.library custom ops, the transformers integration."""

@@ -1,1 +1,0 @@
-"""Framework integrations; each submodule imports its framework only when used."""

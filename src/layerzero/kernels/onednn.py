@@ -1,0 +1,51 @@
+"""oneDNN linear for float32 on the CPU: each weight is reordered once into oneDNN's blocked layout.
+
+torch's dense CPU linear (MKL sgemm on the row-major weight) is 2-4x slower than oneDNN with a
+prepacked weight on the shapes of small LLMs, at 1 to 40 rows, the 49k-row LM head most of all
+(numbers in docs/engine.md). The packed copy is made on a weight's first use and kept while the
+weight lives; an in-place change of the weight (its version counter) or a new storage repacks it.
+The price is one extra copy of every linear weight in host memory; lock `linear` to
+`reference.linear` (LAYERZERO_LOCK_LINEAR or `lz.lock`) to go without it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from layerzero.kernels.weight_cache import WeightCache
+from layerzero.select.context import SelectionContext
+from layerzero.select.kernel_spec import KernelSpec
+from layerzero.select.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
+
+PRIORITY = 60  # above the reference (F.linear), the only other CPU linear
+
+
+PACKED: WeightCache[torch.Tensor] = WeightCache()  # oneDNN-packed copies of float32 weights
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ weight[out, in].T + bias through oneDNN with the weight's packed copy."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    packed = PACKED.get(weight, lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _available() -> Reason | None:
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return Reason(NOT_INSTALLED, "this torch build has no oneDNN (mkldnn) linear")
+    return None
+
+
+def _float32_only(ctx: SelectionContext) -> list[Reason]:
+    """No float32 upcast of low-precision calls: the cast weight is a new tensor, repacked on every call."""
+    if ctx.dtype == torch.float32:
+        return []
+    return [Reason(CONSTRAINT_FAILED, "packs float32 weights only (an upcast weight would be repacked every call)")]
+
+
+def kernel_specs() -> list[KernelSpec]:
+    return [
+        KernelSpec("onednn.linear", "linear", "onednn", linear, torch.__version__, platforms=frozenset({"cpu"}),
+                   dtypes=frozenset({torch.float32}), priority=PRIORITY, check=_float32_only, available=_available),
+    ]

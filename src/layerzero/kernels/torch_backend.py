@@ -1,0 +1,126 @@
+"""PyTorch-native kernels: SDPA (GQA via enable_gqa, windows via a mask), FlexAttention for windowed
+attention on CUDA, and torch's fused rms_norm / layer_norm."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from layerzero.kernels.reference.attention import _mask
+from layerzero.select.context import SelectionContext
+from layerzero.select.kernel_spec import KernelSpec
+from layerzero.select.reasons import CONSTRAINT_FAILED, Reason
+
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
+FLEX_MIN_SEQ = 128  # FlexAttention asserts on shorter sequences in some torch releases
+_BLOCK_MASKS_MAX = 64
+
+
+def _bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t.transpose(1, 2) if layout == "BSHD" else t
+
+
+def sdpa(q, k, v, *, causal: bool, scale: float, sliding_window: int | None, layout: str) -> torch.Tensor:
+    """F.scaled_dot_product_attention; no mask when none is needed (full, square causal, one-query causal)."""
+    q, k, v = (_bhsd(t, layout) for t in (q, k, v))
+    sq, sk = q.shape[-2], k.shape[-2]
+    gqa = q.shape[1] != k.shape[1]
+    if sliding_window is None and (not causal or sq == 1):
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    elif sliding_window is None and sq == sk:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        mask = _mask(sq, sk, causal, sliding_window, q.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return _bhsd(out, layout)
+
+
+@functools.cache
+def _compiled_flex() -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+class _BlockMasks:
+    """Small LRU of FlexAttention block masks by (sq, sk, causal, window, device)."""
+
+    def __init__(self) -> None:
+        self._masks: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, sq: int, sk: int, causal: bool, window: int, device: torch.device) -> Any:
+        key = (sq, sk, causal, window, str(device))
+        with self._lock:
+            mask = self._masks.get(key)
+            if mask is not None:
+                self._masks.move_to_end(key)
+                return mask
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        offset = sk - sq
+
+        def visible(b, h, q_idx, kv_idx):
+            pos = q_idx + offset
+            keep = pos - kv_idx < window
+            return keep & (kv_idx <= pos) if causal else keep
+
+        mask = create_block_mask(visible, None, None, sq, sk, device=device)
+        with self._lock:
+            self._masks[key] = mask
+            while len(self._masks) > _BLOCK_MASKS_MAX:
+                self._masks.popitem(last=False)
+        return mask
+
+
+_BLOCK_MASKS = _BlockMasks()
+
+
+def flex(q, k, v, *, causal: bool, scale: float, sliding_window: int | None, layout: str) -> torch.Tensor:
+    """FlexAttention with a block-sparse sliding-window mask (skips the blocks outside the window)."""
+    q, k, v = (_bhsd(t, layout) for t in (q, k, v))
+    mask = _BLOCK_MASKS.get(q.shape[-2], k.shape[-2], causal, int(sliding_window), q.device)
+    out = _compiled_flex()(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return _bhsd(out, layout)
+
+
+def _flex_check(ctx: SelectionContext) -> list[Reason]:
+    out = []
+    if not ctx.sliding_window:
+        out.append(Reason(CONSTRAINT_FAILED, "used for sliding-window attention only (SDPA covers the rest)"))
+    if min(ctx.seq_q, ctx.seq_k) < FLEX_MIN_SEQ:
+        out.append(Reason(CONSTRAINT_FAILED, f"needs at least {FLEX_MIN_SEQ} query and key positions"))
+    if ctx.head_dim & (ctx.head_dim - 1):
+        out.append(Reason(CONSTRAINT_FAILED, f"head_dim {ctx.head_dim} is not a power of two"))
+    return out
+
+
+def rms_norm(x, weight, *, eps: float, weight_offset: float) -> torch.Tensor:
+    """torch.rms_norm on the input dtype (the fused kernel needs matching weight dtype); offset added in float32."""
+    w = weight if weight_offset == 0.0 else weight.float() + weight_offset
+    return F.rms_norm(x, (x.shape[-1],), w if w.dtype == x.dtype else w.to(x.dtype), eps)
+
+
+def layer_norm(x, normalized_shape, weight, bias, *, eps: float) -> torch.Tensor:
+    """torch.layer_norm in the input dtype (float32 accumulation inside the kernel)."""
+    weight = None if weight is None else weight.to(x.dtype)
+    bias = None if bias is None else bias.to(x.dtype)
+    return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
+
+
+def kernel_specs() -> list[KernelSpec]:
+    version = torch.__version__
+    return [
+        KernelSpec("torch.sdpa", "attention", "torch", sdpa, version, dtypes=FLOATS, graph_safe=True, priority=50),
+        KernelSpec("torch.flex_attention", "attention", "torch", flex, version, platforms=frozenset({"cuda"}),
+                   min_sm=80, dtypes=FLOATS, min_head_dim=16, requires_last_dim_contiguous=True, priority=60,
+                   check=_flex_check),
+        KernelSpec("torch.rms_norm", "rms_norm", "torch", rms_norm, version, dtypes=FLOATS, graph_safe=True, priority=40),
+        KernelSpec("torch.layer_norm", "layer_norm", "torch", layer_norm, version, dtypes=FLOATS, graph_safe=True,
+                   priority=40),
+    ]

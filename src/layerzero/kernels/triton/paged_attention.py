@@ -1,0 +1,270 @@
+"""Paged decode attention in Triton: one query token per sequence against a block-paged KV cache.
+
+Grid (B, Hkv, splits): a program owns one sequence, one KV head and one slice of the visible keys.
+All query heads of the GQA group form the rows of one `tl.dot` tile, so each K/V row is read once
+per group. Physical rows are resolved token by token from the block table inside the kernel (no
+gathered copy of the cache). Softmax is online in float32 (base 2). With several splits, each writes
+an unnormalized partial (acc, max, sum) and a second kernel merges them; the split count comes from
+host ints only (batch, heads, max_context_len, SM count), so launches never read device memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from layerzero.kernels.triton.launch import (
+    check_paged_caches,
+    dot_precision,
+    interpreting,
+    last_dim_contiguous,
+    next_pow2,
+    sm_count,
+)
+
+_INTERPRETED = interpreting()
+if _INTERPRETED:
+    from layerzero.kernels.triton import interpreter_fixes
+
+    interpreter_fixes.install()
+
+_MIN_TOKENS_PER_SPLIT = 128
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    ctx_ptr,
+    out_ptr,
+    acc_ptr,
+    max_ptr,
+    sum_ptr,
+    qk_scale,
+    window,
+    group,
+    head_dim,
+    block_size,
+    q_sb,
+    q_sh,
+    kc_sb,
+    kc_ss,
+    kc_sh,
+    vc_sb,
+    vc_ss,
+    vc_sh,
+    bt_sb,
+    o_sb,
+    o_sh,
+    num_splits,
+    HAS_WINDOW: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * group + g
+    g_mask = g < group
+    d_mask = d < head_dim
+    q = tl.load(
+        q_ptr + b.to(tl.int64) * q_sb + heads[:, None] * q_sh + d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    kc_head = kc_ptr + kvh.to(tl.int64) * kc_sh
+    vc_head = vc_ptr + kvh.to(tl.int64) * vc_sh
+    bt_row = bt_ptr + b.to(tl.int64) * bt_sb
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        p_mask = pos < end
+        page = tl.load(bt_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
+        in_page = (pos % block_size).to(tl.int64)
+        kv_mask = p_mask[:, None] & d_mask[None, :]
+        k = tl.load(kc_head + (page * kc_sb + in_page * kc_ss)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k = k.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = tl.where(p_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_head + (page * vc_sb + in_page * vc_ss)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = v.to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        n_heads = tl.num_programs(1) * group
+        part = (b.to(tl.int64) * n_heads + heads) * num_splits + split
+        tl.store(max_ptr + part, m_i, mask=g_mask)
+        tl.store(sum_ptr + part, l_i, mask=g_mask)
+        tl.store(acc_ptr + part[:, None] * head_dim + d[None, :], acc, mask=out_mask)
+    else:
+        # A sequence with no visible key (context_len 0, batch padding) yields zeros, not NaN.
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptrs = out_ptr + b.to(tl.int64) * o_sb + heads[:, None] * o_sh + d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    acc_ptr,
+    max_ptr,
+    sum_ptr,
+    out_ptr,
+    head_dim,
+    o_sb,
+    o_sh,
+    num_splits,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+    first = (b * tl.num_programs(1) + h) * num_splits
+    m = tl.load(max_ptr + first + sp, mask=sp < num_splits, other=float("-inf"))
+    m_all = tl.max(m, axis=0)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # every split empty: keep exp2 finite
+    total = tl.sum(tl.exp2(m - m_all) * tl.load(sum_ptr + first + sp, mask=sp < num_splits, other=0.0), axis=0)
+    o = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s in range(num_splits):
+        w = tl.exp2(tl.load(max_ptr + first + s) - m_all)
+        o += w * tl.load(acc_ptr + (first + s) * head_dim + d, mask=d_mask, other=0.0)
+    o = o / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + b * o_sb + h * o_sh + d, o.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(BLOCK_N keys per step, num_warps): checked spill-free for sm_90 with ptxas."""
+    if _INTERPRETED:
+        return 16, 1
+    if dtype == torch.float32:
+        return (32, 4) if head_dim <= 64 else (16, 4)
+    if head_dim <= 64:
+        return 64, 4
+    return (64, 8) if head_dim <= 128 else (32, 8)
+
+
+def choose_splits(batch: int, kv_heads: int, max_len: int, sms: int) -> int:
+    """Partitions of the keys per (sequence, KV head): about two programs per SM, >= 128 keys each."""
+    programs = batch * kv_heads
+    target = 2 * sms
+    if programs >= target or max_len <= _MIN_TOKENS_PER_SPLIT:
+        return 1
+    return max(1, min(triton.cdiv(target, programs), triton.cdiv(max_len, _MIN_TOKENS_PER_SPLIT), _MAX_SPLITS))
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    *,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    max_context_len: int,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """query [B, H, D] against caches [NB, BS, Hkv, D] -> [B, H, D] in query.dtype.
+
+    context_lens [B] counts each sequence's cached tokens (the current one included); a window w
+    keeps keys j with ctx - w <= j < ctx. num_splits=None picks the split count from host ints.
+    """
+    batch, n_heads, head_dim = query.shape
+    n_kv_heads = key_cache.shape[2]
+    check_paged_caches(query, key_cache, value_cache)
+    query = last_dim_contiguous(query)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if batch == 0:
+        return out
+    group = n_heads // n_kv_heads
+    visible = max_context_len if sliding_window is None else min(max_context_len, sliding_window)
+    splits = num_splits or choose_splits(batch, n_kv_heads, visible, sm_count(query.device))
+    block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
+    block_n, num_warps = _tile(head_dim, query.dtype)
+    if splits > 1:
+        acc = torch.empty((batch, n_heads, splits, head_dim), dtype=torch.float32, device=query.device)
+        row_max = torch.empty((batch, n_heads, splits), dtype=torch.float32, device=query.device)
+        row_sum = torch.empty((batch, n_heads, splits), dtype=torch.float32, device=query.device)
+    else:
+        acc = row_max = row_sum = out
+    _paged_decode_kernel[(batch, n_kv_heads, splits)](
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        out,
+        acc,
+        row_max,
+        row_sum,
+        scale * math.log2(math.e),
+        sliding_window or 0,
+        group,
+        head_dim,
+        key_cache.shape[1],
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        splits,
+        HAS_WINDOW=sliding_window is not None,
+        SPLIT=splits > 1,
+        BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        PRECISION=dot_precision(query.dtype),
+        num_warps=num_warps,
+        num_stages=2,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(batch, n_heads)](
+            acc,
+            row_max,
+            row_sum,
+            out,
+            head_dim,
+            out.stride(0),
+            out.stride(1),
+            splits,
+            BLOCK_S=next_pow2(splits),
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out

@@ -1,0 +1,121 @@
+"""KernelSpecs of layerzero's Triton kernels, for the selection engine.
+
+Importing this module imports neither triton nor the kernels: each impl loads its kernel module on
+first call, and `available()` reports a missing triton or a missing device as a Reason. The kernels
+run on CUDA; with TRITON_INTERPRET=1 (read when the specs are built) they also take CPU tensors,
+through the interpreter, and are then not graph safe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from layerzero.select import reasons as R
+from layerzero.select.context import SelectionContext
+from layerzero.select.kernel_spec import KernelSpec, LaunchConfig
+from layerzero.select.reasons import Reason
+
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
+MAX_ATTENTION_HEAD_DIM = 256
+PRIORITY = 80  # above torch (40-60) and the reference (10): fused, graph safe, sync free
+VARLEN_PRIORITY = 70  # prefill: a dedicated flash kernel may beat it; PerfDB timings decide
+
+
+def interpret_requested() -> bool:
+    """Whether TRITON_INTERPRET asks for the interpreter (triton's own truthy spellings)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes", "y")
+
+
+def available() -> Reason | None:
+    """None when the kernels can run here: triton imports and a CUDA device (or the interpreter) exists."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        return Reason(R.NOT_INSTALLED, f"triton is not installed ({exc})")
+    except Exception as exc:  # a broken install must be a reason, never a crash
+        return Reason(R.BACKEND_IMPORT_FAILED, f"importing triton failed: {exc!r}")
+    if interpret_requested() or torch.cuda.is_available():
+        return None
+    return Reason(R.PLATFORM_MISMATCH, "no CUDA device, and TRITON_INTERPRET=1 is not set")
+
+
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """The kernel entry point `module.name`, imported on first call (triton loads only when a kernel runs)."""
+    target: list[Callable[..., Any]] = []
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        if not target:
+            target.append(getattr(importlib.import_module(f"layerzero.kernels.triton.{module}"), name))
+        return target[0](*args, **kwargs)
+
+    impl.__name__ = impl.__qualname__ = f"triton_{name}"
+    return impl
+
+
+def _gelu_mode(ctx: SelectionContext) -> list[Reason]:
+    mode = ctx.param("approximate", "tanh")
+    if mode not in ("tanh", "none"):
+        return [Reason(R.CONSTRAINT_FAILED, f"approximate={mode!r}: only 'tanh' and 'none' are implemented")]
+    return []
+
+
+def _varlen_launch(ctx: SelectionContext) -> LaunchConfig:
+    # Grid (query tiles, sequences, heads); 64 rows per tile is the smallest tile used on CUDA.
+    return LaunchConfig((max(1, -(-ctx.seq_q // 64)), ctx.batch, max(ctx.num_heads, 1)), 256)
+
+
+def _paged_launch(ctx: SelectionContext) -> LaunchConfig:
+    # Grid (sequences, KV heads, splits <= 64); at most 8 warps.
+    return LaunchConfig((ctx.batch, max(ctx.num_kv_heads, 1), 1), 256)
+
+
+def kernel_specs() -> list[KernelSpec]:
+    """One spec per Triton kernel; platforms and graph safety follow TRITON_INTERPRET at call time."""
+    interpreted = interpret_requested()
+    version = _triton_version()
+    common: dict[str, Any] = dict(
+        backend="triton",
+        version=version,
+        platforms=frozenset({"cuda", "cpu"}) if interpreted else frozenset({"cuda"}),
+        dtypes=FLOATS,
+        graph_safe=not interpreted,
+        available=available,
+    )
+    attention: dict[str, Any] = dict(common, max_head_dim=MAX_ATTENTION_HEAD_DIM, supports_gqa=True,
+                                     supports_sliding_window=True)
+    kv: dict[str, Any] = dict(kv_cache_layouts=frozenset({"NHD"}), kv_cache_dtypes=FLOATS,
+                              kv_strategies=frozenset({"paged"}), requires_last_dim_contiguous=True)
+    return [
+        KernelSpec("triton.rms_norm", "rms_norm", impl=_lazy("norm", "rms_norm"), priority=PRIORITY, **common),
+        KernelSpec("triton.fused_add_rms_norm", "fused_add_rms_norm", impl=_lazy("norm", "fused_add_rms_norm"),
+                   priority=PRIORITY, **common),
+        KernelSpec("triton.rope", "rope", impl=_lazy("rope", "rope"), priority=PRIORITY, head_dim_multiple=2,
+                   **common),
+        KernelSpec("triton.silu_and_mul", "silu_and_mul", impl=_lazy("activation", "silu_and_mul"),
+                   priority=PRIORITY, **common),
+        KernelSpec("triton.gelu_and_mul", "gelu_and_mul", impl=_lazy("activation", "gelu_and_mul"),
+                   priority=PRIORITY, check=_gelu_mode, **common),
+        KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
+                   priority=PRIORITY, **common, **kv),
+        KernelSpec("triton.paged_attention", "paged_attention", impl=_lazy("paged_attention", "paged_attention"),
+                   priority=PRIORITY, launch=_paged_launch, **attention, **kv),
+        KernelSpec("triton.paged_prefill_attention", "paged_prefill_attention",
+                   impl=_lazy("varlen_attention", "paged_prefill_attention"), priority=PRIORITY,
+                   layouts=frozenset({"THD"}), launch=_varlen_launch, **attention, **kv),
+        KernelSpec("triton.varlen_attention", "varlen_attention",
+                   impl=_lazy("varlen_attention", "varlen_attention"), priority=VARLEN_PRIORITY,
+                   layouts=frozenset({"THD"}), launch=_varlen_launch, **attention),
+    ]
+
+
+def _triton_version() -> str:
+    try:
+        return metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return ""

@@ -1,0 +1,192 @@
+"""Op signatures: which canonical arguments of each op a SelectionContext reads, and how.
+
+`SIGNATURES[op].extract(args, kwargs)` returns the context fields of one canonical call; `args` and
+`kwargs` name exactly the arguments it reads, which the dispatch call cache keys on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from layerzero.select.layout import resolve_layout
+
+
+@dataclass(frozen=True, slots=True)
+class OpSignature:
+    """Which canonical arguments an op's context reads: positional indices and keyword names.
+
+    The dispatch fast path keys its call cache on exactly these, so `extract` must read nothing else.
+    """
+
+    extract: Callable[[tuple[Any, ...], Mapping[str, Any]], dict[str, Any]]
+    args: tuple[int, ...] | None  # None: every positional tensor
+    kwargs: tuple[str, ...]
+
+
+def _rows(x: torch.Tensor) -> int:
+    return math.prod(x.shape[:-1]) if x.dim() else 1
+
+
+def _attention(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    q, k, v = args[:3]
+    layout = resolve_layout(q, k, v, kw.get("layout"))
+    h, s = (2, 1) if layout == "BSHD" else (1, 2)
+    return dict(
+        batch=q.shape[0], seq_q=q.shape[s], seq_k=k.shape[s], tokens=q.shape[0] * q.shape[s], num_heads=q.shape[h],
+        num_kv_heads=k.shape[h], head_dim=q.shape[3], layout=layout, causal=bool(kw.get("causal", True)),
+        sliding_window=kw.get("sliding_window") is not None,
+    )
+
+
+def _varlen(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    q, k = args[:2]
+    cu = kw.get("cu_seqlens_q")
+    return dict(
+        batch=max(cu.shape[0] - 1, 1) if isinstance(cu, torch.Tensor) else 1,
+        seq_q=int(kw.get("max_seqlen_q") or q.shape[0]), seq_k=int(kw.get("max_seqlen_k") or k.shape[0]),
+        tokens=q.shape[0], num_heads=q.shape[1], num_kv_heads=k.shape[1], head_dim=q.shape[2], layout="THD",
+        causal=bool(kw.get("causal", True)), sliding_window=kw.get("sliding_window") is not None,
+    )
+
+
+def _paged(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    q, key_cache = args[:2]
+    block_tables = kw["block_tables"]
+    capacity = block_tables.shape[1] * key_cache.shape[1]
+    return dict(
+        batch=q.shape[0], seq_q=1, seq_k=int(kw.get("max_context_len") or capacity), tokens=q.shape[0],
+        num_heads=q.shape[1], num_kv_heads=key_cache.shape[2], head_dim=q.shape[2], layout="NHD", causal=True,
+        sliding_window=kw.get("sliding_window") is not None, kv_cache_layout="NHD", kv_cache_dtype=key_cache.dtype,
+        kv_strategy="paged", params=(("block_size", key_cache.shape[1]),),
+    )
+
+
+def _paged_prefill(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    q, key_cache = args[:2]
+    return dict(
+        batch=max(kw["cu_seqlens_q"].shape[0] - 1, 1), seq_q=int(kw["max_seqlen_q"]), seq_k=int(kw["max_context_len"]),
+        tokens=q.shape[0], num_heads=q.shape[1], num_kv_heads=key_cache.shape[2], head_dim=q.shape[2], layout="THD",
+        causal=True, sliding_window=kw.get("sliding_window") is not None, kv_cache_layout="NHD",
+        kv_cache_dtype=key_cache.dtype, kv_strategy="paged", params=(("block_size", key_cache.shape[1]),),
+    )
+
+
+def _store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    key, _, key_cache = args[:3]
+    return dict(
+        tokens=key.shape[0], num_kv_heads=key.shape[1], head_dim=key.shape[2], kv_cache_layout="NHD",
+        kv_cache_dtype=key_cache.dtype, kv_strategy="paged", params=(("block_size", key_cache.shape[1]),),
+    )
+
+
+def _rowwise(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x = args[0]
+    extra = tuple((name, kw[name]) for name in ("approximate", "interleaved") if name in kw)
+    return dict(tokens=_rows(x), hidden=x.shape[-1] if x.dim() else 1, params=extra)
+
+
+def _rope(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x = args[0]
+    return dict(tokens=x.shape[0], num_heads=x.shape[-2], head_dim=x.shape[-1], hidden=x.shape[-1],
+                params=(("interleaved", bool(kw.get("interleaved", False))),))
+
+
+def _layer_norm(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, shape = args[0], tuple(args[1])
+    weight, bias = (args[2] if len(args) > 2 else None), (args[3] if len(args) > 3 else None)
+    return dict(tokens=max(x.numel() // max(math.prod(shape), 1), 1), hidden=math.prod(shape),
+                params=(("norm_dims", len(shape)), ("affine", weight is not None), ("bias", bias is not None)))
+
+
+def _linear(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, weight = args[:2]
+    bias = args[2] if len(args) > 2 else None
+    return dict(tokens=_rows(x), hidden=x.shape[-1],
+                params=(("out_features", weight.shape[0]), ("bias", bias is not None)))
+
+
+def _linear_int4(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, qweight, _, bias = args[:4]
+    return dict(tokens=_rows(x), hidden=x.shape[-1],
+                params=(("out_features", qweight.shape[0]), ("bias", bias is not None), ("group_size", kw["group_size"])))
+
+
+def _embedding(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    ids, weight = args[:2]
+    return dict(tokens=ids.numel(), hidden=weight.shape[-1], dtype=weight.dtype)
+
+
+def _generic(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if x is None:
+        return {}
+    return dict(tokens=_rows(x), hidden=x.shape[-1] if x.dim() else 1)
+
+
+def _sampling(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    return _generic(args[:1], kw)
+
+
+def _topk(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_generic(args[:1], kw), "params": (("k", int(args[1])),)}
+
+
+def _quantize(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_generic(args[:1], kw), "quant_format": kw.get("dtype", "int8"),
+            "params": (("axis", kw.get("axis", 0)), ("scale_given", kw.get("scale") is not None))}
+
+
+def _dequantize(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    q = args[0]
+    fmt = "int8" if q.dtype == torch.int8 else str(q.dtype).removeprefix("torch.")
+    return {**_generic(args[:1], kw), "quant_format": fmt, "params": (("axis", kw.get("axis", 0)),)}
+
+
+def tokenizer_key(**identity: str) -> str:
+    """Full SHA-256 over a tokenizer's identity fields (appendix I.8: never truncated)."""
+    text = "\n".join(f"{k}={identity[k]}" for k in sorted(identity))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _tokenizer(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    from layerzero.kernels.reference.tokenize import cached_identity  # imports the optional `tokenizers` package
+
+    identity = cached_identity(args[1]).to_dict()
+    return {"tokenizer_key": tokenizer_key(**identity), "return_offsets": bool(kw.get("return_offsets", False))}
+
+
+DEFAULT_SIGNATURE = OpSignature(_generic, None, ())
+SIGNATURES: dict[str, OpSignature] = {
+    "attention": OpSignature(_attention, (0, 1, 2), ("causal", "sliding_window", "layout")),
+    "varlen_attention": OpSignature(
+        _varlen, (0, 1, 2), ("cu_seqlens_q", "max_seqlen_q", "max_seqlen_k", "causal", "sliding_window")
+    ),
+    "paged_attention": OpSignature(_paged, (0, 1, 2), ("block_tables", "max_context_len", "sliding_window")),
+    "paged_prefill_attention": OpSignature(
+        _paged_prefill, (0, 1, 2), ("block_tables", "cu_seqlens_q", "max_seqlen_q", "max_context_len", "sliding_window")
+    ),
+    "store_kv_cache": OpSignature(_store, (0, 1, 2, 3), ()),
+    "rms_norm": OpSignature(_rowwise, (0, 1), ()),
+    "fused_add_rms_norm": OpSignature(_rowwise, (0, 1, 2), ()),
+    "layer_norm": OpSignature(_layer_norm, (0, 1, 2, 3), ()),
+    "rope": OpSignature(_rope, (0, 1, 2), ("interleaved",)),
+    "silu_and_mul": OpSignature(_rowwise, (0,), ()),
+    "gelu_and_mul": OpSignature(_rowwise, (0,), ("approximate",)),
+    "linear": OpSignature(_linear, (0, 1, 2), ()),
+    "linear_int4": OpSignature(_linear_int4, (0, 1, 2, 3), ("group_size",)),
+    "embedding": OpSignature(_embedding, (0, 1), ()),
+    "sample_topk": OpSignature(_topk, (0, 1), ()),
+    "sample_topp": OpSignature(_sampling, (0,), ()),
+    "quantize": OpSignature(_quantize, (0,), ("dtype", "axis", "scale")),
+    "dequantize": OpSignature(_dequantize, (0,), ("axis",)),
+    # The tokenizer object itself is part of the call key (held, so its id is never reused); its identity
+    # is read on a call-cache miss (reference.tokenize.cached_identity).
+    "tokenize": OpSignature(_tokenizer, (1,), ("return_offsets",)),
+    "detokenize": OpSignature(_tokenizer, (1,), ()),
+}

@@ -1,0 +1,1 @@
+"""Tooling around selection: `which` / `explain` / `validate` / `list_kernels`, `doctor`, readiness checks."""

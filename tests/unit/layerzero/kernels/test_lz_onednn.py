@@ -1,0 +1,52 @@
+"""The oneDNN CPU linear: exact against a float64 reference on fresh inputs, selected for float32 on
+the CPU, and its packed weights follow the weights (repacked on change, dropped when collected)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import layerzero as lz
+from layerzero.kernels import onednn
+
+pytestmark = pytest.mark.skipif(onednn._available() is not None, reason="no oneDNN linear in this torch build")
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (16, 576), (3, 5, 96)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_a_float64_reference(shape, bias):
+    g = torch.Generator().manual_seed(sum(shape) + bias)
+    x = torch.randn(*shape, generator=g)
+    w = torch.randn(200, shape[-1], generator=g)
+    b = torch.randn(200, generator=g) if bias else None
+    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    got = onednn.linear(x, w, b)
+    assert got.shape == (*shape[:-1], 200) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_in_place_weight_change_repacks():
+    x, w = torch.randn(4, 32), torch.randn(8, 32)
+    onednn.linear(x, w)
+    with torch.no_grad():
+        w.mul_(-2)
+    torch.testing.assert_close(onednn.linear(x, w), F.linear(x, w))
+
+
+def test_packed_copy_goes_with_its_weight():
+    before = len(onednn.PACKED)
+    w = torch.randn(8, 32)
+    onednn.linear(torch.randn(2, 32), w)
+    assert len(onednn.PACKED) == before + 1
+    del w
+    gc.collect()
+    assert len(onednn.PACKED) == before
+
+
+def test_selected_for_float32_on_the_cpu_only():
+    x, w = torch.randn(4, 32), torch.randn(8, 32)
+    assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"
+    assert lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] != "onednn.linear"

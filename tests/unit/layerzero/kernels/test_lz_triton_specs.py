@@ -1,0 +1,63 @@
+"""The Triton backend's KernelSpecs: coverage, platform and graph-safety rules, availability reasons."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from layerzero.kernels.triton import specs
+from layerzero.select import reasons as R
+from layerzero.select.context import SelectionContext
+
+OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache",
+       "paged_attention", "paged_prefill_attention", "varlen_attention"}
+
+
+def test_one_spec_per_kernel_family(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    got = specs.kernel_specs()
+    assert {s.op for s in got} == OPS and len(got) == len(OPS)
+    for spec in got:
+        assert spec.kernel_id == f"triton.{spec.op}" and spec.backend == "triton"
+        assert spec.platforms == {"cuda"} and spec.graph_safe
+        assert spec.dtypes == {torch.float16, torch.bfloat16, torch.float32}
+        assert spec.priority > 50 and spec.available is specs.available
+
+
+def test_interpreter_adds_cpu_and_drops_graph_safety(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for spec in specs.kernel_specs():
+        assert spec.platforms == {"cuda", "cpu"} and not spec.graph_safe
+
+
+def test_attention_limits():
+    by_op = {s.op: s for s in specs.kernel_specs()}
+    for op in ("paged_attention", "varlen_attention"):
+        assert by_op[op].max_head_dim == 256 and by_op[op].supports_gqa and by_op[op].supports_sliding_window
+    assert by_op["rope"].head_dim_multiple == 2
+    assert by_op["paged_attention"].kv_cache_dtypes == specs.FLOATS
+
+
+def test_availability_reasons(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert specs.available().code == R.PLATFORM_MISMATCH
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert specs.available() is None
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton now raises ImportError
+    assert specs.available().code == R.NOT_INSTALLED
+
+
+@pytest.mark.parametrize("mode", ["tanh", "none", "exact"])
+def test_gelu_mode_check(mode):
+    gelu = next(s for s in specs.kernel_specs() if s.op == "gelu_and_mul")
+    ctx = SelectionContext.from_tensors("gelu_and_mul", torch.randn(2, 8), approximate=mode)
+    assert [r.code for r in gelu.check(ctx)] == ([] if mode != "exact" else [R.CONSTRAINT_FAILED])
+
+
+def test_varlen_launch_reports_the_sequence_grid_dimension():
+    varlen = next(s for s in specs.kernel_specs() if s.op == "varlen_attention")
+    ctx = SelectionContext(op="varlen_attention", batch=70000, seq_q=300, num_heads=32)
+    assert varlen.launch(ctx).grid == (5, 70000, 32)
