@@ -1,8 +1,9 @@
-"""Dispatch overhead of layerzero: an lz op on a selection-cache hit against a direct call of the same kernel.
+"""Dispatch overhead of layerzero: a bound call site and an lz op on a call-cache hit, against a direct call of the kernel.
 
-For each op, two pairs, timed interleaved (so machine noise hits both sides alike):
+For each op, three pairs, timed interleaved (so machine noise hits both sides alike):
+  bound      `lz.bind(op)` called with the canonical call (what the models do) vs calling the chosen kernel directly
+  selected   the public `lz.<op>` on a call-cache hit vs calling the chosen kernel directly
   reference  `with lz.disabled()` (reference kernels only) vs calling the reference function directly
-  selected   the kernel layerzero picks by default vs calling that kernel's function directly
 and the cost of a miss (a shape never seen: context build, filter, score). Medians of per-round means, µs;
 the overhead is the median of the per-round paired differences.
 Runs on CPU, and on CUDA when available (CUDA times are host-side call latency: the kernels are tiny
@@ -98,8 +99,14 @@ def bench(device: str, n: int, rounds: int) -> list[dict[str, Any]]:
         chosen = lz.which(op, *args, **kwargs)["kernel_id"]
         chosen_impl = get_engine().registry.get(chosen).impl
         lz_sel, direct_sel, over_sel = _pair(public, lambda: chosen_impl(*args, **kwargs), n, rounds, sync)
+        site = lz.bind(op)
+        site(*args, **kwargs)
+        bound, direct_b, over_b = _pair(lambda: site(*args, **kwargs), lambda: chosen_impl(*args, **kwargs), n, rounds, sync)
+        if site.kernel_id != chosen or site.binds != 1:
+            raise RuntimeError(f"{op}: the bound site holds {site!r}, expected {chosen} bound once")
         rows.append({
             "device": device, "op": op, "selected": chosen,
+            "bound_direct_us": direct_b, "bound_us": bound, "bound_overhead_us": over_b,
             "reference_direct_us": direct_ref, "reference_lz_us": lz_ref, "reference_overhead_us": over_ref,
             "selected_direct_us": direct_sel, "selected_lz_us": lz_sel, "selected_overhead_us": over_sel,
             "miss_us": _miss_us(op, args, kwargs, device),
@@ -126,16 +133,19 @@ def _markdown(report: dict[str, Any]) -> str:
         "medians of round means, µs per call. Overhead = median over rounds of (lz op on a selection-cache hit - "
         "direct call of the same kernel in the same round), so load that drifts between rounds cancels.",
         "",
-        "| device | op | kernel picked | direct (µs) | lz (µs) | overhead (µs) | ref direct (µs) | lz, disabled (µs) | ref overhead (µs) | miss (µs) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| device | op | kernel picked | direct (µs) | bound (µs) | **bound overhead (µs)** | lz op (µs) | lz op overhead (µs) | ref direct (µs) | lz, disabled (µs) | ref overhead (µs) | miss (µs) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         lines.append(
-            f"| {r['device']} | {r['op']} | {r['selected']} | {r['selected_direct_us']:.1f} | {r['selected_lz_us']:.1f} | "
-            f"{r['selected_overhead_us']:.1f} | {r['reference_direct_us']:.1f} | {r['reference_lz_us']:.1f} | "
+            f"| {r['device']} | {r['op']} | {r['selected']} | {r['bound_direct_us']:.1f} | {r['bound_us']:.1f} | "
+            f"**{r['bound_overhead_us']:.2f}** | {r['selected_lz_us']:.1f} | {r['selected_overhead_us']:.1f} | {r['reference_direct_us']:.1f} | {r['reference_lz_us']:.1f} | "
             f"{r['reference_overhead_us']:.1f} | {r['miss_us']:.0f} |"
         )
-    lines += ["", "`miss` is one full selection (context, filter with reasons, scoring) after clearing the caches."]
+    lines += ["", "`bound` is a call site from `lz.bind(op)` called with the canonical call: after its first call it runs a "
+              "generated guard and then the kernel. `lz op` is the public function (argument normalization, the call "
+              "key, the call cache). `miss` is one full selection (context, filter with reasons, scoring) after "
+              "clearing the caches."]
     return "\n".join(lines) + "\n"
 
 

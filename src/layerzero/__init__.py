@@ -55,6 +55,8 @@ _LAZY = {
     "unlock": "layerzero.policy.state",
     "prefer": "layerzero.policy.state",
     "disabled": "layerzero.policy.state",
+    "bind": "layerzero.dispatch.bound",
+    "BoundOp": "layerzero.dispatch.bound",
     "register_kernel": "layerzero.extend.plugins",
     "tune": "layerzero.perf.tune",
     "warmup": "layerzero.perf.tables",

@@ -9,7 +9,7 @@ import layerzero as lz
 from infer.models.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
-from infer.models.quant import Int4Weight, linear
+from infer.models.quant import Int4Weight, LinearSite
 
 LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block's weights that only feed matmuls
 
@@ -39,6 +39,7 @@ class CausalLM(nn.Module):
         self.blocks = nn.ModuleList(self.block_cls(cfg, i) for i in range(cfg.num_hidden_layers))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.norm_offset)
         self.lm_head = self.embed if cfg.tie_word_embeddings else empty_param(cfg.vocab_size, cfg.hidden_size)
+        self.embed_site, self.head_site = lz.bind("embedding"), LinearSite()
         positions = min(cfg.max_position_embeddings, max_positions)
         self.ropes = nn.ModuleDict({"global": RotaryEmbedding(cfg.rope, cfg.head_dim, positions)})
         if cfg.rope_local is not None:
@@ -63,7 +64,7 @@ class CausalLM(nn.Module):
         return names + ([] if self.config.tie_word_embeddings else ["lm_head"])
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return lz.embedding(input_ids, self.embed)
+        return self.embed_site(input_ids, self.embed)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden]."""
@@ -80,6 +81,6 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.lm_head
-        logits = linear(hidden if isinstance(head, Int4Weight) else hidden.to(head.dtype), head).float()
+        logits = self.head_site(hidden if isinstance(head, Int4Weight) else hidden.to(head.dtype), head).float()
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-import layerzero as lz
 from infer.models.base import Block, CausalLM
 from infer.models.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
@@ -48,5 +47,5 @@ class Gemma3ForCausalLM(CausalLM):
     norm_offset = NORM_OFFSET
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = lz.embedding(input_ids, self.embed)
+        x = self.embed_site(input_ids, self.embed)
         return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)

@@ -11,7 +11,7 @@ from torch import nn
 import layerzero as lz
 from infer.models.config import ModelConfig, RopeConfig
 from infer.models.forward_batch import ForwardBatch
-from infer.models.quant import linear
+from infer.models.quant import LinearSite
 
 
 class WeightSlot(NamedTuple):
@@ -45,15 +45,16 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.weight = empty_param(dim)
-        self.eps = eps
-        self.weight_offset = weight_offset
+        self.eps = float(eps)
+        self.weight_offset = float(weight_offset)
+        self.norm_site, self.add_norm_site = lz.bind("rms_norm"), lz.bind("fused_add_rms_norm")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lz.rms_norm(x, self.weight, self.eps, self.weight_offset)
+        return self.norm_site(x, self.weight, eps=self.eps, weight_offset=self.weight_offset)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual)."""
-        return lz.fused_add_rms_norm(x, residual, self.weight, self.eps, self.weight_offset)
+        return self.add_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset)
 
 
 def rope_inv_freq(cfg: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -102,6 +103,12 @@ class Attention(nn.Module):
         self.o_proj = empty_param(cfg.hidden_size, self.q_size)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, norm_offset) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, norm_offset) if qk_norm else None
+        # one bound kernel per call site (layerzero.dispatch.bound): chosen on the first call, then called directly
+        self.qkv_site, self.o_site = LinearSite(), LinearSite()
+        self.rope_q_site, self.rope_k_site = lz.bind("rope"), lz.bind("rope")
+        self.store_site = lz.bind("store_kv_cache")
+        self.prefill_site, self.varlen_site = lz.bind("paged_prefill_attention"), lz.bind("varlen_attention")
+        self.decode_site = lz.bind("paged_attention")
 
     def weight_map(self) -> WeightMap:
         q, kv = self.q_size, self.kv_size
@@ -123,39 +130,41 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = linear(x, self.qkv_proj, self.qkv_bias)
+        qkv = self.qkv_site(x, self.qkv_proj, self.qkv_bias)
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, dim)
         if self.q_norm is None:  # q and k heads are adjacent in qkv: one rope launch rotates both
-            qk = lz.rope(qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), cos, sin)
+            qk = self.rope_q_site(qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), cos, sin,
+                                  interleaved=False)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, kv_heads, dim))
-            q, k = lz.rope(q, cos, sin), lz.rope(k, cos, sin)
+            q, k = self.rope_q_site(q, cos, sin, interleaved=False), self.rope_k_site(k, cos, sin, interleaved=False)
         o = self._attend(q, k, v, batch)
-        return linear(o.reshape(tokens, self.q_size), self.o_proj)
+        return self.o_site(o.reshape(tokens, self.q_size), self.o_proj)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         cache = batch.kv_caches[self.layer] if batch.kv_caches is not None else None
         if cache is not None:
-            lz.store_kv_cache(k, v, cache[0], cache[1], batch.slot_mapping)
+            self.store_site(k, v, cache[0], cache[1], batch.slot_mapping)
         if batch.is_prefill and cache is not None:
-            return lz.paged_prefill_attention(
-                q, cache[0], cache[1], batch.block_tables, batch.cu_seqlens_q, batch.context_lens,
-                batch.max_seqlen_q, batch.max_context_len, scale=self.scale, sliding_window=self.window,
-                host_bounds=None if batch.context_lens_host is None else (batch.cu_seqlens_q_host, batch.context_lens_host),
+            host = batch.context_lens_host is not None
+            return self.prefill_site(
+                q, cache[0], cache[1], block_tables=batch.block_tables, cu_seqlens_q=batch.cu_seqlens_q,
+                context_lens=batch.context_lens, max_seqlen_q=batch.max_seqlen_q, max_context_len=batch.max_context_len,
+                scale=self.scale, sliding_window=self.window, cu_seqlens_q_host=batch.cu_seqlens_q_host if host else None,
+                context_lens_host=batch.context_lens_host,
             )
         if batch.is_prefill:
-            cu = batch.cu_seqlens_q
-            host = batch.cu_seqlens_q_host
-            return lz.varlen_attention(
-                q, k, v, cu, cu, batch.max_seqlen_q, batch.max_seqlen_q,
+            cu, host = batch.cu_seqlens_q, batch.cu_seqlens_q_host
+            return self.varlen_site(
+                q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=batch.max_seqlen_q, max_seqlen_k=batch.max_seqlen_q,
                 causal=True, scale=self.scale, sliding_window=self.window, cu_seqlens_host=(host, host),
             )
         if cache is None:
             raise ValueError("a decode step needs the KV cache (ForwardBatch.kv_caches is None)")
-        return lz.paged_attention(
-            q, cache[0], cache[1], batch.block_tables, batch.context_lens,
+        return self.decode_site(
+            q, cache[0], cache[1], block_tables=batch.block_tables, context_lens=batch.context_lens,
             scale=self.scale, sliding_window=self.window, max_context_len=batch.max_context_len,
         )
 
@@ -169,6 +178,8 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = empty_param(2 * cfg.intermediate_size, cfg.hidden_size)
         self.down_proj = empty_param(cfg.hidden_size, cfg.intermediate_size)
         self.act = cfg.hidden_act
+        self.gate_up_site, self.down_site = LinearSite(), LinearSite()
+        self.act_site = lz.bind("silu_and_mul" if self.act == "silu" else "gelu_and_mul")
 
     def weight_map(self) -> WeightMap:
         i = self.intermediate
@@ -179,6 +190,6 @@ class GatedMLP(nn.Module):
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = linear(x, self.gate_up_proj)
-        h = lz.silu_and_mul(gate_up) if self.act == "silu" else lz.gelu_and_mul(gate_up, "tanh")
-        return linear(h, self.down_proj)
+        gate_up = self.gate_up_site(x, self.gate_up_proj)
+        h = self.act_site(gate_up) if self.act == "silu" else self.act_site(gate_up, approximate="tanh")
+        return self.down_site(h, self.down_proj)

@@ -1,5 +1,5 @@
-"""Linear weights kept 4-bit: `Int4Weight` holds what `lz.linear_int4` reads, `linear` routes a layer's matmul to
-the dense or the 4-bit op, and `quantize_linears` turns a loaded model's float linear weights 4-bit (docs/quantization.md)."""
+"""Linear weights kept 4-bit: `Int4Weight` holds what `lz.linear_int4` reads, a `LinearSite` routes one projection's
+matmul to its bound dense or 4-bit op, and `quantize_linears` turns a loaded model's float linear weights 4-bit (docs/quantization.md)."""
 
 from __future__ import annotations
 
@@ -48,11 +48,19 @@ class Int4Weight(nn.Module):
         return dequantize_int4(self.qweight, self.scales_zeros, self.group_size)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias), through `lz.linear_int4` for a 4-bit weight and `lz.linear` otherwise."""
-    if isinstance(weight, Int4Weight):
-        return lz.linear_int4(x, weight.qweight, weight.scales_zeros, weight.group_size, bias)
-    return lz.linear(x, weight, bias)
+class LinearSite:
+    """One projection's matmul: x @ weight.T (+ bias) through a bound `linear_int4` for a 4-bit weight, `linear` otherwise."""
+
+    __slots__ = ("dense", "int4")
+
+    def __init__(self) -> None:
+        self.dense = lz.bind("linear")
+        self.int4 = lz.bind("linear_int4")
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, Int4Weight):
+            return self.int4(x, weight.qweight, weight.scales_zeros, bias, group_size=weight.group_size)
+        return self.dense(x, weight, bias)
 
 
 def replace_weight(model: nn.Module, name: str, weight: Int4Weight) -> None:

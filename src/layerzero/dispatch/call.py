@@ -21,7 +21,6 @@ from torch import Tensor
 from layerzero.policy.state import get_policy
 from layerzero.select.cache import LRUCache
 from layerzero.select.capture import is_capturing
-from layerzero.select.constraints import NO_ADAPTATION
 from layerzero.select.context import SelectionContext
 from layerzero.select.engine import Choice, SelectionEngine, get_engine
 from layerzero.select.errors import KernelExecutionError
@@ -83,7 +82,7 @@ def _resolve(engine: SelectionEngine, op: str, args: tuple[Any, ...], kwargs: di
     return entry
 
 
-def _fallback(engine: SelectionEngine, failed: Choice, error: Exception, op: str, args: tuple[Any, ...],
+def fallback(engine: SelectionEngine, failed: Choice, error: Exception, op: str, args: tuple[Any, ...],
               kwargs: dict[str, Any], key: tuple[Any, ...]) -> Any:
     policy = get_policy()
     if failed.locked or not policy.fallback_enabled:
@@ -113,23 +112,26 @@ def _warn_once(op: str, kernel_id: str, key: tuple[Any, ...], used: str, exc: Ex
                   stacklevel=4)
 
 
-def dispatch(op: str, *args: Any, **kwargs: Any) -> Any:
-    """Select the kernel for this canonical call and run it (see the module docstring)."""
-    engine = get_engine()
+def resolve(engine: SelectionEngine, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> tuple[tuple[Choice, bool], tuple[Any, ...]]:
+    """The call-cache entry (choice, sync after the run) of a canonical call, selecting on a miss, and its key."""
     engine.sync()
     policy = get_policy()
     key = call_key(op, args, kwargs, policy.key)
     entry = engine.call_cache.get(key)
     if entry is None:
         entry = _resolve(engine, op, args, kwargs, key, policy.settings.debug_sync)
+    return entry, key
+
+
+def execute(engine: SelectionEngine, entry: tuple[Choice, bool], op: str, args: tuple[Any, ...],
+            kwargs: dict[str, Any], key: tuple[Any, ...]) -> Any:
+    """Run a resolved call: the chosen kernel, or the fallback chain when it raises (see the module docstring)."""
     choice, sync_after = entry
     try:
-        if choice.adaptation is NO_ADAPTATION:
-            out = choice.spec.impl(*args, **kwargs)
-        else:
-            out = choice.run(args, kwargs)
+        out = choice.run(args, kwargs)
     except Exception as exc:
-        out = _fallback(engine, choice, exc, op, args, kwargs, key)
+        out = fallback(engine, choice, exc, op, args, kwargs, key)
     else:
         if engine.breaker.active:
             engine.breaker.record_success(choice.spec.backend)
@@ -138,3 +140,10 @@ def dispatch(op: str, *args: Any, **kwargs: Any) -> Any:
         if device is not None:
             torch.cuda.synchronize(device)
     return out
+
+
+def dispatch(op: str, *args: Any, **kwargs: Any) -> Any:
+    """Select the kernel for this canonical call and run it (see the module docstring)."""
+    engine = get_engine()
+    entry, key = resolve(engine, op, args, kwargs)
+    return execute(engine, entry, op, args, kwargs, key)

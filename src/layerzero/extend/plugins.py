@@ -1,5 +1,5 @@
 """User kernels and third-party backends: the `register_kernel` decorator (spec §4.3) and the
-`layerzero.kernels` entry-point group (spec §4.4).
+`layerzero.backends` entry-point group (spec §4.4).
 
 An entry point names a callable (or a module whose import registers kernels with `register_kernel`);
 the callable may register kernels itself and/or return KernelSpecs. A plugin that raises at import,
@@ -20,7 +20,7 @@ from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import BACKEND_IMPORT_FAILED, Reason
 from layerzero.select.registry import Registry
 
-GROUP = "layerzero.kernels"
+GROUP = "layerzero.backends"
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Spec §4.1/§4.3 names accepted as aliases of KernelSpec fields.
@@ -138,7 +138,7 @@ def _load_one(ep: EntryPoint, registry: Registry) -> tuple[PluginStatus, list[Ke
 
 
 def load_entry_points() -> list[KernelSpec]:
-    """Load every not-yet-loaded `layerzero.kernels` entry point; returns the specs plugins returned."""
+    """Load every not-yet-loaded `layerzero.backends` entry point; returns the specs plugins returned."""
     registry = get_registry()
     loaded: list[KernelSpec] = []
     with _lock:

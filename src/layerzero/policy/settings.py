@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from layerzero.policy.rules import PolicyError, Rule, parse_rules
+from layerzero.select.signatures import canonical_op
 
 SUPPORTED_VERSION = 1
 
@@ -103,7 +104,10 @@ def _locks(raw: Any) -> dict[str, str | None]:
             raise PolicyError(f"locks: op names must be non-empty strings, got {op!r}")
         if kernel_id is not None and (not isinstance(kernel_id, str) or not kernel_id):
             raise PolicyError(f"locks.{op}: expected a kernel id (or null to unlock), got {kernel_id!r}")
-        out[op] = kernel_id
+        try:
+            out[canonical_op(op)] = kernel_id
+        except ValueError as exc:
+            raise PolicyError(f"locks.{op}: {exc}") from None
     return out
 
 

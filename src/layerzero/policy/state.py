@@ -32,6 +32,7 @@ from layerzero.policy.rules import PolicyError, Rule
 from layerzero.policy.settings import Settings, parse_settings
 from layerzero.policy.sources import ENV_CONFIG, ENV_LOCK_PREFIX, Layer, env_label, read_env, read_file
 from layerzero.select.reasons import POLICY_BLOCKED, Reason
+from layerzero.select.signatures import canonical_op
 
 if TYPE_CHECKING:
     from layerzero.select.context import SelectionContext
@@ -246,6 +247,7 @@ def lock(op: str, kernel_id: str) -> None:
     """Always use kernel_id for op (selection is bypassed; dispatch raises if it cannot run the call)."""
     if not op or not isinstance(op, str) or not kernel_id or not isinstance(kernel_id, str):
         raise PolicyError(f"lock needs an op and a kernel id, got {op!r}, {kernel_id!r}")
+    op = canonical_op(op)
     get_policy()
     with _lock:
         _programmatic.locks[op] = kernel_id
@@ -254,6 +256,7 @@ def lock(op: str, kernel_id: str) -> None:
 
 def unlock(op: str) -> None:
     """Remove op's lock, whichever source (file, environment, lock()) set it."""
+    op = canonical_op(op)
     get_policy()
     with _lock:
         _programmatic.locks[op] = None

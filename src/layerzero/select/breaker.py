@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from layerzero.select.generation import GENERATION
 from layerzero.select.reasons import CIRCUIT_OPEN, Reason
 
 DEFAULT_THRESHOLD = 3
@@ -55,6 +56,7 @@ class CircuitBreaker:
         expired = [t for t in pending if t <= now]
         if expired:
             self._version += 1
+            GENERATION.bump()
         future = [t for t in pending if t > now]
         self._next_expiry = min(future) if future else None
 
@@ -72,6 +74,7 @@ class CircuitBreaker:
         with self._lock:
             state = self._states.setdefault(backend, _State())
             state.failures += 1
+            GENERATION.bump()
             state.last_error = f"{type(error).__name__}: {error}"[:200]
             if state.failures >= self.threshold:
                 state.open_until = self._clock() + self.cooldown_s
@@ -89,6 +92,8 @@ class CircuitBreaker:
         """A successful run closes the backend's circuit and resets its count."""
         with self._lock:
             state = self._states.pop(backend, None)
+            if state is not None:
+                GENERATION.bump()
             if state is not None and state.open_until is not None:
                 self._version += 1
 

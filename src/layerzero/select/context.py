@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from layerzero.select.capture import is_capturing
+from layerzero.select.generation import GENERATION
 from layerzero.select.signatures import DEFAULT_SIGNATURE, SIGNATURES
 
 SEQ_BUCKETS = (1, 16, 128, 512, 2048, 8192, 32768)
@@ -71,6 +72,7 @@ class _DeviceFacts:
         with self._lock:
             self._sm.clear()
             self.version += 1
+            GENERATION.bump()
 
 
 DEVICES = _DeviceFacts()

@@ -29,6 +29,7 @@ from layerzero.select.cache import LRUCache
 from layerzero.select.constraints import NO_ADAPTATION, Adaptation
 from layerzero.select.context import DEVICES, SelectionContext
 from layerzero.select.errors import CudaGraphUnsafeError, KernelLockError, NoKernelFoundError
+from layerzero.select.generation import GENERATION
 from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import CUDA_GRAPH_UNSAFE, NOT_INSTALLED, OP_UNSUPPORTED, Reason
 from layerzero.select.registry import Registry
@@ -192,6 +193,7 @@ class SelectionEngine:
             self.cache.clear()
             self.call_cache.clear()
             self._epoch = None
+        GENERATION.bump()
 
     # -- filter -------------------------------------------------------------------------------------------
     def _evaluate(self, spec: KernelSpec, ctx: SelectionContext, policy: Any) -> _Evaluated:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+from layerzero.select.generation import GENERATION
 from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import BACKEND_IMPORT_FAILED, Reason
 
@@ -32,12 +33,14 @@ class Registry:
             self._by_id[spec.kernel_id] = spec
             self._by_op[spec.op] = (*self._by_op.get(spec.op, ()), spec)
             self.version += 1
+            GENERATION.bump()
 
     def unregister(self, kernel_id: str) -> None:
         """Remove a kernel; unknown ids raise KeyError."""
         with self._lock:
             self._drop(self._by_id.pop(kernel_id))
             self.version += 1
+            GENERATION.bump()
 
     def _drop(self, spec: KernelSpec) -> None:
         rest = tuple(s for s in self._by_op[spec.op] if s is not spec)
@@ -82,3 +85,4 @@ class Registry:
         with self._lock:
             self.load_errors[backend] = reason
             self.version += 1
+            GENERATION.bump()

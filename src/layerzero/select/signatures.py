@@ -190,3 +190,24 @@ SIGNATURES: dict[str, OpSignature] = {
     "tokenize": OpSignature(_tokenizer, (1,), ("return_offsets",)),
     "detokenize": OpSignature(_tokenizer, (1,), ()),
 }
+
+# The seed spec's dotted operation names, accepted wherever an op id is (explain, which, lock, bind, ...).
+SPEC_ALIASES: dict[str, str] = {
+    "tokenize.encode": "tokenize", "tokenize.decode": "detokenize", "embedding.lookup": "embedding",
+    "posenc.rope": "rope", "attention.causal": "attention", "attention.full": "attention",
+    "attention.paged": "paged_attention", "mlp.linear": "linear", "norm.rms": "rms_norm", "norm.layer": "layer_norm",
+    "sampling.topk": "sample_topk", "sampling.topp": "sample_topp",
+}
+# Spec names with no single op here, and what to use instead.
+SPEC_UNMAPPED: dict[str, str] = {
+    "mlp.fused": "the gated activation is its own op: silu_and_mul or gelu_and_mul (the projections are linear)",
+    "posenc.alibi": "no model served here uses ALiBi, so there is no op for it",
+    "sampling.speculative": "speculative decoding is the runtime's (infer's speculative config), not a kernel op",
+}
+
+
+def canonical_op(op: str) -> str:
+    """Our op id for `op`, which may be a spec dotted name (`norm.rms` -> `rms_norm`); other names pass through."""
+    if op in SPEC_UNMAPPED:
+        raise ValueError(f"op {op!r}: {SPEC_UNMAPPED[op]}")
+    return SPEC_ALIASES.get(op, op)

@@ -132,7 +132,7 @@ def _render(r: DoctorReport) -> list[str]:
     for op, kernels in r.kernels.items():
         lines.append(f"  {op}: " + ", ".join(k["kernel_id"] + ("" if k["available"] else " (unavailable)")
                                             for k in kernels))
-    lines += ["", "Plugins (entry points 'layerzero.kernels')"]
+    lines += ["", "Plugins (entry points 'layerzero.backends')"]
     lines += [f"  {p['name']} = {p['value']}: " + (f"{len(p['kernel_ids'])} kernel(s)" if p["ok"] else
                                                     f"[{p['reason']['code']}] {p['reason']['message']}")
               for p in r.plugins] or ["  none"]

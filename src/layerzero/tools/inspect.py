@@ -22,6 +22,7 @@ from layerzero.select.context import SelectionContext
 from layerzero.select.engine import Choice, SelectionReport, get_engine
 from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, OP_UNSUPPORTED, Reason
+from layerzero.select.signatures import canonical_op
 from layerzero.tools.readiness import readiness_check
 
 __all__ = ["describe", "explain", "list_kernels", "readiness_check", "validate", "which", "ValidationResult"]
@@ -36,6 +37,7 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 
 
 def _context(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> SelectionContext:
+    op = canonical_op(op)
     if len(args) == 1 and not kwargs and isinstance(args[0], SelectionContext):
         ctx = args[0]
         if ctx.op != op:
@@ -65,7 +67,7 @@ def describe(spec: KernelSpec) -> dict[str, Any]:
 def list_kernels(op: str | None = None) -> list[dict[str, Any]]:
     """Registered kernels (of `op`, or all), best priority first within each op, with their availability."""
     registry = get_registry()
-    ops = [op] if op is not None else registry.ops()
+    ops = [canonical_op(op)] if op is not None else registry.ops()
     ranked = (sorted(registry.kernels(name), key=lambda s: (-s.priority, s.kernel_id)) for name in ops)
     return [describe(spec) for specs in ranked for spec in specs]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from infer.models.quant import Int4Weight, linear
+from infer.models.quant import Int4Weight, LinearSite
 
 
 def test_quantize_is_within_half_a_step_and_round_trips() -> None:
@@ -30,4 +30,4 @@ def test_from_groups_and_linear_match_the_float_weight() -> None:
     assert torch.allclose(weight.dequantize(), dense)
     x = torch.randn(3, 64)
     want = x.to(torch.bfloat16).float() @ weight.dequantize().to(torch.bfloat16).float().T  # the kernel's bf16 inputs
-    assert torch.allclose(linear(x, weight), want, atol=2e-2, rtol=2e-2)
+    assert torch.allclose(LinearSite()(x, weight), want, atol=2e-2, rtol=2e-2)

@@ -57,7 +57,7 @@ MODULES = {
     """,
 }
 ENTRY_POINTS = """
-[layerzero.kernels]
+[layerzero.backends]
 good = lzp_good:register
 deco = lzp_deco
 broken = lzp_broken:register

@@ -1,0 +1,40 @@
+"""The models' layerzero call sites are bound once: a steady decode calls its kernels without re-selecting."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoints import FAMILIES, save_tiny_with_tokenizer
+from infer import LLM, SamplingParams
+from layerzero.dispatch.bound import BoundOp
+
+
+def _sites(model) -> dict[str, BoundOp]:
+    """Every bound site of the model by module path (LinearSite's two ops included)."""
+    out = {}
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            ops = [value] if isinstance(value, BoundOp) else [getattr(value, s) for s in getattr(value, "__slots__", ())]
+            for op in ops:
+                if isinstance(op, BoundOp):
+                    out[f"{name}.{attr}.{op.op}"] = op
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_sites_bind_once_per_shape(tmp_path, family) -> None:
+    llm = LLM(str(save_tiny_with_tokenizer(family, tmp_path / family)), dtype="float32", max_seq_len=256, block_size=4)
+    prompt = list(range(3, 40))
+    llm.generate_ids([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    sites = _sites(llm.engine.runner.model)
+    before = {name: site.binds for name, site in sites.items()}
+    out = llm.generate_ids([prompt], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    assert len(out[0].token_ids) == 60
+    rebinds = {name: site.binds - before[name] for name, site in sites.items()}
+    decode = {name: n for name, n in rebinds.items() if n and "prefill_site" not in name and "varlen_site" not in name}
+    # a norm or projection site sees the prompt's shape once and then the one-row decode shape: it re-binds for
+    # the prefill, for the decode, and never in between; the attention site re-binds as its bound grows by 4 blocks
+    steps_bound = -(-(len(prompt) + 60) // 16) - len(prompt) // 16 + 1
+    assert max(n for name, n in decode.items() if "decode_site" not in name) <= 2, decode
+    assert max(n for name, n in decode.items() if "decode_site" in name) <= steps_bound + 1, decode
+    assert sum(rebinds.values()) < 60 * len(sites) / 10
