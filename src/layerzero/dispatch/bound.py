@@ -4,7 +4,9 @@
 paged attention, ...) and calls it with the op's canonical call (the call `lz.explain` takes). The first
 call resolves through `dispatch` (same call cache, same engine, same policy) and binds: it keeps the
 chosen kernel and a guard generated for that call. Later calls run the guard and, when it holds, the
-kernel itself: no context, no cache key, no lookup.
+kernel itself: no context, no cache key, no lookup. The guard is generated code, one class per call
+structure (which positions hold tensors, None, flags or other values) whose `__call__` checks the
+binding's expected values inline and calls the kernel: one Python frame between the model and the kernel.
 
 Invariant: a bound call runs the kernel `dispatch` would run for the same call. The guard reads the
 facts dispatch's call key reads (shape, stride and dtype of every tensor at the positions and keywords
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,56 +34,37 @@ from layerzero.select.engine import Choice, get_engine
 from layerzero.select.generation import GENERATION
 from layerzero.select.signatures import DEFAULT_SIGNATURE, SIGNATURES, canonical_op
 
-Guard = Callable[[tuple[Any, ...], dict[str, Any]], bool]
-
-
-class _Binding(NamedTuple):
-    generation: int
-    policy: object
-    guard: Guard
-    run: Callable[..., Any]
-    choice: Choice
-    source: str  # the guard's generated source, for repr and debugging
-
-
-_UNBOUND = _Binding(-1, None, lambda a, k: False, lambda *a, **k: None, None, "")  # type: ignore[arg-type]
+_compiling = torch.compiler.is_compiling
+_deterministic = torch._C._get_deterministic_algorithms  # what torch.are_deterministic_algorithms_enabled returns
 
 
 class BoundOp:
-    """One call site's kernel (see the module docstring); call it with the op's canonical call."""
+    """One call site's kernel (see the module docstring); call it with the op's canonical call.
 
-    __slots__ = ("op", "_binding", "binds")
+    Unbound, every call resolves and binds; bound, the instance's class is the generated one for the call's
+    structure and `_binding` holds (generation, policy, kernel, choice, expected values...)."""
+
+    __slots__ = ("op", "binds", "_binding")
+    guard_source = ""  # the generated __call__ of a bound site's class
 
     def __init__(self, op: str) -> None:
         self.op = canonical_op(op)
-        self._binding = _UNBOUND
-        self.binds = 0  # how many times this site (re)selected: 1 in a steady model
+        self.binds = 0  # how many times this site (re)selected: once per call signature in a steady model
+        self._binding: tuple[Any, ...] = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        b = self._binding
-        if b.generation == GENERATION.value and get_policy() is b.policy and not torch.compiler.is_compiling():
-            try:
-                hold = b.guard(args, kwargs)
-            except Exception:  # a value of another type at a guarded position: not the bound call
-                hold = False
-            if hold:
-                try:
-                    return b.run(*args, **kwargs)
-                except Exception as exc:
-                    return self._failed(b.choice, exc, args, kwargs)
         return self._rebind(args, kwargs)
 
     @property
     def kernel_id(self) -> str | None:
-        """The bound kernel, or None before the first call (or while unbindable)."""
-        choice = self._binding.choice
-        return None if choice is None else choice.spec.kernel_id
+        """The bound kernel, or None before the first call (or while nothing may be bound)."""
+        return self._binding[3].spec.kernel_id if self._binding else None
 
     def __repr__(self) -> str:
         return f"BoundOp({self.op!r}, kernel={self.kernel_id!r}, binds={self.binds})"
 
     def _rebind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if torch.compiler.is_compiling():
+        if _compiling():
             from layerzero.extend.library import call_op  # imported late: the custom ops call back into dispatch
 
             return call_op(self.op, *args, **kwargs)
@@ -90,17 +73,21 @@ class BoundOp:
         entry, key = resolve(engine, self.op, args, kwargs)
         choice, sync_after = entry
         self.binds += 1
-        if sync_after or engine.breaker.active:
-            self._binding = _UNBOUND
-        else:
-            source, guard = _guard(self.op, args, kwargs, capture=_needs_capture_guard(choice, args))
+        self._unbind()
+        if not sync_after and not engine.breaker.active:
+            cls, values = _specialize(self.op, args, kwargs, capture=_needs_capture_guard(choice, args))
             run = choice.spec.impl if choice.adaptation.layout is None and choice.adaptation.cast is None else _adapted(choice)
-            self._binding = _Binding(generation, get_policy(), guard, run, choice, source)
+            self._binding = (generation, get_policy(), run, choice, *values)
+            self.__class__ = cls
         return execute(engine, entry, self.op, args, kwargs, key)
+
+    def _unbind(self) -> None:
+        self.__class__ = BoundOp
+        self._binding = ()
 
     def _failed(self, choice: Choice, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The bound kernel raised: the dispatch fallback chain answers, and the site re-binds next call."""
-        self._binding = _UNBOUND
+        self._unbind()
         engine = get_engine()
         return fallback(engine, choice, exc, self.op, args, kwargs, call_key(self.op, args, kwargs, get_policy().key))
 
@@ -124,58 +111,72 @@ def _needs_capture_guard(choice: Choice, args: tuple[Any, ...]) -> bool:
     return not choice.spec.graph_safe or get_policy().settings.graph_strict_mode or is_capturing(first.device)
 
 
-def _guard(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, capture: bool) -> tuple[str, Guard]:
-    """The guard of one bound call: a function true exactly when a call has this call's key facts.
-
-    The code depends only on the call's structure (which positions hold tensors, None, bools or other values),
-    so it is generated once per structure and closed over each binding's expected values.
-    """
+def _specialize(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, capture: bool) -> tuple[type[BoundOp], list[Any]]:
+    """The bound class for this call's structure and the values its guard expects (the facts dispatch keys on)."""
     sig = SIGNATURES.get(op, DEFAULT_SIGNATURE)
     positions = range(len(args)) if sig.args is None else [i for i in sig.args if i < len(args)]
-    slots = [(f"x{i}", f"a[{i}]", args[i]) for i in positions] + [(f"k_{n}", f"k.get({n!r})", kwargs.get(n)) for n in sig.kwargs]
-    first = next((name for name, expr, value in slots if isinstance(value, Tensor) and expr.startswith("a[")), None)
+    slots = [(f"x{i}", f"args[{i}]", args[i]) for i in positions]
+    slots += [(f"k_{n}", f"kwargs.get({n!r})", kwargs.get(n)) for n in sig.kwargs]
+    first = next((name for name, expr, value in slots if isinstance(value, Tensor) and expr.startswith("args")), None)
+    device = next((v for n, _, v in slots if n == first), None)
     if first is None and sig.args is not None:  # the context takes its device from the first positional tensor
-        first = next((f"a[{i}]" for i, a in enumerate(args) if isinstance(a, Tensor)), None)
+        index = next((i for i, a in enumerate(args) if isinstance(a, Tensor)), None)
+        first, device = (None, None) if index is None else (f"args[{index}]", args[index])
     kinds = tuple("tensor" if isinstance(v, Tensor) else repr(v) if v is None or isinstance(v, bool) else "value"
                   for _, _, v in slots)
-    factory, source = _factory(len(args), tuple((name, expr) for name, expr, _ in slots), kinds, first, capture)
-    values: list[Any] = [torch.are_deterministic_algorithms_enabled()]
+    values: list[Any] = [_deterministic()]
     for (_, _, value), kind in zip(slots, kinds):
         if kind == "tensor":
             values += [value.shape, value.stride(), value.dtype]
         elif kind == "value":
             values += [type(value), value]
-    if first is not None:
-        device = (args[int(first[2:-1])] if first.startswith("a[") else args[int(first[1:])]).device
-        values.append(device)
+    if device is not None:
+        values.append(device.device)
         if capture:
-            values.append(is_capturing(device))
-    return source, factory(*values)
+            values.append(is_capturing(device.device))
+    cls = _bound_class(len(args) if sig.args is None else None, tuple((name, expr) for name, expr, _ in slots), kinds, first, capture and device is not None)
+    return cls, values
 
 
 @functools.cache
-def _factory(nargs: int, slots: tuple[tuple[str, str], ...], kinds: tuple[str, ...], first: str | None,
-             capture: bool) -> tuple[Callable[..., Guard], str]:
-    """Generate `make(expected values...) -> guard` for one call structure (cached: structures are few)."""
-    params, tests, lines = ["DET"], ["_det() is DET"], [f"if len(a) != {nargs}: return False"]
+def _bound_class(nargs: int | None, slots: tuple[tuple[str, str], ...], kinds: tuple[str, ...], first: str | None,
+                 capture: bool) -> type[BoundOp]:
+    """Generate the BoundOp subclass for one call structure (cached: a model has a handful of structures)."""
+    # a missing position raises IndexError (not the bound call); extra ones are outside the key, as in dispatch,
+    # except for ops keyed on every positional argument (nargs given)
+    names, tests = ["DET"], ([] if nargs is None else [f"len(args) == {nargs}"]) + ["_deterministic() is DET"]
     for (name, expr), kind in zip(slots, kinds):
-        lines.append(f"{name} = {expr}")
         if kind == "tensor":
-            params += [f"S_{name}", f"T_{name}", f"D_{name}"]
-            tests += [f"{name}.shape == S_{name}", f"{name}.stride() == T_{name}", f"{name}.dtype is D_{name}"]
+            names += [f"S_{name}", f"T_{name}", f"D_{name}"]
+            tests += [f"({name} := {expr}).shape == S_{name}", f"{name}.stride() == T_{name}", f"{name}.dtype is D_{name}"]
         elif kind == "value":
-            params += [f"Y_{name}", f"V_{name}"]
-            tests.append(f"type({name}) is Y_{name} and {name} == V_{name}")
+            names += [f"Y_{name}", f"V_{name}"]
+            tests.append(f"type({name} := {expr}) is Y_{name} and {name} == V_{name}")
         else:  # None, True or False
-            tests.append(f"{name} is {kind}")
+            tests.append(f"{expr} is {kind}")
     if first is not None:
-        params.append("DEV")
+        names.append("DEV")
         tests.append(f"{first}.device == DEV")
         if capture:
-            params.append("CAPTURING")
+            names.append("CAPTURING")
             tests.append("_capturing(DEV) is CAPTURING")
-    body = "\n        ".join([*lines, "return (" + "\n                and ".join(tests) + ")"])
-    source = f"def make({', '.join(params)}):\n    def guard(a, k):\n        {body}\n    return guard\n"
-    namespace: dict[str, Any] = {"_det": torch.are_deterministic_algorithms_enabled, "_capturing": is_capturing}
-    exec(compile(source, "<layerzero bound-call guard>", "exec"), namespace)
-    return namespace["make"], source
+    source = (
+        "def __call__(self, *args, **kwargs):\n"
+        f"    generation, policy, run, choice, {', '.join(names)} = self._binding\n"
+        "    if generation == GENERATION.value and get_policy() is policy and not _compiling():\n"
+        "        try:\n"
+        "            hold = (" + "\n                    and ".join(tests) + ")\n"
+        "        except Exception:  # a value of another type at a guarded position: not the bound call\n"
+        "            hold = False\n"
+        "        if hold:\n"
+        "            try:\n"
+        "                return run(*args, **kwargs)\n"
+        "            except Exception as exc:\n"
+        "                return self._failed(choice, exc, args, kwargs)\n"
+        "    return self._rebind(args, kwargs)\n"
+    )
+    namespace: dict[str, Any] = {"GENERATION": GENERATION, "get_policy": get_policy, "_compiling": _compiling,
+                                 "_deterministic": _deterministic, "_capturing": is_capturing}
+    exec(compile(source, "<layerzero bound call>", "exec"), namespace)
+    return type("BoundOp", (BoundOp,), {"__slots__": (), "__call__": namespace["__call__"], "guard_source": source,
+                                        "__module__": __name__})

@@ -1,0 +1,84 @@
+"""Eager prefill as a fraction of the GEMM rate: what per-call host cost leaves of the GPU on a 1k-token prompt.
+
+One prompt of `--tokens` through the engine without CUDA graphs (prefill never replays graphs), on a random-weight
+model shape, median of `--repeats` after a warm-up; FLOPs as in gpu_decode (projections, causal attention, one
+LM-head row) ÷ seconds ÷ the bf16 GEMM rate (8192³ matmul) measured in the same run. Beside it the host time of
+the same prefill with every bound site reset first, so each call resolves through `dispatch` (call key, call
+cache) as before binding existed: the report shows what binding buys. GPU only.
+
+    python benchmarks/layerzero_prefill.py --out benchmarks/reports/layerzero_prefill_h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+import model_shapes as ms
+from gpu_decode_baselines import gemm_rate
+from gpu_decode_engine import engine_options, prefill, prefill_once
+from gpu_decode_plan import Plan, prompt_ids
+from infer import LLM
+from layerzero.dispatch.bound import BoundOp
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+def _unbind_all(model: torch.nn.Module) -> None:
+    """Make every bound site of the model dispatch on its next call (what the models did before binding)."""
+    for module in model.modules():
+        for value in vars(module).values():
+            for site in [value, *(getattr(value, s) for s in getattr(value, "__slots__", ()))]:
+                if isinstance(site, BoundOp):
+                    site._unbind()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama-3.2-1b", choices=ms.GPU_SHAPES)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=REPORTS / "layerzero_prefill")
+    args = parser.parse_args()
+    plan = Plan(models=(args.model,), prefill_lens=(args.tokens,), prefill_repeats=args.repeats,
+                max_seq_len=args.tokens + 256, max_batch_size=8)
+    gemm = gemm_rate(plan)
+    cfg = ms.model_config(args.model)
+    flops = ms.prefill_flops(cfg, args.tokens)
+    with tempfile.TemporaryDirectory() as root:
+        path = ms.write_model_dir(args.model, Path(root))
+        llm = LLM(str(path), **engine_options(args.model, False, plan))
+        bound = prefill(llm, args.tokens, plan)
+        ids = prompt_ids(llm.runner.vocab_size, args.tokens, seed=args.tokens)
+        unbound_runs = []
+        for _ in range(args.repeats):  # every site resolves through dispatch's call cache again
+            _unbind_all(llm.engine.runner.model)
+            unbound_runs.append(prefill_once(llm, ids, plan.device))
+    rows = {"bound": bound["median_s"], "dispatch": statistics.median(unbound_runs)}
+    result = {"model": args.model, "tokens": args.tokens, "flops": flops, "gemm_tflops": gemm["tflops"],
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "seconds": rows, "bound_runs": bound["seconds"], "dispatch_runs": unbound_runs,
+              "fraction_of_gemm": {k: flops / s / 1e12 / gemm["tflops"] for k, s in rows.items()}}
+    lines = [f"# Eager prefill vs the GEMM rate ({args.model}, {args.tokens} tokens)", "",
+             f"{result['gpu']}, torch {result['torch']}; bf16 GEMM 8192³ {gemm['tflops']:.0f} TFLOP/s; "
+             f"{flops / 1e12:.2f} TFLOP per prefill; engine end to end (add request -> first token), no CUDA graphs, "
+             f"median of {args.repeats}.", "",
+             "| call sites | seconds | tok/s | TFLOP/s | ÷ GEMM rate |", "|---|---:|---:|---:|---:|"]
+    for name, s in rows.items():
+        lines.append(f"| {name} | {s * 1e3:.2f} ms | {args.tokens / s:.0f} | {flops / s / 1e12:.1f} | "
+                     f"{result['fraction_of_gemm'][name]:.2f} |")
+    lines += ["", "`bound`: the models' call sites bound once (as served). `dispatch`: every site reset before the "
+              "prefill, so each call resolves through dispatch (call key, call cache) and re-binds."]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
