@@ -12,7 +12,10 @@ cache) as before binding existed: the report shows what binding buys. GPU only.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import tempfile
 from pathlib import Path
@@ -38,12 +41,38 @@ def _unbind_all(model: torch.nn.Module) -> None:
                     site._unbind()
 
 
+def _profile(llm: LLM, ids: list[int], device: str) -> str:
+    """Device busy time against wall time, the top device kernels, and the top host functions of one prefill."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = prefill_once(llm, ids, device)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    busy, end = 0, None
+    for start, stop in spans:  # union of kernel intervals
+        if end is None or start > end:
+            busy, end = busy + stop - start, stop
+        elif stop > end:
+            busy, end = busy + stop - end, stop
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+    host = cProfile.Profile()
+    host.enable()
+    prefill_once(llm, ids, device)
+    host.disable()
+    stream = io.StringIO()
+    pstats.Stats(host, stream=stream).sort_stats("tottime").print_stats(20)
+    return (f"wall {wall * 1e3:.2f} ms, device busy {busy / 1e3:.2f} ms ({len(spans)} kernels)\n\n```\n{table}\n```\n\n"
+            f"cProfile (tottime; slows the host, proportions only):\n\n```\n{stream.getvalue()[-6000:]}\n```")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama-3.2-1b", choices=ms.GPU_SHAPES)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=REPORTS / "layerzero_prefill")
+    parser.add_argument("--profile", action="store_true", help="also profile one bound prefill (device kernels, host)")
     args = parser.parse_args()
     plan = Plan(models=(args.model,), prefill_lens=(args.tokens,), prefill_repeats=args.repeats,
                 max_seq_len=args.tokens + 256, max_batch_size=8)
@@ -55,6 +84,7 @@ def main() -> None:
         llm = LLM(str(path), **engine_options(args.model, False, plan))
         bound = prefill(llm, args.tokens, plan)
         ids = prompt_ids(llm.runner.vocab_size, args.tokens, seed=args.tokens)
+        profile = _profile(llm, ids, plan.device) if args.profile else None
         unbound_runs = []
         for _ in range(args.repeats):  # every site resolves through dispatch's call cache again
             _unbind_all(llm.engine.runner.model)
@@ -74,6 +104,8 @@ def main() -> None:
                      f"{result['fraction_of_gemm'][name]:.2f} |")
     lines += ["", "`bound`: the models' call sites bound once (as served). `dispatch`: every site reset before the "
               "prefill, so each call resolves through dispatch (call key, call cache) and re-binds."]
+    if profile is not None:
+        lines += ["", "## Profile of one bound prefill", "", profile]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="hardware, libraries, backends with reasons, kernels, policy")
     kernels = sub.add_parser("kernels", help="registered kernels (of one op) with their availability")
     kernels.add_argument("op", nargs="?")
-    sub.add_parser("readiness", help="production readiness checks (appendix G)")
+    sub.add_parser("readiness", help="production readiness checks")
     for command in sub.choices.values():
         command.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)

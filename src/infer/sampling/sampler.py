@@ -22,6 +22,7 @@ import torch
 from infer.sampling.params import SamplingParams
 from infer.sampling.random import uniform
 from infer.transfer import upload
+from layerzero.kernels.reference.sampling import mask_top_k_top_p
 
 
 @dataclass
@@ -93,16 +94,11 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Set to -inf every logit outside the row's top-k and then top-p set, using one sort per row."""
-    vocab = logits.shape[-1]
-    ascending = logits.sort(dim=-1).values
-    kth_largest = ascending.gather(-1, (vocab - top_k).clamp(min=0)[:, None])
-    ascending = ascending.masked_fill(ascending < kth_largest, float("-inf"))
-    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-    # Masked entries have zero mass, so they are counted here and the cut is never below kth_largest.
-    n_dropped = (cumulative <= (1 - top_p)[:, None]).sum(dim=-1).clamp(max=vocab - 1)
-    cut = ascending.gather(-1, n_dropped[:, None])
-    return logits.masked_fill(logits < cut, float("-inf"))
+    """Set to -inf every logit [B, V] outside the row's top-k and then top-p set ([B] tensors; one sort per row).
+
+    The cut is layerzero's reference `mask_top_k_top_p`, shared with the lz.sample_topk / sample_topp ops.
+    """
+    return mask_top_k_top_p(logits, top_k, top_p)
 
 
 @functools.lru_cache(maxsize=64)

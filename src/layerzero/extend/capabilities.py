@@ -1,4 +1,4 @@
-"""Capabilities descriptors (spec §4.5, appendix D): JSON that declares a backend's kernels and their constraints.
+"""Capabilities descriptors: JSON that declares a backend's kernels and their constraints.
 
 `apply_descriptor(specs, source)` validates the descriptor against capabilities_schema.json (v1) and
 rewrites each KernelSpec's constraints from it. It fails closed and never raises: an unreadable or invalid

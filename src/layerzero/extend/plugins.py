@@ -1,5 +1,5 @@
-"""User kernels and third-party backends: the `register_kernel` decorator (spec §4.3) and the
-`layerzero.backends` entry-point group (spec §4.4).
+"""User kernels and third-party backends: the `register_kernel` decorator and the
+`layerzero.backends` entry-point group (docs/layerzero.md, "Policy, inspection and plugins").
 
 An entry point names a callable (or a module whose import registers kernels with `register_kernel`);
 the callable may register kernels itself and/or return KernelSpecs. A plugin that raises at import,
@@ -23,7 +23,7 @@ from layerzero.select.registry import Registry
 GROUP = "layerzero.backends"
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Spec §4.1/§4.3 names accepted as aliases of KernelSpec fields.
+# The seed spec's names for KernelSpec fields, accepted as aliases.
 ALIASES = {
     "operation": "op",
     "source": "backend",

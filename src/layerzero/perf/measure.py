@@ -1,4 +1,4 @@
-"""Measurement protocol (spec §7.4): warm up, then time each call; device events on CUDA, perf_counter on CPU."""
+"""Measurement protocol: warm up, then time each call; device events on CUDA, perf_counter on CPU."""
 
 from __future__ import annotations
 

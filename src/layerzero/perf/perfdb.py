@@ -32,7 +32,7 @@ from layerzero.policy.state import get_policy
 
 SCHEMA_VERSION = 1
 MAX_SAMPLES = 512  # most recent samples kept per row, so that writers can merge their measurements
-FULL_CONFIDENCE_SAMPLES = 20  # spec §7.6: tune_samples default
+FULL_CONFIDENCE_SAMPLES = 20  # the default tune_samples
 BUSY_TIMEOUT_S = 30.0
 DEFAULT_PATH = "~/.cache/layerzero/perfdb.sqlite"
 

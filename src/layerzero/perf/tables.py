@@ -1,4 +1,4 @@
-"""Dispatch tables (spec appendix E): `warmup` runs known calls once, `solve` bakes their choices per bucket.
+"""Dispatch tables: `warmup` runs known calls once, `solve` bakes their choices per bucket.
 
 A table maps (op, a digest of the context's exact validity fields, the bucketed sizes) to a kernel id and
 carries the hardware signature it was solved on. Installed with `use(table)`, the selection engine takes

@@ -1,4 +1,4 @@
-"""lz.tune: time every valid kernel for one canonical call and record the timings in the PerfDB (spec §7.6)."""
+"""lz.tune: time every valid kernel for one canonical call and record the timings in the PerfDB."""
 
 from __future__ import annotations
 

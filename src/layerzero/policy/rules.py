@@ -1,4 +1,4 @@
-"""Conditional policy rules (spec §6.1): `match` conditions on a SelectionContext, then prefer / avoid patterns.
+"""Conditional policy rules: `match` conditions on a SelectionContext, then prefer / avoid patterns.
 
 A rule such as `{match: {sm: ">=90", op: "attention*", dtype: [float16, bfloat16], seq_len: ">16384"},
 prefer: "triton.*", avoid_sources: [xformers]}` applies when every condition holds. Numeric conditions are

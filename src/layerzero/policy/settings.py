@@ -1,4 +1,4 @@
-"""Policy settings (appendix B): the typed fields, their defaults, and validation of a layerzero.yaml mapping.
+"""Policy settings: the typed fields, their defaults, and validation of a layerzero.yaml mapping.
 
 `parse_settings` checks every key and value and raises PolicyError naming the field; the same checks
 serve `layerzero.yaml`, `configure(...)` keywords and environment variables.
@@ -18,7 +18,7 @@ SUPPORTED_VERSION = 1
 
 @dataclass(frozen=True)
 class Settings:
-    """Every policy setting with its appendix B default; `locks` maps op -> kernel id."""
+    """Every policy setting with its default; `locks` maps op -> kernel id."""
 
     enabled: bool = True
     fallback_enabled: bool = True

@@ -1,4 +1,4 @@
-"""Selection policy (spec §6, appendix B): locks, preferences, avoid lists, conditional rules, global switches.
+"""Selection policy: locks, preferences, avoid lists, conditional rules, global switches.
 
 Sources, lowest to highest precedence: defaults < layerzero.yaml (LAYERZERO_CONFIG or `load(path)`) <
 LAYERZERO_* environment variables < `configure(...)` / `lock(...)` / `unlock(...)` < the context managers
@@ -8,7 +8,7 @@ Every global change bumps `version()`; `Policy.key` hashes the effective policy 
 managers, so a selection cache keyed on it never mixes two policies.
 
 Scoring (`Policy.adjust`): +20 for a kernel whose backend or kernel id matches `prefer_sources` or a
-matching rule's `prefer` (fnmatch patterns), -50 for `avoid_sources` / a rule's `avoid` (spec §5.2),
+matching rule's `prefer` (fnmatch patterns), -50 for `avoid_sources` / a rule's `avoid`,
 +1000 inside `with prefer(...)`, which therefore wins whenever the preferred kernel is valid.
 `disabled()` / LAYERZERO_DISABLED / `enabled: false` block every non-reference kernel (POLICY_BLOCKED)
 and suspend locks.
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from layerzero.select.context import SelectionContext
     from layerzero.select.kernel_spec import KernelSpec
 
-PREFER_BONUS = 20.0  # spec §5.2
-AVOID_PENALTY = -50.0  # spec §5.2
+PREFER_BONUS = 20.0  # docs/layerzero.md, "Scoring and adaptation"
+AVOID_PENALTY = -50.0  # docs/layerzero.md, "Scoring and adaptation"
 # `with prefer(...)` is a temporary override: it must beat any priority (0-100) and PerfDB adjustment.
 CONTEXT_PREFER_BONUS = 1000.0
 

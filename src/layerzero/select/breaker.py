@@ -1,4 +1,4 @@
-"""Circuit breaker (spec §14.5): a backend that fails N times in a row is disabled for a cool-down.
+"""Circuit breaker (docs/layerzero.md, "Fallback and circuit breaker"): a backend that fails N times in a row is disabled for a cool-down.
 
 While open, selection rejects the backend's kernels with CIRCUIT_OPEN. After the cool-down the backend
 is selectable again (half-open): one success closes the circuit, one more failure re-opens it. `version` changes

@@ -22,30 +22,17 @@ SEQ_BUCKETS = (1, 16, 128, 512, 2048, 8192, 32768)
 BATCH_BUCKETS = (1, 4, 16, 64, 256)
 PERF_FIELDS = frozenset({"batch", "seq_q", "seq_k", "tokens"})
 
-# appendix J.1, with Ada corrected to 4th-generation tensor cores
-_GENERATIONS = ((75, 80, "turing", 2), (80, 89, "ampere", 3), (89, 90, "ada", 4), (90, 100, "hopper", 4),
-                (100, 200, "blackwell", 5))
+# SM ranges [lo, hi) of each GPU generation, for policy rules that match on `generation`
+_GENERATIONS = ((75, 80, "turing"), (80, 89, "ampere"), (89, 90, "ada"), (90, 100, "hopper"), (100, 200, "blackwell"))
 
 
-def gpu_generation(sm: int | None) -> tuple[str | None, int | None]:
-    """(generation name, tensor-core generation) of an SM version; (None, None) off CUDA or before Turing."""
+def gpu_generation(sm: int | None) -> str | None:
+    """GPU generation name of an SM version (policy rules match on it); None off CUDA or before Turing."""
     if sm is not None:
-        for lo, hi, name, tc in _GENERATIONS:
+        for lo, hi, name in _GENERATIONS:
             if lo <= sm < hi:
-                return name, tc
-    return None, None
-
-
-def instruction_sets(sm: int | None) -> frozenset[str]:
-    """Tensor-core instruction families of an SM: wgmma is sm_90 only, tcgen05 is datacenter Blackwell (sm_10x/11x)."""
-    if sm is None or sm < 75:
-        return frozenset()
-    sets = {"mma.sync"}
-    if sm == 90:
-        sets.add("wgmma")
-    if 100 <= sm < 120:
-        sets.add("tcgen05.mma")
-    return frozenset(sets)
+                return name
+    return None
 
 
 class _DeviceFacts:
@@ -107,36 +94,24 @@ class SelectionContext:
     last_dim_contiguous: bool = True
     causal: bool = False
     sliding_window: bool = False
+    # Required by the kernel contract, set only by a caller's keyword (no op argument carries a mask type).
     attn_mask_type: str = "none"
     kv_cache_layout: str | None = None
     kv_cache_dtype: torch.dtype | None = None
+    # Required by the kernel contract: which prepacked weights the call brings, for kernels with
+    # requires_packed_weights. Set only by a caller's keyword; no built-in op prepacks.
     packed_weights_id: str | None = None
     quant_format: str | None = None
-    input_quant_format: str | None = None
-    max_accuracy_drop_pct: float | None = None
     tokenizer_key: str | None = None
     return_offsets: bool = False
     capturing: bool = False
     deterministic: bool = False
-    tp_size: int = 1
-    require_tp_invariant: bool = False
-    reduction_order: str | None = None
     kv_strategy: str | None = None
-    free_memory_bytes: int | None = None
-    virtual_free_bytes: int | None = None
-    spec_algorithm: str | None = None
-    pp_size: int = 1
-    draft_tp_size: int = 1
-    spec_share_kv: bool = False
     params: tuple[tuple[str, Any], ...] = field(default=())
 
     @property
     def generation(self) -> str | None:
-        return gpu_generation(self.sm)[0]
-
-    @property
-    def tensor_core_gen(self) -> int | None:
-        return gpu_generation(self.sm)[1]
+        return gpu_generation(self.sm)
 
     @property
     def gqa(self) -> bool:
@@ -209,11 +184,10 @@ def _bucket(value: int, bounds: tuple[int, ...]) -> str:
 
 
 _VALIDITY_FIELDS = tuple(f.name for f in fields(SelectionContext) if f.name not in PERF_FIELDS)
-# Call facts no op argument carries (deployment, quantization, tokenizer options); from_tensors takes them
-# as keywords. An op whose canonical signature has one must list it in its signatures.OpSignature.kwargs.
+# Call facts no op argument carries (mask type, prepacked weights, quantization, tokenizer options, capture
+# and determinism overrides); from_tensors takes them as keywords. An op whose canonical signature has one
+# must list it in its signatures.OpSignature.kwargs.
 CONTEXT_PARAMS = (
-    "attn_mask_type", "packed_weights_id", "quant_format", "input_quant_format", "max_accuracy_drop_pct",
-    "return_offsets", "capturing", "deterministic", "tp_size", "require_tp_invariant",
-    "reduction_order", "kv_strategy", "free_memory_bytes", "virtual_free_bytes", "spec_algorithm", "pp_size",
-    "draft_tp_size", "spec_share_kv",
+    "attn_mask_type", "packed_weights_id", "quant_format", "return_offsets", "capturing", "deterministic",
+    "kv_strategy",
 )

@@ -1,4 +1,4 @@
-"""SelectionEngine (spec §5.2): policy lock -> dispatch table -> filter with reasons -> cache -> score -> cache.
+"""SelectionEngine (docs/layerzero.md, "The call path"): policy lock -> dispatch table -> filter with reasons -> cache -> score -> cache.
 
 Scores are priority + policy adjustment + PerfDB adjustment - adaptation penalty. The selection cache key
 is the op, the context's exact validity fields, its bucketed sizes, the policy key and the set of kernels
@@ -36,7 +36,7 @@ from layerzero.select.registry import Registry
 
 log = logging.getLogger("layerzero")
 
-PERF_MAX_PENALTY = 30.0  # spec §7.5: timings adjust a score by at most this much
+PERF_MAX_PENALTY = 30.0  # timings adjust a score by at most this much
 PERF_SLOPE = 10.0  # score points per 1x slowdown against the fastest measured candidate
 
 

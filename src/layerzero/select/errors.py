@@ -1,4 +1,4 @@
-"""Exception hierarchy (spec §14.1)."""
+"""Exception hierarchy: every error layerzero raises is a LayerZeroError."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CUDA-graph safety (spec §10, appendix I.4): capture detection, dummy-capture validation, strict-mode checks.
+"""CUDA-graph safety: capture detection, dummy-capture validation, strict-mode checks.
 
 A kernel is safe to run inside a capture only when its spec declares `graph_safe=True`; unknown kernels
 default to unsafe. In graph strict mode a declared-safe kernel must also have passed a dummy capture
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from layerzero.select.context import SelectionContext
     from layerzero.select.kernel_spec import KernelSpec
 
-MEMORY_WARNING_BYTES = 1 << 20  # appendix I.4: allocation during capture above this is logged
+MEMORY_WARNING_BYTES = 1 << 20  # allocation during capture above this is logged
 WARMUP_ITERATIONS = 3
 
 _log = logging.getLogger("layerzero")

@@ -17,7 +17,7 @@ ANY_PLATFORM = frozenset({"cpu", "cuda"})
 
 @dataclass(frozen=True, slots=True)
 class LaunchConfig:
-    """The CUDA launch a kernel would make for a context (appendix I.2): grid (x, y, z) and threads per block."""
+    """The CUDA launch a kernel would make for a context: grid (x, y, z) and threads per block."""
 
     grid: tuple[int, int, int]
     threads_per_block: int
@@ -53,28 +53,18 @@ class KernelSpec:
     priority: int = 50
     check: Callable[[SelectionContext], list[Reason]] | None = None
     available: Callable[[], Reason | None] | None = None
-    # Fields below extend the contract (all optional).
+    # Fields below are optional.
     max_seq_len: int | None = None
     attn_mask_types: frozenset[str] = frozenset({"none"})
     kv_cache_layouts: frozenset[str] | None = None
     kv_cache_dtypes: frozenset[torch.dtype] | None = None
+    # Required by the kernel contract: a kernel that runs only on prepacked weights (the call must name them
+    # in SelectionContext.packed_weights_id). No built-in kernel needs it; plugins may.
     requires_packed_weights: bool = False
     min_cuda_version: tuple[int, int] | None = None
-    generations: frozenset[str] | None = None
-    min_tensor_core_gen: int | None = None
-    instruction_set: str | None = None
     launch: Callable[[SelectionContext], LaunchConfig] | None = None
-    workspace_bytes: Callable[[SelectionContext], int] | None = None
     quant_formats: frozenset[str] | None = None
-    consumes_quant_formats: frozenset[str] = frozenset()
-    accuracy_drop_pct: float = 0.0
-    tp_invariant: bool = False
-    max_tp_size: int | None = None
-    reduction_order: str | None = None
     kv_strategies: frozenset[str] | None = None
-    spec_algorithms: frozenset[str] | None = None
-    max_draft_tp_size: int | None = None
-    supports_shared_kv: bool = True
     is_reference: bool = False  # the always-correct fallback of its op
 
     def __post_init__(self) -> None:

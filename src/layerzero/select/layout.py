@@ -1,4 +1,4 @@
-"""Attention layout resolution (appendix I.6): explicit `layout=`, else shapes, else strides, else an error.
+"""Attention layout resolution (docs/layerzero.md, "Layout"): explicit `layout=`, else shapes, else strides, else an error.
 
 Shapes decide when only one of BSHD/BHSD is consistent across q, k, v (GQA head ratio, decode with one
 query). Strides decide when q, k, v are all views with dims 1 and 2 swapped against memory order: a

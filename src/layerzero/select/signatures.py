@@ -149,7 +149,7 @@ def _dequantize(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def tokenizer_key(**identity: str) -> str:
-    """Full SHA-256 over a tokenizer's identity fields (appendix I.8: never truncated)."""
+    """Full SHA-256 over a tokenizer's identity fields (never truncated: a prefix could collide)."""
     text = "\n".join(f"{k}={identity[k]}" for k in sorted(identity))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -1,4 +1,4 @@
-"""Inspection (spec §8.2): which, explain, list_kernels, validate (readiness_check lives in layerzero.tools.readiness).
+"""Inspection: which, explain, list_kernels, validate (readiness_check lives in layerzero.tools.readiness).
 
 `which`, `explain` and `validate` take an op's canonical call, the arguments `dispatch(op, ...)` receives
 (for most ops the public positional arguments work as they are: `explain("attention", q, k, v)`), or a
@@ -27,7 +27,7 @@ from layerzero.tools.readiness import readiness_check
 
 __all__ = ["describe", "explain", "list_kernels", "readiness_check", "validate", "which", "ValidationResult"]
 
-# Spec §3.2 tolerances (rtol, atol) vs the PyTorch reference, by output dtype.
+# Tolerances (rtol, atol) vs the PyTorch reference, by output dtype.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1e-2, 1e-2),
@@ -161,7 +161,7 @@ def _outputs(fn: Callable[[tuple[Any, ...], dict[str, Any]], Any], args: tuple[A
 
 
 def validate(kernel_id: str, *args: Any, **kwargs: Any) -> ValidationResult:
-    """Check kernel_id's constraints for this canonical call, run it and its op's reference, compare (spec §3.2)."""
+    """Check kernel_id's constraints for this canonical call, run it and its op's reference, compare within the tolerances above."""
     registry = get_registry()
     spec = registry.get(kernel_id)
     if spec is None:

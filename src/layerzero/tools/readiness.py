@@ -1,4 +1,4 @@
-"""Production readiness check (spec §8.2, appendix G): policy, backends, fallbacks, capabilities descriptors,
+"""Production readiness check: policy, backends, fallbacks, capabilities descriptors,
 plugins, selection cache, PerfDB, circuit breakers, dispatch table and memory headroom, each pass/warn/fail."""
 
 from __future__ import annotations

@@ -14,12 +14,45 @@ noise, so a seeded generator or a given noise tensor makes the call deterministi
 
 Ties: top-k keeps every token whose logit equals the k-th largest (more than k may survive). Top-p sorts
 ascending, drops tokens whose cumulative softmax mass is <= 1 - p, always keeps the most likely token,
-and keeps every token equal to the cut value.
+and keeps every token equal to the cut value. Both cuts are `mask_top_k_top_p`, which infer's batched
+sampler (infer.sampling.sampler) also uses with per-row k and p tensors.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def mask_top_k_top_p(
+    logits: torch.Tensor,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`logits` [..., V] with every entry outside its row's top-k set, then top-p set, at -inf; one sort per row.
+
+    k and p are scalars for every row or tensors of shape logits.shape[:-1] (per row); None skips that cut.
+    Tensor-only (no host sync), so it runs inside CUDA graphs. With both cuts, top-p is taken over the
+    top-k survivors renormalised (transformers' order).
+    """
+    if top_k is None and top_p is None:
+        return logits
+    vocab = logits.shape[-1]
+    ascending = logits.sort(dim=-1).values
+    if top_k is not None:
+        if isinstance(top_k, torch.Tensor):
+            kth_largest = ascending.gather(-1, (vocab - top_k).clamp(min=0).unsqueeze(-1))
+        else:
+            kth_largest = ascending[..., max(vocab - top_k, 0), None]
+        if top_p is None:
+            return logits.masked_fill(logits < kth_largest, float("-inf"))
+        ascending = ascending.masked_fill(ascending < kth_largest, float("-inf"))
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    # A scalar p stays a Python float here: 1 - p rounded once, as float32(1 - p), not float32(1) - float32(p).
+    dropped_mass = (1 - top_p).unsqueeze(-1) if isinstance(top_p, torch.Tensor) else 1 - top_p
+    # Entries masked by top-k have zero mass, so they are counted here and the cut is never below kth_largest.
+    n_dropped = (cumulative <= dropped_mass).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+    cut = ascending.gather(-1, n_dropped)
+    return logits.masked_fill(logits < cut, float("-inf"))
 
 
 def _uniform(logits: torch.Tensor, generator: torch.Generator | None, noise: torch.Tensor | None) -> torch.Tensor:
@@ -52,10 +85,7 @@ def sample_topk(
     """One token id per row drawn from softmax(logits / temperature) restricted to the top-k logits."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    scaled = _scaled(logits, temperature)
-    k = min(k, scaled.shape[-1])
-    kth_largest = scaled.topk(k, dim=-1).values[..., -1:]
-    filtered = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    filtered = mask_top_k_top_p(_scaled(logits, temperature), top_k=k)
     return _gumbel_argmax(filtered, _uniform(logits, generator, noise))
 
 
@@ -70,10 +100,5 @@ def sample_topp(
     """One token id per row drawn from the smallest set of most likely tokens whose mass reaches p."""
     if not 0 < p <= 1:
         raise ValueError(f"p must be in (0, 1], got {p}")
-    scaled = _scaled(logits, temperature)
-    ascending = scaled.sort(dim=-1).values
-    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-    n_dropped = (cumulative <= 1 - p).sum(dim=-1, keepdim=True).clamp(max=scaled.shape[-1] - 1)
-    cut = ascending.gather(-1, n_dropped)
-    filtered = scaled.masked_fill(scaled < cut, float("-inf"))
+    filtered = mask_top_k_top_p(_scaled(logits, temperature), top_p=p)
     return _gumbel_argmax(filtered, _uniform(logits, generator, noise))

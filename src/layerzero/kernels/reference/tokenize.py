@@ -12,14 +12,14 @@ A single string gives flat lists, a sequence of strings a list per text; "offset
 is present only when return_offsets=True. A flat token list decodes to one string, a nested one to a
 list of strings.
 
-tokenizer_identity(tokenizer) -> TokenizerIdentity: full 64-hex SHA-256 digests (spec §3.2, appendix
+tokenizer_identity(tokenizer) -> TokenizerIdentity: full 64-hex SHA-256 digests (
 I.8) of the vocabulary, the merges, the added tokens, the normalizer, the pre-tokenizer and the special
 tokens (special added tokens plus the post-processor that inserts them), and `tokenizer_id`, a digest
 of the whole serialized tokenizer (model parameters, decoder, truncation and padding included). Two
 tokenizers that could encode any text differently never share a tokenizer_id. It serializes the whole
 tokenizer (milliseconds for a large vocabulary), so per-call users take cached_identity(tokenizer):
 cached per tokenizer object, recomputed at once when the vocabulary size changes (added tokens), and
-otherwise re-validated on a deterministic schedule (appendix I.8: every 10th of the first 100 hits,
+otherwise re-validated on a deterministic schedule (every 10th of the first 100 hits,
 every 100th of the next 1000, every 1000th after), which catches in-place changes of the normalizer,
 pre-tokenizer or post-processor.
 """

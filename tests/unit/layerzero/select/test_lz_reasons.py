@@ -14,7 +14,7 @@ from layerzero.extend.capabilities import apply_descriptor
 from layerzero.kernels.optional import probe
 from layerzero.select import constraints
 from layerzero.select import reasons as R
-from layerzero.select.context import SelectionContext, instruction_sets
+from layerzero.select.context import SelectionContext
 from layerzero.select.engine import SelectionEngine
 from layerzero.select.errors import KernelLockError
 from layerzero.select.kernel_spec import KernelSpec, LaunchConfig
@@ -54,23 +54,9 @@ DECLARATIVE = {
     R.CONSTRAINT_FAILED: ({"check": _raise}, {}),
     R.CUDA_BLOCK_LIMIT_EXCEEDED: ({"launch": lambda c: LaunchConfig((c.batch * c.num_heads, 1, 1), 2048)}, {}),
     R.CUDA_GRID_DIM_EXCEEDED: ({"launch": lambda c: LaunchConfig((1, c.batch * c.seq_q, 1), 128)}, {"seq_q": 40000}),
-    R.GPU_GENERATION_UNSUPPORTED: ({"generations": frozenset({"blackwell"})}, {}),
-    R.TENSOR_CORE_GEN_UNSUPPORTED: ({"min_tensor_core_gen": 5}, {}),
-    R.INSTRUCTION_SET_MISMATCH: ({"instruction_set": "tcgen05.mma"}, {}),
     R.QUANT_FORMAT_UNSUPPORTED: ({"quant_formats": frozenset({"int8"})}, {"quant_format": "nvfp4"}),
-    R.QUANT_ACCURACY_THRESHOLD_EXCEEDED: ({"accuracy_drop_pct": 5.0}, {"max_accuracy_drop_pct": 3.0}),
-    R.REQUANTIZATION_REQUIRED: ({}, {"input_quant_format": "mxfp4"}),
-    R.TP_INVARIANCE_REQUIRED: ({}, {"require_tp_invariant": True}),
-    R.TP_SIZE_EXCEEDED: ({"max_tp_size": 4}, {"tp_size": 8}),
-    R.REDUCTION_ORDER_MISMATCH: ({"reduction_order": "ring"}, {"reduction_order": "tree"}),
     R.KV_STRATEGY_UNSUPPORTED: ({"kv_strategies": frozenset({"paged"})}, {"kv_strategy": "virtual"}),
     R.DRIVER_VERSION_UNSUPPORTED: ({"min_cuda_version": (13, 0)}, {}),
-    R.VIRTUAL_MEMORY_EXHAUSTED: ({"workspace_bytes": lambda c: 1 << 30}, {"kv_strategy": "virtual", "virtual_free_bytes": 1 << 20}),
-    R.MEMORY_HEADROOM_EXCEEDED: ({"workspace_bytes": lambda c: c.tokens << 20}, {"free_memory_bytes": 1 << 20}),
-    R.SPEC_DECODE_PP_INCOMPATIBLE: ({}, {"spec_algorithm": "eagle", "pp_size": 2}),
-    R.SPEC_DECODE_DRAFT_TP_CONSTRAINT: ({"max_draft_tp_size": 1}, {"spec_algorithm": "eagle", "draft_tp_size": 2}),
-    R.SPEC_DECODE_KV_INCOMPATIBLE: ({"supports_shared_kv": False}, {"spec_algorithm": "medusa", "spec_share_kv": True}),
-    R.SPEC_DECODE_ALGORITHM_UNSUPPORTED: ({"spec_algorithms": frozenset({"eagle"})}, {"spec_algorithm": "medusa"}),
     R.SLIDING_WINDOW_UNSUPPORTED: ({"supports_sliding_window": False}, {"sliding_window": True}),
     R.LAYOUT_UNSUPPORTED: ({"op": "paged_attention", "layouts": frozenset({"HND"})}, {"op": "paged_attention", "layout": "NHD"}),
 }
@@ -99,12 +85,6 @@ def test_declarative_reason_triggers(code):
         assert _codes(kernel, BASE.with_(op=op)) == []
     if set(fields) - {"op"}:  # the context alone does not trigger it: the kernel's constraint does
         assert _codes(spec(op=op, graph_safe=True), BASE.with_(**changes)) == []
-
-
-def test_instruction_sets_by_generation():
-    assert "wgmma" in instruction_sets(90) and "wgmma" not in instruction_sets(100)
-    assert "tcgen05.mma" in instruction_sets(100) and "tcgen05.mma" not in instruction_sets(120)
-    assert instruction_sets(None) == frozenset()
 
 
 def _engine(*specs: KernelSpec) -> SelectionEngine:
