@@ -32,10 +32,8 @@ def test_decode_sites_bind_once_per_shape(tmp_path, family) -> None:
     out = llm.generate_ids([prompt], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
     assert len(out[0].token_ids) == 60
     rebinds = {name: site.binds - before[name] for name, site in sites.items()}
-    decode = {name: n for name, n in rebinds.items() if n and "prefill_site" not in name and "varlen_site" not in name}
-    # a norm or projection site sees the prompt's shape once and then the one-row decode shape: it re-binds for
-    # the prefill, for the decode, and never in between; the attention site re-binds as its bound grows by 4 blocks
+    # every site met the prompt's shape and the one-row decode shape in the warm-up and keeps both bindings, so
+    # it never selects again; the decode attention site re-binds only as its bound grows by 4 blocks
     steps_bound = -(-(len(prompt) + 60) // 16) - len(prompt) // 16 + 1
-    assert max(n for name, n in decode.items() if "decode_site" not in name) <= 2, decode
-    assert max(n for name, n in decode.items() if "decode_site" in name) <= steps_bound + 1, decode
-    assert sum(rebinds.values()) < 60 * len(sites) / 10
+    assert {name: n for name, n in rebinds.items() if n and "decode_site" not in name} == {}
+    assert 0 < max(n for name, n in rebinds.items() if "decode_site" in name) <= steps_bound

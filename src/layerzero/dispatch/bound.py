@@ -34,6 +34,7 @@ from layerzero.select.engine import Choice, get_engine
 from layerzero.select.generation import GENERATION
 from layerzero.select.signatures import DEFAULT_SIGNATURE, SIGNATURES, canonical_op
 
+RECENT = 3  # bindings a site keeps besides the current one
 _compiling = torch.compiler.is_compiling
 _deterministic = torch._C._get_deterministic_algorithms  # what torch.are_deterministic_algorithms_enabled returns
 
@@ -42,15 +43,18 @@ class BoundOp:
     """One call site's kernel (see the module docstring); call it with the op's canonical call.
 
     Unbound, every call resolves and binds; bound, the instance's class is the generated one for the call's
-    structure and `_binding` holds (generation, policy, kernel, choice, expected values...)."""
+    structure and `_binding` holds (generation, policy, kernel, choice, expected values...). The last few
+    other bindings wait in `_recent`, so a site that alternates between signatures (a prefill shape and the
+    decode shape in mixed serving) switches back without selecting again."""
 
-    __slots__ = ("op", "binds", "_binding")
+    __slots__ = ("op", "binds", "_binding", "_recent")
     guard_source = ""  # the generated __call__ of a bound site's class
 
     def __init__(self, op: str) -> None:
         self.op = canonical_op(op)
         self.binds = 0  # how many times this site (re)selected: once per call signature in a steady model
         self._binding: tuple[Any, ...] = ()
+        self._recent: list[tuple[type[BoundOp], tuple[Any, ...]]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._rebind(args, kwargs)
@@ -68,6 +72,17 @@ class BoundOp:
             from layerzero.extend.library import call_op  # imported late: the custom ops call back into dispatch
 
             return call_op(self.op, *args, **kwargs)
+        if self._binding:  # keep the binding this call missed among the recent ones
+            self._recent = [(type(self), self._binding), *self._recent[: RECENT - 1]]
+        policy = get_policy()
+        for i, (cls, binding) in enumerate(self._recent):
+            if binding[0] == GENERATION.value and binding[1] is policy and cls.holds(binding, args, kwargs):
+                del self._recent[i]
+                self.__class__, self._binding = cls, binding
+                try:
+                    return binding[2](*args, **kwargs)
+                except Exception as exc:
+                    return self._failed(binding[3], exc, args, kwargs)
         generation = GENERATION.value  # read first: a change while resolving makes the next call re-bind
         engine = get_engine()
         entry, key = resolve(engine, self.op, args, kwargs)
@@ -85,9 +100,15 @@ class BoundOp:
         self.__class__ = BoundOp
         self._binding = ()
 
+    @staticmethod
+    def holds(binding: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether a call has the facts `binding` expects (generated per call structure, like `__call__`)."""
+        return False
+
     def _failed(self, choice: Choice, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The bound kernel raised: the dispatch fallback chain answers, and the site re-binds next call."""
         self._unbind()
+        self._recent = []
         engine = get_engine()
         return fallback(engine, choice, exc, self.op, args, kwargs, call_key(self.op, args, kwargs, get_policy().key))
 
@@ -174,9 +195,17 @@ def _bound_class(nargs: int | None, slots: tuple[tuple[str, str], ...], kinds: t
         "            except Exception as exc:\n"
         "                return self._failed(choice, exc, args, kwargs)\n"
         "    return self._rebind(args, kwargs)\n"
+        "\n\n"
+        "def holds(binding, args, kwargs):\n"
+        f"    generation, policy, run, choice, {', '.join(names)} = binding\n"
+        "    try:\n"
+        "        return (" + "\n                and ".join(tests) + ")\n"
+        "    except Exception:\n"
+        "        return False\n"
     )
     namespace: dict[str, Any] = {"GENERATION": GENERATION, "get_policy": get_policy, "_compiling": _compiling,
                                  "_deterministic": _deterministic, "_capturing": is_capturing}
     exec(compile(source, "<layerzero bound call>", "exec"), namespace)
-    return type("BoundOp", (BoundOp,), {"__slots__": (), "__call__": namespace["__call__"], "guard_source": source,
+    return type("BoundOp", (BoundOp,), {"__slots__": (), "__call__": namespace["__call__"],
+                                        "holds": staticmethod(namespace["holds"]), "guard_source": source,
                                         "__module__": __name__})

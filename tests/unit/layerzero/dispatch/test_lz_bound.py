@@ -97,7 +97,7 @@ def test_policy_changes_rebind(kernel) -> None:
     finally:
         lz.unlock("rms_norm")
     site(x, w, **EPS)
-    assert site.kernel_id == "test_bound.rms_norm" and site.binds == 5
+    assert site.kernel_id == "test_bound.rms_norm" and site.binds == 4  # the binding from before disabled() came back
 
 
 def test_registry_changes_rebind() -> None:
@@ -168,3 +168,19 @@ def test_spec_dotted_names_are_aliases() -> None:
     assert lz.list_kernels("posenc.rope") == lz.list_kernels("rope")
     with pytest.raises(ValueError, match="silu_and_mul or gelu_and_mul"):
         lz.bind("mlp.fused")
+
+
+def test_a_site_alternating_between_signatures_keeps_both_bindings(kernel) -> None:
+    site = lz.bind("rms_norm")
+    w = torch.randn(16)
+    a, b = torch.randn(3, 16), torch.randn(2, 16)
+    for _ in range(5):
+        assert torch.equal(site(a, w, **EPS), rms(a, w))
+        assert torch.equal(site(b, w, **EPS), rms(b, w))
+    assert site.binds == 2 and len(kernel) == 20
+    lz.lock("rms_norm", "torch.rms_norm")  # the policy changed: the kept bindings no longer apply
+    try:
+        site(a, w, **EPS)
+        assert site.kernel_id == "torch.rms_norm" and site.binds == 3
+    finally:
+        lz.unlock("rms_norm")
