@@ -1,7 +1,9 @@
 """Dispatch overhead of layerzero: a bound call site and an lz op on a call-cache hit, against a direct call of the kernel.
 
-For each op, three pairs, timed interleaved (so machine noise hits both sides alike):
-  bound      `lz.bind(op)` called with the canonical call (what the models do) vs calling the chosen kernel directly
+For each op, four pairs, timed interleaved (so machine noise hits both sides alike):
+  planned    what a model's forward does: `calls` bound sites of the op, each called once inside one
+             `lz.plan(signature)` pass (vouched sites skip their guards), vs calling the chosen kernel as often
+  bound      one `lz.bind(op)` site called with the canonical call, outside any plan (its guard runs every call)
   selected   the public `lz.<op>` on a call-cache hit vs calling the chosen kernel directly
   reference  `with lz.disabled()` (reference kernels only) vs calling the reference function directly
 and the cost of a miss (a shape never seen: context build, filter, score). Medians of per-round means, µs;
@@ -102,11 +104,27 @@ def bench(device: str, n: int, rounds: int) -> list[dict[str, Any]]:
         site = lz.bind(op)
         site(*args, **kwargs)
         bound, direct_b, over_b = _pair(lambda: site(*args, **kwargs), lambda: chosen_impl(*args, **kwargs), n, rounds, sync)
+        sites = [lz.bind(op) for _ in range(n)]
+
+        def planned() -> None:
+            with lz.plan((op, device)):
+                for s in sites:
+                    s(*args, **kwargs)
+
+        def direct_loop() -> None:
+            for _ in sites:
+                chosen_impl(*args, **kwargs)
+
+        planned(), planned()  # two passes vouch for every site
+        if not all(s.vouched for s in sites):
+            raise RuntimeError(f"{op}: the plan did not vouch for its sites")
+        plan_us, direct_p, over_p = (v / n for v in _pair(planned, direct_loop, 1, rounds, sync))
         if site.kernel_id != chosen or site.binds != 1:
             raise RuntimeError(f"{op}: the bound site holds {site!r}, expected {chosen} bound once")
         rows.append({
             "device": device, "op": op, "selected": chosen,
             "bound_direct_us": direct_b, "bound_us": bound, "bound_overhead_us": over_b,
+            "planned_direct_us": direct_p, "planned_us": plan_us, "planned_overhead_us": over_p,
             "reference_direct_us": direct_ref, "reference_lz_us": lz_ref, "reference_overhead_us": over_ref,
             "selected_direct_us": direct_sel, "selected_lz_us": lz_sel, "selected_overhead_us": over_sel,
             "miss_us": _miss_us(op, args, kwargs, device),
@@ -130,20 +148,21 @@ def _markdown(report: dict[str, Any]) -> str:
         "",
         f"{env.get('gpu', 'CPU only')}; {env['cpu']}, {env['threads']} threads; torch {env['torch']}, "
         f"Python {env['python']}. {report['calls_per_round']} calls x {report['rounds']} interleaved rounds; "
-        "medians of round means, µs per call. Overhead = median over rounds of (lz op on a selection-cache hit - "
-        "direct call of the same kernel in the same round), so load that drifts between rounds cancels.",
+        "medians of round means, µs per call. Overhead = median over rounds of (the layerzero path - the direct "
+        "call of the same kernel in the same round), so load that drifts between rounds cancels.",
         "",
-        "| device | op | kernel picked | direct (µs) | bound (µs) | **bound overhead (µs)** | lz op (µs) | lz op overhead (µs) | ref direct (µs) | lz, disabled (µs) | ref overhead (µs) | miss (µs) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| device | op | kernel picked | direct (µs) | planned (µs) | **planned overhead (µs)** | bound overhead (µs) | lz op (µs) | lz op overhead (µs) | ref direct (µs) | lz, disabled (µs) | ref overhead (µs) | miss (µs) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         lines.append(
-            f"| {r['device']} | {r['op']} | {r['selected']} | {r['bound_direct_us']:.1f} | {r['bound_us']:.1f} | "
-            f"**{r['bound_overhead_us']:.2f}** | {r['selected_lz_us']:.1f} | {r['selected_overhead_us']:.1f} | {r['reference_direct_us']:.1f} | {r['reference_lz_us']:.1f} | "
+            f"| {r['device']} | {r['op']} | {r['selected']} | {r['planned_direct_us']:.1f} | {r['planned_us']:.1f} | "
+            f"**{r['planned_overhead_us']:.2f}** | {r['bound_overhead_us']:.2f} | {r['selected_lz_us']:.1f} | {r['selected_overhead_us']:.1f} | {r['reference_direct_us']:.1f} | {r['reference_lz_us']:.1f} | "
             f"{r['reference_overhead_us']:.1f} | {r['miss_us']:.0f} |"
         )
-    lines += ["", "`bound` is a call site from `lz.bind(op)` called with the canonical call: after its first call it runs a "
-              "generated guard and then the kernel. `lz op` is the public function (argument normalization, the call "
+    lines += ["", "`planned`: per call, the calls of a model's forward: one `lz.plan` pass over many bound sites of "
+              "the op, each called once (its plan entry shared by all of them); vouched sites skip their guards. "
+              "`bound`: one site outside any plan: after its first call it runs a generated guard and then the kernel. `lz op` is the public function (argument normalization, the call "
               "key, the call cache). `miss` is one full selection (context, filter with reasons, scoring) after "
               "clearing the caches."]
     return "\n".join(lines) + "\n"

@@ -57,6 +57,7 @@ _LAZY = {
     "disabled": "layerzero.policy.state",
     "bind": "layerzero.dispatch.bound",
     "BoundOp": "layerzero.dispatch.bound",
+    "plan": "layerzero.dispatch.plan",
     "register_kernel": "layerzero.extend.plugins",
     "tune": "layerzero.perf.tune",
     "warmup": "layerzero.perf.tables",

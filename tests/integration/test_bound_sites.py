@@ -37,3 +37,7 @@ def test_decode_sites_bind_once_per_shape(tmp_path, family) -> None:
     steps_bound = -(-(len(prompt) + 60) // 16) - len(prompt) // 16 + 1
     assert {name: n for name, n in rebinds.items() if n and "decode_site" not in name} == {}
     assert 0 < max(n for name, n in rebinds.items() if "decode_site" in name) <= steps_bound
+    # the forward's plan vouches for every site the decode calls: they skip their guards
+    called = [s for name, s in sites.items() if s.kernel_id and "prefill_site" not in name and "varlen_site" not in name
+              and "head_site" not in name]
+    assert called and all(s.vouched for s in called), [n for n, s in sites.items() if s in called and not s.vouched]

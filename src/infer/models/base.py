@@ -68,12 +68,13 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
-        tables = {kind: rope(batch.positions) for kind, rope in self.ropes.items()}
-        for block in self.blocks:
-            cos, sin = tables[block.rope_kind]
-            x = block(x, cos, sin, batch)
-        return self.final_norm(x)
+        with lz.plan(batch.signature(input_ids)):  # one check per forward vouches for every bound call site
+            x = self.embed_tokens(input_ids)
+            tables = {kind: rope(batch.positions) for kind, rope in self.ropes.items()}
+            for block in self.blocks:
+                cos, sin = tables[block.rope_kind]
+                x = block(x, cos, sin, batch)
+            return self.final_norm(x)
 
     def hold_head_in(self, dtype: torch.dtype) -> None:
         """Keep the LM head as its own copy in `dtype` (a tied embedding stays as it is, for the lookup)."""

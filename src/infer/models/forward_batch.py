@@ -42,6 +42,17 @@ class ForwardBatch:
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
 
+    def signature(self, input_ids: torch.Tensor) -> tuple:
+        """Every fact of a forward's inputs that shapes the model's calls: equal signatures mean equal shapes,
+        strides, dtypes and host values at every layerzero call site (what `lz.plan` is promised)."""
+        def meta(t: torch.Tensor | None) -> tuple | None:
+            return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+        caches = None if self.kv_caches is None else (len(self.kv_caches), meta(self.kv_caches[0][0]))
+        return (meta(input_ids), self.is_prefill, meta(self.positions), meta(self.cu_seqlens_q), self.max_seqlen_q,
+                meta(self.context_lens), self.max_context_len, self.context_lens_host is None, meta(self.block_tables),
+                meta(self.slot_mapping), caches)
+
     @property
     def last_token_indices(self) -> torch.Tensor:
         """Row of each sequence's last new token in the packed batch (where logits are read)."""

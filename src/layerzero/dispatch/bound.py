@@ -15,7 +15,8 @@ CUDA the capture state, unless the kernel is graph-safe and graph strict mode is
 choice made outside a capture is also the choice inside one), and the site re-binds when any of them,
 the policy in force (compared by identity) or the selection `GENERATION` (registry, devices, breaker,
 tables, tuning) changed. Nothing is bound while the policy asks for debug syncs or the circuit breaker
-holds failures: those calls dispatch every time. docs/layerzero.md ("Bound call sites") has the numbers.
+holds failures: those calls dispatch every time. Inside `lz.plan(signature)` (layerzero.dispatch.plan) a
+site vouched for the pass's token skips its guard altogether. docs/layerzero.md ("Bound call sites").
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from layerzero.dispatch.call import call_key, execute, fallback, resolve
+from layerzero.dispatch.plan import CURRENT, Pass
 from layerzero.policy.state import get_policy
 from layerzero.select.capture import is_capturing
 from layerzero.select.engine import Choice, get_engine
@@ -35,6 +37,8 @@ from layerzero.select.generation import GENERATION
 from layerzero.select.signatures import DEFAULT_SIGNATURE, SIGNATURES, canonical_op
 
 RECENT = 3  # bindings a site keeps besides the current one
+_NOBODY = object()  # the token of no plan: what an unvouched site holds
+_NEVER = ("never",)  # a site called twice in one pass: never vouched
 _compiling = torch.compiler.is_compiling
 _deterministic = torch._C._get_deterministic_algorithms  # what torch.are_deterministic_algorithms_enabled returns
 
@@ -47,7 +51,7 @@ class BoundOp:
     other bindings wait in `_recent`, so a site that alternates between signatures (a prefill shape and the
     decode shape in mixed serving) switches back without selecting again."""
 
-    __slots__ = ("op", "binds", "_binding", "_recent")
+    __slots__ = ("op", "binds", "_binding", "_recent", "_vouched", "_seen")
     guard_source = ""  # the generated __call__ of a bound site's class
 
     def __init__(self, op: str) -> None:
@@ -55,6 +59,8 @@ class BoundOp:
         self.binds = 0  # how many times this site (re)selected: once per call signature in a steady model
         self._binding: tuple[Any, ...] = ()
         self._recent: list[tuple[type[BoundOp], tuple[Any, ...]]] = []
+        self._vouched: object = _NOBODY  # the plan token under which the current binding runs unguarded
+        self._seen: tuple[Any, ...] | None = None  # (token, pass serial) of the last guarded call in a pass
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._rebind(args, kwargs)
@@ -64,8 +70,13 @@ class BoundOp:
         """The bound kernel, or None before the first call (or while nothing may be bound)."""
         return self._binding[3].spec.kernel_id if self._binding else None
 
+    @property
+    def vouched(self) -> bool:
+        """Whether a plan token vouches for the current binding (its calls under that plan skip the guard)."""
+        return self._vouched is not _NOBODY
+
     def __repr__(self) -> str:
-        return f"BoundOp({self.op!r}, kernel={self.kernel_id!r}, binds={self.binds})"
+        return f"BoundOp({self.op!r}, kernel={self.kernel_id!r}, binds={self.binds}, vouched={self.vouched})"
 
     def _rebind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _compiling():
@@ -78,7 +89,8 @@ class BoundOp:
         for i, (cls, binding) in enumerate(self._recent):
             if binding[0] == GENERATION.value and binding[1] is policy and cls.holds(binding, args, kwargs):
                 del self._recent[i]
-                self.__class__, self._binding = cls, binding
+                self.__class__, self._binding, self._vouched = cls, binding, _NOBODY
+                self._vouch(CURRENT.get())
                 try:
                     return binding[2](*args, **kwargs)
                 except Exception as exc:
@@ -94,11 +106,27 @@ class BoundOp:
             run = choice.spec.impl if choice.adaptation.layout is None and choice.adaptation.cast is None else _adapted(choice)
             self._binding = (generation, get_policy(), run, choice, *values)
             self.__class__ = cls
+            self._vouch(CURRENT.get())
         return execute(engine, entry, self.op, args, kwargs, key)
 
     def _unbind(self) -> None:
         self.__class__ = BoundOp
         self._binding = ()
+        self._vouched = _NOBODY
+
+    def _vouch(self, current: Pass | None) -> None:
+        """A guarded call held under a plan pass: trust the pass's token from the second pass that sees this site
+        called once."""
+        seen = self._seen
+        if current is None or seen is _NEVER:
+            return
+        if seen is not None and seen[0] is current.token:
+            if seen[1] == current.serial:  # twice in one pass: its calls differ within a pass, so never trust
+                self._seen, self._vouched = _NEVER, _NOBODY
+            else:
+                self._vouched = current.token
+        else:
+            self._seen = (current.token, current.serial)
 
     @staticmethod
     def holds(binding: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -108,7 +136,7 @@ class BoundOp:
     def _failed(self, choice: Choice, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The bound kernel raised: the dispatch fallback chain answers, and the site re-binds next call."""
         self._unbind()
-        self._recent = []
+        self._recent, self._seen = [], None
         engine = get_engine()
         return fallback(engine, choice, exc, self.op, args, kwargs, call_key(self.op, args, kwargs, get_policy().key))
 
@@ -183,6 +211,13 @@ def _bound_class(nargs: int | None, slots: tuple[tuple[str, str], ...], kinds: t
             tests.append("_capturing(DEV) is CAPTURING")
     source = (
         "def __call__(self, *args, **kwargs):\n"
+        "    current = _current()\n"
+        "    if current is not None and current.token is self._vouched:  # vouched by the caller's plan\n"
+        "        binding = self._binding\n"
+        "        try:\n"
+        "            return binding[2](*args, **kwargs)\n"
+        "        except Exception as exc:\n"
+        "            return self._failed(binding[3], exc, args, kwargs)\n"
         "    try:  # a value of another type at a guarded position, or a binding being swapped: not the bound call\n"
         f"        generation, policy, run, choice, {', '.join(names)} = self._binding\n"
         "        hold = (generation == GENERATION.value and get_policy() is policy and not _compiling()\n"
@@ -190,6 +225,8 @@ def _bound_class(nargs: int | None, slots: tuple[tuple[str, str], ...], kinds: t
         "    except Exception:\n"
         "        hold = False\n"
         "    if hold:\n"
+        "        if current is not None:\n"
+        "            self._vouch(current)\n"
         "        try:\n"
         "            return run(*args, **kwargs)\n"
         "        except Exception as exc:\n"
@@ -203,7 +240,7 @@ def _bound_class(nargs: int | None, slots: tuple[tuple[str, str], ...], kinds: t
         "    except Exception:\n"
         "        return False\n"
     )
-    namespace: dict[str, Any] = {"GENERATION": GENERATION, "get_policy": get_policy, "_compiling": _compiling,
+    namespace: dict[str, Any] = {"_current": CURRENT.get, "GENERATION": GENERATION, "get_policy": get_policy, "_compiling": _compiling,
                                  "_deterministic": _deterministic, "_capturing": is_capturing}
     exec(compile(source, "<layerzero bound call>", "exec"), namespace)
     return type("BoundOp", (BoundOp,), {"__slots__": (), "__call__": namespace["__call__"],

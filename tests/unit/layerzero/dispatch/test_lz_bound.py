@@ -184,3 +184,47 @@ def test_a_site_alternating_between_signatures_keeps_both_bindings(kernel) -> No
         assert site.kernel_id == "torch.rms_norm" and site.binds == 3
     finally:
         lz.unlock("rms_norm")
+
+
+def test_a_plan_vouches_after_two_passes_then_skips_the_guard(kernel) -> None:
+    site = lz.bind("rms_norm")
+    w = torch.randn(16)
+    small, large = torch.randn(3, 16), torch.randn(8, 16)
+    for i in range(3):
+        with lz.plan(("shape", 3)):
+            assert torch.equal(site(small, w, **EPS), rms(small, w))
+        assert site.vouched == (i >= 1)  # trusted from the second pass that saw it called once
+    with lz.plan(("shape", 3)):  # a caller breaking its promise: the guard is skipped, the bound kernel runs
+        site(large, w, **EPS)
+    assert kernel[-1] == (8, 16) and site.binds == 1
+    calls = len(kernel)
+    with lz.plan(("shape", 8)):  # another signature: guarded again, so the constraint holds
+        site(large, w, **EPS)
+    assert len(kernel) == calls and site.kernel_id != "test_bound.rms_norm"
+
+
+def test_a_policy_change_between_passes_is_seen(kernel) -> None:
+    site = lz.bind("rms_norm")
+    x, w = torch.randn(2, 16), torch.randn(16)
+    for _ in range(3):
+        with lz.plan("sig"):
+            site(x, w, **EPS)
+    assert site.vouched and site.kernel_id == "test_bound.rms_norm"
+    lz.lock("rms_norm", "torch.rms_norm")
+    try:
+        with lz.plan("sig"):
+            site(x, w, **EPS)
+        assert site.kernel_id == "torch.rms_norm"
+    finally:
+        lz.unlock("rms_norm")
+
+
+def test_a_site_called_twice_in_a_pass_is_never_vouched(kernel) -> None:
+    site = lz.bind("rms_norm")
+    w = torch.randn(16)
+    small, large = torch.randn(3, 16), torch.randn(8, 16)
+    for _ in range(4):
+        with lz.plan("two calls"):
+            site(small, w, **EPS)
+            site(large, w, **EPS)  # the test kernel refuses 8 rows: it must never run them
+    assert not site.vouched and (8, 16) not in kernel
