@@ -6,7 +6,9 @@ For each op, four pairs, timed interleaved (so machine noise hits both sides ali
   bound      one `lz.bind(op)` site called with the canonical call, outside any plan (its guard runs every call)
   selected   the public `lz.<op>` on a call-cache hit vs calling the chosen kernel directly
   reference  `with lz.disabled()` (reference kernels only) vs calling the reference function directly
-and the cost of a miss (a shape never seen: context build, filter, score). Medians of per-round means, µs;
+and the cost of a miss (a shape never seen: context build, filter, score). Then the same paths around a kernel
+that does nothing (registered on top for the measurement), where the kernel's own time and its noise are gone:
+what layerzero itself costs per call. Medians of per-round means, µs;
 the overhead is the median of the per-round paired differences.
 Runs on CPU, and on CUDA when available (CUDA times are host-side call latency: the kernels are tiny
 and asynchronous, so the device never limits the loop). Under a minute.
@@ -160,12 +162,61 @@ def _markdown(report: dict[str, Any]) -> str:
             f"**{r['planned_overhead_us']:.2f}** | {r['bound_overhead_us']:.2f} | {r['selected_lz_us']:.1f} | {r['selected_overhead_us']:.1f} | {r['reference_direct_us']:.1f} | {r['reference_lz_us']:.1f} | "
             f"{r['reference_overhead_us']:.1f} | {r['miss_us']:.0f} |"
         )
+    lines += ["", "Around a do-nothing kernel (the cost of layerzero alone, µs per call):", "",
+              "| device | op | **planned** | bound (guarded) | lz op |", "|---|---|---|---|---|"]
+    lines += [f"| {r['device']} | {r['op']} | **{r['planned_us']:.2f}** | {r['bound_us']:.2f} | {r['lz_op_us']:.2f} |"
+              for r in report["noop_kernel"]]
     lines += ["", "`planned`: per call, the calls of a model's forward: one `lz.plan` pass over many bound sites of "
               "the op, each called once (its plan entry shared by all of them); vouched sites skip their guards. "
               "`bound`: one site outside any plan: after its first call it runs a generated guard and then the kernel. `lz op` is the public function (argument normalization, the call "
               "key, the call cache). `miss` is one full selection (context, filter with reasons, scoring) after "
               "clearing the caches."]
     return "\n".join(lines) + "\n"
+
+
+def noop_costs(device: str, n: int, rounds: int) -> list[dict[str, Any]]:
+    """Per-call cost of each path around a do-nothing kernel of the op (µs; direct = calling that function)."""
+    from layerzero.kernels import get_registry
+    from layerzero.select.kernel_spec import KernelSpec
+
+    sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+    rows = []
+    for op, public, args, kwargs in _calls(device):
+        def noop(*a: Any, **k: Any) -> Any:
+            return a[0]
+
+        spec = KernelSpec(f"noop.{op}", op, "noop", noop, priority=10**6, platforms=frozenset({"cpu", "cuda"}),
+                          graph_safe=True)
+        get_registry().register(spec)
+        try:
+            sites = [lz.bind(op) for _ in range(n)]
+
+            def planned() -> None:
+                with lz.plan((op, device, "noop")):
+                    for s in sites:
+                        s(*args, **kwargs)
+
+            def direct() -> None:
+                for _ in sites:
+                    noop(*args, **kwargs)
+
+            def bound() -> None:
+                for _ in sites:
+                    sites[0](*args, **kwargs)
+
+            def public_op() -> None:
+                for _ in sites:
+                    public()
+
+            planned(), planned()
+            row = {"device": device, "op": op}
+            for name, fn in (("planned", planned), ("bound", bound), ("lz_op", public_op)):
+                _, _, over = _pair(fn, direct, 1, rounds, sync)
+                row[f"{name}_us"] = over / n
+            rows.append(row)
+        finally:
+            get_registry().unregister(spec.kernel_id)
+    return rows
 
 
 def main() -> None:
@@ -177,7 +228,9 @@ def main() -> None:
     torch.set_num_threads(1)  # the overhead is host-side Python; one intra-op thread keeps shared machines quiet
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     results = [row for device in devices for row in bench(device, args.calls, args.rounds)]
-    report = {"environment": _environment(), "calls_per_round": args.calls, "rounds": args.rounds, "results": results}
+    noops = [row for device in devices for row in noop_costs(device, args.calls, args.rounds)]
+    report = {"environment": _environment(), "calls_per_round": args.calls, "rounds": args.rounds, "results": results,
+              "noop_kernel": noops}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(_markdown(report))

@@ -95,8 +95,9 @@ class BoundOp:
                     return binding[2](*args, **kwargs)
                 except Exception as exc:
                     return self._failed(binding[3], exc, args, kwargs)
-        generation = GENERATION.value  # read first: a change while resolving makes the next call re-bind
         engine = get_engine()
+        engine.registry  # filled before the generation is read: the first fill of a process moves it
+        generation = GENERATION.value  # read first: a change while resolving makes the next call re-bind
         entry, key = resolve(engine, self.op, args, kwargs)
         choice, sync_after = entry
         self.binds += 1
