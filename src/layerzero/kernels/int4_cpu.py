@@ -1,7 +1,7 @@
 """4-bit weight-only linear on the CPU through torch's packed int4 kernel (`_weight_int4pack_mm_for_cpu`).
 
 The kernel reads each weight in its own blocked layout, so a weight is converted once, on first use, and the
-converted copy is kept while the weight lives (backends/weight_cache.py, as oneDNN's packed weights are).
+converted copy is kept while the weight lives (kernels/weight_cache.py, as oneDNN's packed weights are).
 It multiplies in bfloat16, which is where the speed comes from on the CPU (float32 activations make it 10-30x
 slower), and takes its scales and zeros in bfloat16. Two corrections keep a GGUF model's answers those of its
 dequantized float32 self (top-1 agreement 98.3% -> 99.4% on SmolLM2, docs/quantization.md):
