@@ -96,8 +96,8 @@ class BoundOp:
                 except Exception as exc:
                     return self._failed(binding[3], exc, args, kwargs)
         engine = get_engine()
-        engine.registry  # filled before the generation is read: the first fill of a process moves it
-        generation = GENERATION.value  # read first: a change while resolving makes the next call re-bind
+        engine.sync()  # settled first (the registry's first fill, expired cool-downs move GENERATION)
+        generation = GENERATION.value  # read before resolving: a change while resolving makes the next call re-bind
         entry, key = resolve(engine, self.op, args, kwargs)
         choice, sync_after = entry
         self.binds += 1

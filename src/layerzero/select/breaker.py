@@ -1,8 +1,8 @@
 """Circuit breaker (docs/layerzero.md, "Fallback and circuit breaker"): a backend that fails N times in a row is disabled for a cool-down.
 
 While open, selection rejects the backend's kernels with CIRCUIT_OPEN. After the cool-down the backend
-is selectable again (half-open): one success closes the circuit, one more failure re-opens it. `version` changes
-on every open/close so selection caches drop choices made under the old state.
+is selectable again (half-open): one success closes the circuit, one more failure re-opens it. Every change
+of state moves GENERATION, so selection caches drop choices made under the old state.
 """
 
 from __future__ import annotations
@@ -39,23 +39,19 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
         self._next_expiry: float | None = None
-        self._version = 0
 
-    @property
-    def version(self) -> int:
-        """Changes when a circuit opens or its cool-down ends."""
+    def tick(self) -> None:
+        """End the cool-downs that have expired (which moves GENERATION); cheap when none is pending."""
         expiry = self._next_expiry
         if expiry is not None and self._clock() >= expiry:
             with self._lock:
                 self._expire()
-        return self._version
 
     def _expire(self) -> None:
         now = self._clock()
         pending = [s.open_until for s in self._states.values() if s.open_until is not None]
         expired = [t for t in pending if t <= now]
         if expired:
-            self._version += 1
             GENERATION.bump()
         future = [t for t in pending if t > now]
         self._next_expiry = min(future) if future else None
@@ -79,7 +75,6 @@ class CircuitBreaker:
             if state.failures >= self.threshold:
                 state.open_until = self._clock() + self.cooldown_s
                 self._next_expiry = min(state.open_until, self._next_expiry or state.open_until)
-                self._version += 1
                 return True
             return False
 
@@ -94,8 +89,6 @@ class CircuitBreaker:
             state = self._states.pop(backend, None)
             if state is not None:
                 GENERATION.bump()
-            if state is not None and state.open_until is not None:
-                self._version += 1
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         """Per-backend state for doctor/explain (JSON-serializable)."""

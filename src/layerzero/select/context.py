@@ -36,12 +36,11 @@ def gpu_generation(sm: int | None) -> str | None:
 
 
 class _DeviceFacts:
-    """Per-device capability cache; `refresh()` re-reads it and bumps `version` (the caches key on it)."""
+    """Per-device capability cache; `refresh()` re-reads it and moves GENERATION (the caches clear)."""
 
     def __init__(self) -> None:
         self._sm: dict[int, int] = {}
         self._lock = threading.Lock()
-        self.version = 0
 
     def sm(self, device: torch.device) -> int | None:
         if device.type != "cuda":
@@ -58,7 +57,6 @@ class _DeviceFacts:
     def refresh(self) -> None:
         with self._lock:
             self._sm.clear()
-            self.version += 1
             GENERATION.bump()
 
 

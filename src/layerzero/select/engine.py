@@ -27,7 +27,7 @@ from layerzero.select import constraints
 from layerzero.select.breaker import CircuitBreaker
 from layerzero.select.cache import LRUCache
 from layerzero.select.constraints import NO_ADAPTATION, Adaptation
-from layerzero.select.context import DEVICES, SelectionContext
+from layerzero.select.context import SelectionContext
 from layerzero.select.errors import CudaGraphUnsafeError, KernelLockError, NoKernelFoundError
 from layerzero.select.generation import GENERATION
 from layerzero.select.kernel_spec import KernelSpec
@@ -163,7 +163,7 @@ class SelectionEngine:
         self.cache: LRUCache[Choice] = LRUCache(cache_size)  # bucketed selection cache
         self.call_cache: LRUCache[Any] = LRUCache(cache_size)  # exact call signatures (dispatch fast path)
         self._perfdb = perfdb
-        self._epoch: tuple[int, ...] | None = None
+        self._generation: int | None = None
         self._lock = threading.Lock()
         self._cap_hash: dict[str, tuple[KernelSpec, str]] = {}
         self.table: KernelTable | None = None  # installed by layerzero.perf.tables.use
@@ -175,24 +175,26 @@ class SelectionEngine:
         return self._registry
 
     def sync(self) -> None:
-        """Clear the caches if the registry, device capabilities or breaker state changed.
+        """Clear the caches if GENERATION moved (registry, device capabilities, breaker state, invalidate).
 
         A policy change needs no clearing: every key holds the policy key (a hash of the effective policy),
         so entries made under another policy are unreachable and age out of the LRU.
         """
-        epoch = (self.registry.version, DEVICES.version, self.breaker.version)
-        if epoch != self._epoch:
+        self.registry  # the first use fills it, which moves GENERATION
+        self.breaker.tick()
+        generation = GENERATION.value
+        if generation != self._generation:
             with self._lock:
                 self.cache.clear()
                 self.call_cache.clear()
-                self._epoch = epoch
+                self._generation = generation
 
     def invalidate(self) -> None:
         """Drop every cached selection."""
         with self._lock:
             self.cache.clear()
             self.call_cache.clear()
-            self._epoch = None
+            self._generation = None
         GENERATION.bump()
 
     # -- filter -------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Kernel registry: every KernelSpec by op, a version bumped on each change, and cached availability probes.
+"""Kernel registry: every KernelSpec by op, and cached availability probes; each change moves GENERATION.
 
 The process registry, filled from every backend, is `layerzero.kernels.get_registry()`."""
 
@@ -12,7 +12,7 @@ from layerzero.select.reasons import BACKEND_IMPORT_FAILED, Reason
 
 
 class Registry:
-    """Thread-safe store of kernel specs; `version` changes whenever the set of kernels changes."""
+    """Thread-safe store of kernel specs; GENERATION moves whenever the set of kernels changes."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -20,7 +20,6 @@ class Registry:
         self._by_op: dict[str, tuple[KernelSpec, ...]] = {}
         self._available: dict[str, Reason | None] = {}
         self.load_errors: dict[str, Reason] = {}  # backend name -> why its specs could not be loaded
-        self.version = 0
 
     def register(self, spec: KernelSpec, replace: bool = False) -> None:
         """Add a kernel; an existing kernel_id raises ValueError unless `replace`."""
@@ -32,14 +31,12 @@ class Registry:
                 self._drop(old)
             self._by_id[spec.kernel_id] = spec
             self._by_op[spec.op] = (*self._by_op.get(spec.op, ()), spec)
-            self.version += 1
             GENERATION.bump()
 
     def unregister(self, kernel_id: str) -> None:
         """Remove a kernel; unknown ids raise KeyError."""
         with self._lock:
             self._drop(self._by_id.pop(kernel_id))
-            self.version += 1
             GENERATION.bump()
 
     def _drop(self, spec: KernelSpec) -> None:
@@ -84,5 +81,4 @@ class Registry:
         """Note a backend whose specs could not be loaded at all (shown by explain and doctor)."""
         with self._lock:
             self.load_errors[backend] = reason
-            self.version += 1
             GENERATION.bump()
