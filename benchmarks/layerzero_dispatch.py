@@ -70,6 +70,11 @@ def _time(fn: Callable[[], Any], n: int, sync: Callable[[], None]) -> float:
     return (time.perf_counter_ns() - start) / n / 1e3
 
 
+def _synchronizer(device: str) -> Callable[[], None]:
+    """Waits for the device's queued work (CUDA), or nothing (CPU)."""
+    return (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+
+
 def _pair(a: Callable[[], Any], b: Callable[[], Any], n: int, rounds: int, sync: Callable[[], None]) -> tuple[float, float, float]:
     """Medians of a's and b's round means, and the median of the paired per-round differences a - b."""
     for _ in range(3):
@@ -94,7 +99,7 @@ def _miss_us(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], device: str
 
 
 def bench(device: str, n: int, rounds: int) -> list[dict[str, Any]]:
-    sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+    sync = _synchronizer(device)
     rows = []
     for op, public, args, kwargs in _calls(device):
         ref_impl = get_engine().registry.reference(op).impl
@@ -179,7 +184,7 @@ def noop_costs(device: str, n: int, rounds: int) -> list[dict[str, Any]]:
     from layerzero.kernels import get_registry
     from layerzero.select.kernel_spec import KernelSpec
 
-    sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+    sync = _synchronizer(device)
     rows = []
     for op, public, args, kwargs in _calls(device):
         def noop(*a: Any, **k: Any) -> Any:

@@ -27,18 +27,9 @@ from gpu_decode_baselines import gemm_rate
 from gpu_decode_engine import engine_options, prefill, prefill_once
 from gpu_decode_plan import Plan, prompt_ids
 from infer import LLM
-from layerzero.dispatch.bound import BoundOp
+from layerzero.dispatch.bound import sites_of
 
 REPORTS = Path(__file__).resolve().parent / "reports"
-
-
-def _unbind_all(model: torch.nn.Module) -> None:
-    """Make every bound site of the model dispatch on its next call (what the models did before binding)."""
-    for module in model.modules():
-        for value in vars(module).values():
-            for site in [value, *(getattr(value, s) for s in getattr(value, "__slots__", ()))]:
-                if isinstance(site, BoundOp):
-                    site._unbind()
 
 
 def _profile(llm: LLM, ids: list[int], device: str) -> str:
@@ -87,7 +78,8 @@ def main() -> None:
         profile = _profile(llm, ids, plan.device) if args.profile else None
         unbound_runs = []
         for _ in range(args.repeats):  # every site resolves through dispatch's call cache again
-            _unbind_all(llm.engine.runner.model)
+            for site in sites_of(llm.engine.runner.model).values():
+                site.reset()
             unbound_runs.append(prefill_once(llm, ids, plan.device))
     rows = {"bound": bound["median_s"], "dispatch": statistics.median(unbound_runs)}
     result = {"model": args.model, "tokens": args.tokens, "flops": flops, "gemm_tflops": gemm["tflops"],

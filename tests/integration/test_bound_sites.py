@@ -6,19 +6,7 @@ import pytest
 
 from checkpoints import FAMILIES, save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
-from layerzero.dispatch.bound import BoundOp
-
-
-def _sites(model) -> dict[str, BoundOp]:
-    """Every bound site of the model by module path (LinearSite's two ops included)."""
-    out = {}
-    for name, module in model.named_modules():
-        for attr, value in vars(module).items():
-            ops = [value] if isinstance(value, BoundOp) else [getattr(value, s) for s in getattr(value, "__slots__", ())]
-            for op in ops:
-                if isinstance(op, BoundOp):
-                    out[f"{name}.{attr}.{op.op}"] = op
-    return out
+from layerzero.dispatch.bound import sites_of
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -27,7 +15,7 @@ def test_decode_sites_bind_once_per_shape(tmp_path, family) -> None:
               block_size=4)  # eager decode: graphs replay without calling the sites at all
     prompt = list(range(3, 40))
     llm.generate_ids([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-    sites = _sites(llm.engine.runner.model)
+    sites = sites_of(llm.engine.runner.model)
     before = {name: site.binds for name, site in sites.items()}
     out = llm.generate_ids([prompt], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
     assert len(out[0].token_ids) == 60

@@ -115,6 +115,11 @@ class BoundOp:
         self._binding = ()
         self._vouched = _NOBODY
 
+    def reset(self) -> None:
+        """Forget every binding (current, recent, plan trust): the next call selects through dispatch."""
+        self._unbind()
+        self._recent, self._seen = [], None
+
     def _vouch(self, current: Pass | None) -> None:
         """A guarded call held under a plan pass: trust the pass's token from the second pass that sees this site
         called once."""
@@ -136,8 +141,7 @@ class BoundOp:
 
     def _failed(self, choice: Choice, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The bound kernel raised: the dispatch fallback chain answers, and the site re-binds next call."""
-        self._unbind()
-        self._recent, self._seen = [], None
+        self.reset()
         engine = get_engine()
         return fallback(engine, choice, exc, self.op, args, kwargs, call_key(self.op, args, kwargs, get_policy().key))
 
@@ -145,6 +149,18 @@ class BoundOp:
 def bind(op: str) -> BoundOp:
     """A call site for `op` (a layerzero op id or its dotted spec name): keep it, call it with canonical calls."""
     return BoundOp(op)
+
+
+def sites_of(module: torch.nn.Module) -> dict[str, BoundOp]:
+    """Every bound site in a module tree by path: attributes that are sites, and sites in an attribute's slots
+    (a holder of several, such as a projection's dense and 4-bit pair)."""
+    out = {}
+    for name, sub in module.named_modules():
+        for attr, value in vars(sub).items():
+            inner = [(attr, value)] if isinstance(value, BoundOp) else \
+                [(f"{attr}.{s}", getattr(value, s, None)) for s in getattr(type(value), "__slots__", ())]
+            out.update({f"{name}.{path}" if name else path: site for path, site in inner if isinstance(site, BoundOp)})
+    return out
 
 
 def _adapted(choice: Choice) -> Callable[..., Any]:

@@ -74,8 +74,9 @@ def call_key(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], policy_key:
     return tuple(key)
 
 
-def _resolve(engine: SelectionEngine, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-             key: tuple[Any, ...], sync_after: bool) -> tuple[Choice, bool]:
+def _select(engine: SelectionEngine, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+            key: tuple[Any, ...], sync_after: bool) -> tuple[Choice, bool]:
+    """A call-cache miss: build the context, let the engine choose, cache the entry under the call key."""
     ctx = SelectionContext.from_tensors(op, *args, **kwargs)
     entry = (engine.choose(ctx), sync_after)
     engine.call_cache.put(key, entry)
@@ -120,7 +121,7 @@ def resolve(engine: SelectionEngine, op: str, args: tuple[Any, ...], kwargs: dic
     key = call_key(op, args, kwargs, policy.key)
     entry = engine.call_cache.get(key)
     if entry is None:
-        entry = _resolve(engine, op, args, kwargs, key, policy.settings.debug_sync)
+        entry = _select(engine, op, args, kwargs, key, policy.settings.debug_sync)
     return entry, key
 
 

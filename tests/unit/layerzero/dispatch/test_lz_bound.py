@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -17,6 +19,15 @@ from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import CONSTRAINT_FAILED, Reason
 
 EPS = {"eps": 1e-6, "weight_offset": 0.0}
+
+
+@contextmanager
+def locked(op: str, kernel_id: str) -> Iterator[None]:
+    lz.lock(op, kernel_id)
+    try:
+        yield
+    finally:
+        lz.unlock(op)
 
 
 def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -90,12 +101,9 @@ def test_policy_changes_rebind(kernel) -> None:
         assert site.kernel_id == "reference.rms_norm"
     site(x, w, **EPS)
     assert site.kernel_id == "test_bound.rms_norm"
-    lz.lock("rms_norm", "torch.rms_norm")
-    try:
+    with locked("rms_norm", "torch.rms_norm"):
         site(x, w, **EPS)
         assert site.kernel_id == "torch.rms_norm"
-    finally:
-        lz.unlock("rms_norm")
     site(x, w, **EPS)
     assert site.kernel_id == "test_bound.rms_norm" and site.binds == 4  # the binding from before disabled() came back
 
@@ -160,11 +168,8 @@ def test_spec_dotted_names_are_aliases() -> None:
     assert lz.bind("norm.rms").op == "rms_norm"
     assert lz.which("norm.rms", x, w, **EPS) == lz.which("rms_norm", x, w, **EPS)
     assert lz.explain("norm.rms", x, w, **EPS).op == "rms_norm"
-    lz.lock("norm.rms", "reference.rms_norm")
-    try:
+    with locked("norm.rms", "reference.rms_norm"):
         assert lz.which("rms_norm", x, w, **EPS)["kernel_id"] == "reference.rms_norm"
-    finally:
-        lz.unlock("norm.rms")
     assert lz.list_kernels("posenc.rope") == lz.list_kernels("rope")
     with pytest.raises(ValueError, match="silu_and_mul or gelu_and_mul"):
         lz.bind("mlp.fused")
@@ -178,12 +183,9 @@ def test_a_site_alternating_between_signatures_keeps_both_bindings(kernel) -> No
         assert torch.equal(site(a, w, **EPS), rms(a, w))
         assert torch.equal(site(b, w, **EPS), rms(b, w))
     assert site.binds == 2 and len(kernel) == 20
-    lz.lock("rms_norm", "torch.rms_norm")  # the policy changed: the kept bindings no longer apply
-    try:
+    with locked("rms_norm", "torch.rms_norm"):  # the policy changed: the kept bindings no longer apply
         site(a, w, **EPS)
         assert site.kernel_id == "torch.rms_norm" and site.binds == 3
-    finally:
-        lz.unlock("rms_norm")
 
 
 def test_a_plan_vouches_after_two_passes_then_skips_the_guard(kernel) -> None:
@@ -210,13 +212,10 @@ def test_a_policy_change_between_passes_is_seen(kernel) -> None:
         with lz.plan("sig"):
             site(x, w, **EPS)
     assert site.vouched and site.kernel_id == "test_bound.rms_norm"
-    lz.lock("rms_norm", "torch.rms_norm")
-    try:
+    with locked("rms_norm", "torch.rms_norm"):
         with lz.plan("sig"):
             site(x, w, **EPS)
         assert site.kernel_id == "torch.rms_norm"
-    finally:
-        lz.unlock("rms_norm")
 
 
 def test_a_site_called_twice_in_a_pass_is_never_vouched(kernel) -> None:
