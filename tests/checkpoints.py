@@ -72,3 +72,72 @@ def save_tiny_with_tokenizer(family: str, path: Path, seed: int = 0) -> Path:
     bpe.train_from_iterator(corpus, trainer)
     PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>").save_pretrained(path)
     return save_tiny(family, path, seed=seed, eos_token_id=bpe.token_to_id("</s>"), bos_token_id=None)
+
+
+# quantized checkpoint formats the tests write: (weight dtype, scale strategy)
+W8_FORMATS = {"fp8_block": (torch.float8_e4m3fn, "block"), "int8_channel": (torch.int8, "channel"),
+              "fp8_channel": (torch.float8_e4m3fn, "channel")}
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _quantize_8bit(w: torch.Tensor, dtype: torch.dtype, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric 8-bit values and their scales [ceil(N/bn), ceil(K/bk)], block by block (written out in full here so
+    the tests do not build their checkpoints with the code they test)."""
+    n, k = w.shape
+    bn, bk = block
+    qmax = 127.0 if dtype == torch.int8 else 448.0
+    scale = torch.empty(-(-n // bn), -(-k // bk))
+    q = torch.empty(n, k, dtype=dtype)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            tile = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float()
+            scale[i, j] = max(tile.abs().max().item() / qmax, 1e-12)
+            v = (tile / scale[i, j]).clamp(-qmax, qmax)
+            q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (v.round() if dtype == torch.int8 else v).to(dtype)
+    return q, scale
+
+
+def quantize_checkpoint(src: Path, dst: Path, fmt: str, block: tuple[int, int] = (128, 128)) -> Path:
+    """`src` (a float checkpoint, with its tokenizer files) rewritten as an 8-bit checkpoint in one of W8_FORMATS,
+    with the quantization_config and tensor names the real formats use (Qwen3-8B-FP8: `quant_method: fp8` and
+    `weight_scale_inv`; compressed-tensors w8a8 / FP8-dynamic: `weight_scale` [N, 1]). Norms, embeddings and the LM
+    head stay as they were."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dtype, strategy = W8_FORMATS[fmt]
+    shutil.copytree(src, dst)
+    tensors = {}
+    for f in sorted(dst.glob("*.safetensors")):
+        tensors |= load_file(str(f))
+        f.unlink()
+    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".weight") and name.rsplit(".", 2)[-2] in _LINEARS:
+            q, scale = _quantize_8bit(t, dtype, block if strategy == "block" else (1, t.shape[1]))
+            out[name] = q
+            out[name.removesuffix("weight") + ("weight_scale_inv" if strategy == "block" else "weight_scale")] = scale
+        else:
+            out[name] = t
+    save_file(out, str(dst / "model.safetensors"))
+    config = json.loads((dst / "config.json").read_text())
+    if strategy == "block":
+        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                         "weight_block_size": list(block)}
+    else:
+        kind = "int" if dtype == torch.int8 else "float"
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": f"{kind}-quantized", "ignore": ["lm_head"],
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": kind, "strategy": "channel", "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": kind, "strategy": "token", "symmetric": True,
+                                      "dynamic": True},
+            }},
+        }
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst

@@ -206,6 +206,28 @@ def linear_int4(
     return _call("linear_int4", x, qweight, scales_zeros, bias, group_size=int(group_size))
 
 
+W8_DTYPES = (torch.int8, torch.float8_e4m3fn)
+
+
+def linear_w8(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, int],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x @ W.T (+ bias) for an 8-bit weight [N, K] (int8 or float8_e4m3fn) with block scales: W[n, k] =
+    weight[n, k] * scale[n // bn, k // bk], scale [ceil(N/bn), ceil(K/bk)] float32 for block_size (bn, bk).
+    Per-channel scales are blocks (1, K); FP8 checkpoints' blocks are (128, 128). The output has x's dtype."""
+    if weight.dtype not in W8_DTYPES or weight.dim() != 2:
+        raise ValueError(f"linear_w8: weight must be a 2-D int8 or float8_e4m3fn tensor, got {weight.dtype} "
+                         f"{tuple(weight.shape)}")
+    bn, bk = (int(b) for b in block_size)
+    n, k = weight.shape
+    expected = (-(-n // max(bn, 1)), -(-k // max(bk, 1)))
+    if bn < 1 or bk < 1 or x.shape[-1] != k or tuple(scale.shape) != expected or scale.dtype != torch.float32:
+        raise ValueError(f"linear_w8: x [..., {x.shape[-1]}], weight {tuple(weight.shape)}, block_size {(bn, bk)} "
+                         f"and scale {scale.dtype} {tuple(scale.shape)} do not fit (expected float32 {list(expected)})")
+    return _call("linear_w8", x, weight, scale, bias, block_size=(bn, bk))
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Row lookup of token ids in an embedding table."""
     return _call("embedding", ids, weight)

@@ -87,14 +87,14 @@ def test_bundled_gguf_kept_4bit_agrees_with_dequantized(which, request):
     assert agree / total >= 0.99, f"top-1 agreement {agree / total:.4f} over {total} positions"
 
 
-def test_fp8_and_int8_checkpoints_are_refused_naming_the_method(tmp_path):
+def test_an_unsupported_quantized_checkpoint_is_refused_naming_the_method(tmp_path):
     import json
 
     from checkpoints import save_tiny
 
-    path = save_tiny("llama", tmp_path / "fp8")
+    path = save_tiny("llama", tmp_path / "gptq")
     config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="'fp8'-quantized checkpoint.*not supported yet"):
+    with pytest.raises(ValueError, match="quant_method 'gptq' is not supported"):
         load_model(path)

@@ -11,7 +11,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 KV_BACKENDS = ("paged", "contiguous")
 BATCHING_MODES = ("continuous", "static")
 SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
-QUANTIZATIONS = ("auto", "none", "int4")
+QUANTIZATIONS = ("auto", "none", "int4", "int8", "fp8")
 LOAD_FORMATS = ("auto", "dummy")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
 DEFAULT_SPECULATIVE_TOKENS = 4
@@ -44,7 +44,7 @@ class EngineConfig:
     max_prefill_chunks_per_step: int | None = None  # None = as many as the token budget and batch size allow
     use_prefix_caching: bool = False  # off by default: it costs ~10% at a 0% hit rate on an H100 (docs/engine.md)
     use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
-    quantization: str = "auto"  # "auto": GGUF 4-bit weights stay 4-bit (CPU); "none"; "int4": docs/quantization.md
+    quantization: str = "auto"  # "auto": weights stay as stored (8-bit HF, 4-bit GGUF on CPU); "none"; "int4" | "int8" | "fp8" at load: docs/quantization.md
     probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
     speculative_method: str | None = None  # "ngram" (prompt lookup) or "draft" (a smaller model): docs/speculative.md
     num_speculative_tokens: int | None = None  # drafts per step and request (k); None = 4 with a method

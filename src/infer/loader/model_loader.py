@@ -11,12 +11,15 @@ import torch
 
 from infer.loader.gguf_loader import iter_gguf_tensors, read_gguf_config
 from infer.loader.gguf_quant import Int4Groups
+from infer.loader.hf_quant import CheckpointQuant, W8Tensor, parse_quant_config
 from infer.loader.safetensors_loader import iter_safetensors
 from infer.loader.weights import load_weights
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig, config_from_hf
 from infer.models.quant import quantize_linears
 from infer.models.registry import model_spec
+
+AT_LOAD = ("int4", "int8", "fp8")  # quantization values that quantize a float checkpoint's linear weights at load
 
 
 @dataclass
@@ -38,19 +41,26 @@ def read_config(path: Path) -> ModelConfig:
     if not config_file.exists():
         raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
     raw = json.loads(config_file.read_text())
-    method = (raw.get("quantization_config") or {}).get("quant_method")
-    if method is not None:
-        raise ValueError(f"{path}: a {method!r}-quantized checkpoint (config.json quantization_config); "
-                         "FP8 and INT8 checkpoints are not supported yet (docs/quantization.md)")
+    checkpoint_quant(path, raw)  # an unsupported quantization_config fails here, naming the field
     return config_from_hf(raw)
 
 
-def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False
-                       ) -> Iterator[tuple[str, torch.Tensor | Int4Groups]]:
-    """The checkpoint's tensors in `dtype`; with keep_int4, a GGUF's 4-bit tensors as their groups."""
+def checkpoint_quant(path: Path, raw: dict | None = None) -> CheckpointQuant | None:
+    """How an HF checkpoint stores 8-bit weights (its config.json quantization_config), None if it does not."""
+    if is_gguf(path):
+        return None
+    raw = raw if raw is not None else json.loads((path / "config.json").read_text())
+    qc = raw.get("quantization_config")
+    return None if qc is None else parse_quant_config(qc, str(path))
+
+
+def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False, keep_w8: bool = False
+                       ) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
+    """The checkpoint's tensors in `dtype`; with keep_int4, a GGUF's 4-bit tensors as their groups; with keep_w8,
+    an HF checkpoint's 8-bit weights with their scales."""
     if is_gguf(path):
         return ((name, t if isinstance(t, Int4Groups) else t.to(dtype)) for name, t in iter_gguf_tensors(path, keep_int4))
-    return iter_safetensors(path, dtype)
+    return iter_safetensors(path, dtype, checkpoint_quant(path), keep_w8)
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int) -> CausalLM:
@@ -87,9 +97,10 @@ def load_model(
 ) -> LoadedModel:
     """Build the model for `path` and fill it from the checkpoint ("auto") or with random weights ("dummy").
 
-    quantization (docs/quantization.md): "none" dequantizes everything to `dtype`; "auto" keeps a GGUF's 4-bit
-    linear weights 4-bit on the CPU (the only device with a 4-bit kernel so far); "int4" quantizes every linear
-    weight to 4 bits (groups of 32) after loading.
+    quantization (docs/quantization.md): "none" dequantizes everything to `dtype`; "auto" keeps the linear weights
+    of an 8-bit HF checkpoint (FP8 blocks, compressed-tensors int8/fp8) 8-bit, and a GGUF's 4-bit ones 4-bit on
+    the CPU (the only device with a 4-bit kernel so far); "int4", "int8" and "fp8" quantize every linear weight
+    after loading (docs/quantization.md says how).
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -100,14 +111,15 @@ def load_model(
         init_dummy_weights(model)
     else:
         keep_int4 = quantization == "auto" and is_gguf(path) and torch.device(device).type == "cpu"
+        keep_w8 = quantization == "auto" and checkpoint_quant(path) is not None
         with torch.no_grad():
-            load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4), cfg.tie_word_embeddings,
-                         model.linear_weights() if keep_int4 else ())
+            load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, keep_w8),
+                         cfg.tie_word_embeddings, model.linear_weights() if keep_int4 or keep_w8 else ())
         if keep_int4 and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
             # a GGUF head is stored in at most 16 bits (F16, Q8_0, Q6_K, ...): float16 holds it for the CPU's
             # dense half-precision matmul, ~5x faster than float32 on the LM head of a small model
             model.hold_head_in(torch.float16)
-    if quantization == "int4":
+    if quantization in AT_LOAD:
         with torch.no_grad():
-            quantize_linears(model, model.linear_weights())
+            quantize_linears(model, model.linear_weights(), quantization)
     return LoadedModel(model=model, config=cfg, source=path)

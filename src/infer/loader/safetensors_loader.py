@@ -1,14 +1,18 @@
-"""Read HF safetensors checkpoints: one `model.safetensors` or shards listed in `model.safetensors.index.json`."""
+"""Read HF safetensors checkpoints: one `model.safetensors` or shards listed in `model.safetensors.index.json`;
+8-bit weights come with their scales (infer/loader/hf_quant.py)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from tqdm import tqdm
+
+from infer.loader.hf_quant import W8_DTYPES, CheckpointQuant, W8Tensor, check_scales_used, is_auxiliary, pair_scales
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -34,16 +38,30 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return found
 
 
-def iter_safetensors(model_dir: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor cast to dtype) for every tensor of every shard, with a progress bar."""
+def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant | None = None, keep_w8: bool = False
+                     ) -> Iterator[tuple[str, torch.Tensor | W8Tensor]]:
+    """Yield (name, tensor cast to dtype) for every tensor of every shard, with a progress bar. In a checkpoint
+    stored 8-bit (`quant`), each 8-bit weight comes with its scales, as a W8Tensor with keep_w8, else dequantized."""
     files = safetensors_files(model_dir)
-    total = 0
-    for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            total += len(handle.keys())
-    with tqdm(total=total, desc=f"Loading {model_dir.name}", unit="tensor", leave=False) as bar:
-        for f in files:
-            with safe_open(str(f), framework="pt") as handle:
-                for key in handle.keys():
-                    yield key, handle.get_tensor(key).to(dtype)
-                    bar.update()
+    with ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files]
+        where = {key: handle for handle in handles for key in handle.keys()}
+
+        def get(key: str) -> torch.Tensor | None:
+            return where[key].get_tensor(key) if key in where else None
+
+        paired: set[str] = set()
+        with tqdm(total=len(where), desc=f"Loading {model_dir.name}", unit="tensor", leave=False) as bar:
+            for key, handle in where.items():
+                bar.update()
+                if quant is not None and is_auxiliary(key, quant):
+                    continue
+                tensor = handle.get_tensor(key)
+                if quant is not None and tensor.dtype in W8_DTYPES:
+                    w8 = pair_scales(key, tensor, quant, get)
+                    paired.add(key)
+                    yield key, w8 if keep_w8 else w8.dequantize(dtype)
+                else:
+                    yield key, tensor.to(dtype)
+        if quant is not None:
+            check_scales_used(where, paired, quant)

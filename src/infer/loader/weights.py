@@ -10,8 +10,11 @@ import torch
 from torch import nn
 
 from infer.loader.gguf_quant import GROUP, Int4Groups, dequantize_groups
+from infer.loader.hf_quant import W8Tensor
 from infer.models.layers import WeightMap, WeightSlot
-from infer.models.quant import Int4Weight, replace_weight
+from infer.models.quant import Int4Weight, QuantWeight, W8Weight, replace_weight
+
+Packed = Int4Groups | W8Tensor  # a checkpoint tensor that may be kept quantized
 
 # Tensors some checkpoints carry that the model recomputes or does not use.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -26,19 +29,45 @@ def _target(param: torch.Tensor, slot: WeightSlot) -> torch.Tensor:
     return param.data if slot.rows is None else param.data.narrow(0, slot.start, slot.rows)
 
 
+def _combine(parts: list[tuple[WeightSlot, str, Packed]], device: torch.device) -> QuantWeight | None:
+    """One quantized weight from a parameter's pieces (rows in order), or None when they do not share a format."""
+    packed = [part[2] for part in sorted(parts, key=lambda part: part[0].start)]
+    if all(isinstance(p, Int4Groups) for p in packed):
+        q, scale, zero = (np.concatenate([p[i] for p in packed]) for i in range(3))
+        return Int4Weight.from_groups(q, scale, zero, GROUP, device)
+    if not all(isinstance(p, W8Tensor) for p in packed) or len({p.weight.dtype for p in packed}) > 1:
+        return None
+    blocks = {p.block_size for p in packed}
+    bn, bk = packed[0].block_size
+    if len(blocks) == 1 and all(p.weight.shape[0] % bn == 0 for p in packed[:-1]):
+        scale = torch.cat([p.scale for p in packed])  # every piece starts on a row block: the blocks line up
+    elif len({b[1] for b in blocks}) == 1:
+        # row blocks that do not line up (64-row k/v pieces of 128-row blocks, per-tensor pieces): a scale per row
+        scale = torch.cat([p.scale.repeat_interleave(p.block_size[0], dim=0)[:p.weight.shape[0]] for p in packed])
+        bn = 1
+    else:
+        return None
+    return W8Weight(torch.cat([p.weight for p in packed]).to(device), scale.contiguous().to(device), (bn, bk))
+
+
+def _dequantized(part: Packed, dtype: torch.dtype) -> torch.Tensor:
+    return part.dequantize(dtype) if isinstance(part, W8Tensor) else torch.from_numpy(dequantize_groups(part))
+
+
 def load_weights(
-    model: nn.Module, weight_map: WeightMap, tensors: Iterable[tuple[str, torch.Tensor | Int4Groups]], tied_lm_head: bool,
-    int4_params: Iterable[str] = (),
+    model: nn.Module, weight_map: WeightMap, tensors: Iterable[tuple[str, torch.Tensor | Packed]], tied_lm_head: bool,
+    quantized_params: Iterable[str] = (),
 ) -> None:
     """Fill every mapped parameter exactly once; fail naming any missing, unexpected or misshapen tensor.
 
-    A tensor may come as 4-bit groups (GGUF Q4_*). A parameter in `int4_params` whose every piece comes so is
-    kept 4-bit (an `Int4Weight` in its place); any other gets the pieces dequantized.
+    A tensor may come quantized: 4-bit groups (GGUF Q4_*) or an 8-bit weight with its scales. A parameter in
+    `quantized_params` whose every piece comes in one such format is kept quantized (an `Int4Weight` or
+    `W8Weight` in its place); any other gets the pieces dequantized.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
-    keep = set(int4_params)
+    keep = set(quantized_params)
     pieces = Counter(slot.param for slot in weight_map.values())
-    groups: dict[str, list[tuple[WeightSlot, str, Int4Groups]]] = {}
+    groups: dict[str, list[tuple[WeightSlot, str, Packed]]] = {}
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
@@ -50,12 +79,13 @@ def load_weights(
             continue
         param = params[slot.param]
         target = _target(param, slot)
-        shape = tensor.q.shape if isinstance(tensor, Int4Groups) else tensor.shape
+        shape = tensor.q.shape if isinstance(tensor, Int4Groups) else tensor.weight.shape if isinstance(tensor, W8Tensor) \
+            else tensor.shape
         if target.shape != shape:
             raise WeightLoadError(f"tensor {name!r} has shape {tuple(shape)}, model expects {tuple(target.shape)}")
         if name in loaded:
             raise WeightLoadError(f"tensor {name!r} appears twice in the checkpoint")
-        if isinstance(tensor, Int4Groups):
+        if isinstance(tensor, Packed):
             groups.setdefault(slot.param, []).append((slot, name, tensor))
         else:
             target.copy_(tensor)
@@ -67,10 +97,9 @@ def load_weights(
         raise WeightLoadError(f"missing tensors in checkpoint: {', '.join(missing[:20])}")
     for param_name, parts in groups.items():
         param = params[param_name]
-        if param_name in keep and len(parts) == pieces[param_name]:
-            parts.sort(key=lambda part: part[0].start)
-            q, scale, zero = (np.concatenate([part[2][i] for part in parts]) for i in range(3))
-            replace_weight(model, param_name, Int4Weight.from_groups(q, scale, zero, GROUP, param.device))
+        combined = _combine(parts, param.device) if param_name in keep and len(parts) == pieces[param_name] else None
+        if combined is not None:
+            replace_weight(model, param_name, combined)
             continue
-        for slot, _, part in parts:  # not kept 4-bit: dequantized like any other tensor
-            _target(param, slot).copy_(torch.from_numpy(dequantize_groups(part)))
+        for slot, _, part in parts:  # not kept quantized: dequantized like any other tensor
+            _target(param, slot).copy_(_dequantized(part, param.dtype))

@@ -9,7 +9,7 @@ import layerzero as lz
 from infer.models.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
-from infer.models.quant import Int4Weight, LinearSite
+from infer.models.quant import LinearSite, QuantWeight
 
 LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block's weights that only feed matmuls
 
@@ -82,6 +82,6 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.lm_head
-        logits = self.head_site(hidden if isinstance(head, Int4Weight) else hidden.to(head.dtype), head).float()
+        logits = self.head_site(hidden if isinstance(head, QuantWeight) else hidden.to(head.dtype), head).float()
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -1,5 +1,6 @@
-"""Linear weights kept 4-bit: `Int4Weight` holds what `lz.linear_int4` reads, a `LinearSite` routes one projection's
-matmul to its bound dense or 4-bit op, and `quantize_linears` turns a loaded model's float linear weights 4-bit (docs/quantization.md)."""
+"""Linear weights kept quantized: `Int4Weight` holds what `lz.linear_int4` reads, `W8Weight` what `lz.linear_w8` reads,
+a `LinearSite` routes one projection's matmul to its bound dense, 4-bit or 8-bit op, and `quantize_linears` quantizes a
+loaded model's float linear weights (docs/quantization.md)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,57 @@ import torch
 from torch import nn
 
 import layerzero as lz
-from layerzero.kernels.reference.quantize import dequantize_int4, pack_int4
+from layerzero.kernels.reference.quantize import dequantize_int4, dequantize_w8, pack_int4
 
 
-class Int4Weight(nn.Module):
+W8_FORMATS = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
+FP8_BLOCK = (128, 128)  # the block of FP8 checkpoints (and of "fp8" quantization at load)
+
+
+class QuantWeight(nn.Module):
+    """A linear weight kept quantized; `shape` is the float weight's [N, K], `dequantize()` gives it in float32."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def dequantize(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class W8Weight(QuantWeight):
+    """A linear weight [N, K] as int8 or float8_e4m3fn values with block scales: w = weight * scale[n // bn, k // bk]."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)  # [N, K] int8 / float8_e4m3fn
+        self.register_buffer("scale", scale)  # [ceil(N/bn), ceil(K/bk)] float32
+        self.block_size = block_size
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor, fmt: str) -> W8Weight:
+        """Symmetric round-to-nearest: "int8" one scale per output row, "fp8" one per 128 x 128 block."""
+        dtype, qmax = W8_FORMATS[fmt]
+        n, k = w.shape
+        bn, bk = (1, k) if fmt == "int8" else FP8_BLOCK
+        wf = w.detach().float()
+        padded = torch.zeros(-(-n // bn) * bn, -(-k // bk) * bk, device=w.device)
+        padded[:n, :k] = wf
+        amax = padded.view(padded.shape[0] // bn, bn, -1, bk).abs().amax(dim=(1, 3))
+        scale = (amax / qmax).clamp(min=1e-12)
+        full = scale.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+        q = (wf / full).clamp(-qmax, qmax)
+        return cls((q.round() if fmt == "int8" else q).to(dtype), scale.contiguous(), (bn, bk))
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize_w8(self.weight, self.scale, self.block_size)
+
+
+class Int4Weight(QuantWeight):
     """A linear weight [N, K] as 4-bit values and per-group scales and zeros: w = (q - 8) * scale + zero."""
 
     def __init__(self, qweight: torch.Tensor, scales_zeros: torch.Tensor, group_size: int) -> None:
@@ -49,21 +97,25 @@ class Int4Weight(nn.Module):
 
 
 class LinearSite:
-    """One projection's matmul: x @ weight.T (+ bias) through a bound `linear_int4` for a 4-bit weight, `linear` otherwise."""
+    """One projection's matmul: x @ weight.T (+ bias) through a bound `linear_int4` for a 4-bit weight, `linear_w8`
+    for an 8-bit one, `linear` otherwise."""
 
-    __slots__ = ("dense", "int4")
+    __slots__ = ("dense", "int4", "w8")
 
     def __init__(self) -> None:
         self.dense = lz.bind("linear")
         self.int4 = lz.bind("linear_int4")
+        self.w8 = lz.bind("linear_w8")
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, W8Weight):
+            return self.w8(x, weight.weight, weight.scale, bias, block_size=weight.block_size)
         if isinstance(weight, Int4Weight):
             return self.int4(x, weight.qweight, weight.scales_zeros, bias, group_size=weight.group_size)
         return self.dense(x, weight, bias)
 
 
-def replace_weight(model: nn.Module, name: str, weight: Int4Weight) -> None:
+def replace_weight(model: nn.Module, name: str, weight: QuantWeight) -> None:
     """Put `weight` where the float parameter `name` (e.g. "blocks.0.attn.qkv_proj") was."""
     owner, _, attr = name.rpartition(".")
     module = model.get_submodule(owner)
@@ -71,8 +123,9 @@ def replace_weight(model: nn.Module, name: str, weight: Int4Weight) -> None:
     module.add_module(attr, weight)
 
 
-def quantize_linears(model: nn.Module, names: list[str], group_size: int = 32) -> None:
-    """Weight-only 4-bit quantization of the named float linear weights, in place."""
-    params = dict(model.named_parameters())
-    for name in names:
-        replace_weight(model, name, Int4Weight.quantize(params[name], group_size))
+def quantize_linears(model: nn.Module, names: list[str], method: str) -> None:
+    """Weight-only quantization of the named float linear weights, in place: "int4" (groups of 32), "int8" (per
+    output row) or "fp8" (128 x 128 blocks)."""
+    for name in names:  # one weight at a time: each float weight is freed once its quantized copy replaces it
+        w = model.get_parameter(name)
+        replace_weight(model, name, Int4Weight.quantize(w) if method == "int4" else W8Weight.quantize(w, method))

@@ -250,6 +250,17 @@ def _(x, qweight, scales_zeros, bias, *, group_size):
     return x.new_empty([*x.shape[:-1], qweight.shape[0]])
 
 
+@custom_op("layerzero::linear_w8", mutates_args=())
+def linear_w8(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, *, block_size: list[int]) -> Tensor:
+    """x @ W.T (+ bias) for an 8-bit weight with block scales (layerzero.api.linear_w8)."""
+    return _fresh(_dispatch("linear_w8", x, weight, scale, bias, block_size=tuple(block_size)), (x, weight, scale, bias))
+
+
+@linear_w8.register_fake
+def _(x, weight, scale, bias, *, block_size):
+    return x.new_empty([*x.shape[:-1], weight.shape[0]])
+
+
 @custom_op("layerzero::embedding", mutates_args=())
 def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     """Rows of `weight` at `ids`."""
@@ -310,7 +321,7 @@ OPS: dict[str, Any] = {
     "attention": attention, "varlen_attention": varlen_attention, "paged_attention": paged_attention,
     "paged_prefill_attention": paged_prefill_attention, "store_kv_cache": store_kv_cache, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
     "layer_norm": layer_norm, "rope": rope, "silu_and_mul": silu_and_mul, "gelu_and_mul": gelu_and_mul,
-    "linear": linear, "linear_int4": linear_int4, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
+    "linear": linear, "linear_int4": linear_int4, "linear_w8": linear_w8, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
     "quantize": quantize, "dequantize": dequantize,
 }
 

@@ -1,4 +1,4 @@
-"""Every kernel: the reference, torch, oneDNN, int4, optional-library and Triton backends, and plugins.
+"""Every kernel: the reference, torch, oneDNN, 4- and 8-bit CPU, optional-library and Triton backends, and plugins.
 
 `get_registry()` is the process registry, filled on first use from `SOURCES`; a failing backend is recorded
 as a reason instead of taking the others down."""
@@ -18,7 +18,7 @@ SOURCES: tuple[tuple[str, str, str], ...] = (
     ("reference", "layerzero.kernels.reference.specs", "kernel_specs"),
     ("torch", "layerzero.kernels.torch_backend", "kernel_specs"),
     ("onednn", "layerzero.kernels.onednn", "kernel_specs"),
-    ("int4_cpu", "layerzero.kernels.int4_cpu", "kernel_specs"),
+    ("quant_cpu", "layerzero.kernels.quant_cpu", "kernel_specs"),
     ("optional", "layerzero.kernels.optional", "kernel_specs"),
     ("triton", "layerzero.kernels.triton.specs", "kernel_specs"),
     ("plugins", "layerzero.extend.plugins", "load_entry_points"),

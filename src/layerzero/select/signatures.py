@@ -117,6 +117,16 @@ def _linear_int4(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]
                 params=(("out_features", qweight.shape[0]), ("bias", bias is not None), ("group_size", kw["group_size"])))
 
 
+def _linear_w8(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, weight, _, bias = args[:4]
+    return dict(tokens=_rows(x), hidden=x.shape[-1], quant_format=_w8_format(weight.dtype),
+                params=(("out_features", weight.shape[0]), ("bias", bias is not None), ("block_size", kw["block_size"])))
+
+
+def _w8_format(dtype: torch.dtype) -> str:
+    return "int8" if dtype == torch.int8 else "fp8_e4m3"
+
+
 def _embedding(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     ids, weight = args[:2]
     return dict(tokens=ids.numel(), hidden=weight.shape[-1], dtype=weight.dtype)
@@ -180,6 +190,7 @@ SIGNATURES: dict[str, OpSignature] = {
     "gelu_and_mul": OpSignature(_rowwise, (0,), ("approximate",)),
     "linear": OpSignature(_linear, (0, 1, 2), ()),
     "linear_int4": OpSignature(_linear_int4, (0, 1, 2, 3), ("group_size",)),
+    "linear_w8": OpSignature(_linear_w8, (0, 1, 2, 3), ("block_size",)),
     "embedding": OpSignature(_embedding, (0, 1), ()),
     "sample_topk": OpSignature(_topk, (0, 1), ()),
     "sample_topp": OpSignature(_sampling, (0,), ()),

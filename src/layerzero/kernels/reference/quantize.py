@@ -1,4 +1,5 @@
-"""Quantize / dequantize references: int8 per-channel symmetric and fp8 e4m3 per-tensor.
+"""Quantize / dequantize references (int8 per-channel symmetric, fp8 e4m3 per-tensor) and the references of the
+quantized-weight linears (4-bit groups, 8-bit weights with block scales).
 
 Signatures (the canonical kernel signatures of the `quantize` / `dequantize` ops):
 
@@ -102,5 +103,21 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
                 *, group_size: int) -> torch.Tensor:
     """The reference: the weight dequantized to float32, x in float32, the result in x's dtype."""
     w = dequantize_int4(qweight, scales_zeros, group_size)
+    out = torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def dequantize_w8(weight: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, int]) -> torch.Tensor:
+    """The float32 weight [N, K] of an 8-bit one: weight[n, k] * scale[n // bn, k // bk] for block_size (bn, bk)."""
+    bn, bk = block_size
+    n, k = weight.shape
+    full = scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    return weight.float() * full
+
+
+def linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+              *, block_size: tuple[int, int]) -> torch.Tensor:
+    """The reference: the weight dequantized to float32, x in float32, the result in x's dtype."""
+    w = dequantize_w8(weight, scale, block_size)
     out = torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
     return out.to(x.dtype)

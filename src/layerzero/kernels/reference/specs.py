@@ -98,6 +98,7 @@ _EXTRA = {
     "quantize": ("quantize", "quantize"),
     "dequantize": ("quantize", "dequantize"),
     "linear_int4": ("quantize", "linear_int4"),
+    "linear_w8": ("quantize", "linear_w8"),
     "tokenize": ("tokenize", "tokenize"),
     "detokenize": ("tokenize", "detokenize"),
 }
@@ -127,5 +128,6 @@ def kernel_specs() -> list[KernelSpec]:
         except (ImportError, AttributeError) as exc:
             specs.append(_unimportable(op, module, exc))
             continue
-        specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4")))
+        specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4",
+                                                               "linear_w8")))
     return specs

@@ -65,6 +65,21 @@ def _gelu_mode(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _w8_blocks(ctx: SelectionContext) -> list[Reason]:
+    """A K tile must sit inside one scale block: blocks span K, or are a power of two of at least 16 columns;
+    e4m3 weights need SM 8.9+ (Ada, Hopper) for the conversion on CUDA."""
+    reasons = []
+    block = ctx.param("block_size")
+    if block is not None:
+        bk = block[1]
+        if bk < ctx.hidden and (bk < 16 or bk & (bk - 1)):
+            reasons.append(Reason(R.CONSTRAINT_FAILED, f"scale blocks of {bk} columns: needs all {ctx.hidden} columns "
+                                                       "or a power of two >= 16"))
+    if ctx.quant_format == "fp8_e4m3" and ctx.platform == "cuda" and (ctx.sm or 0) < 89:
+        reasons.append(Reason(R.SM_TOO_OLD, f"float8_e4m3fn weights need SM89+, device is SM{ctx.sm}"))
+    return reasons
+
+
 def _varlen_launch(ctx: SelectionContext) -> LaunchConfig:
     # Grid (query tiles, sequences, heads); 64 rows per tile is the smallest tile used on CUDA.
     return LaunchConfig((max(1, -(-ctx.seq_q // 64)), ctx.batch, max(ctx.num_heads, 1)), 256)
@@ -101,6 +116,8 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, **common),
         KernelSpec("triton.gelu_and_mul", "gelu_and_mul", impl=_lazy("activation", "gelu_and_mul"),
                    priority=PRIORITY, check=_gelu_mode, **common),
+        KernelSpec("triton.linear_w8", "linear_w8", impl=_lazy("linear_w8", "linear_w8"), priority=PRIORITY,
+                   quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_w8_blocks, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.paged_attention", "paged_attention", impl=_lazy("paged_attention", "paged_attention"),

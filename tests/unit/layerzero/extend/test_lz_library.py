@@ -71,6 +71,9 @@ def _cases() -> list[tuple[str, tuple, dict, object]]:
     x4, qw, sz = _rand(3, 64), quantize.pack_int4(torch.randint(0, 16, (24, 64))), _rand(2, 24, 2)
     cases.append(("linear_int4", (x4, qw, sz, None), dict(group_size=32),
                   quantize.linear_int4(x4, qw, sz, None, group_size=32)))
+    w8, s8 = torch.randint(-127, 128, (24, 64), dtype=torch.int8), _rand(1, 2).abs()  # 128-row blocks: the reference
+    cases.append(("linear_w8", (x4, w8, s8, None), dict(block_size=(128, 32)),
+                  quantize.linear_w8(x4, w8, s8, None, block_size=(128, 32))))
     ids, table = torch.tensor([[1, 0, 9], [4, 4, 2]]), _rand(10, 8)
     cases.append(("embedding", (ids, table), {}, F.embedding(ids, table)))
 
@@ -121,8 +124,8 @@ def _schema_call(op: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 def test_every_tensor_op_is_registered() -> None:
     expected = {"attention", "varlen_attention", "paged_attention", "paged_prefill_attention", "store_kv_cache", "rms_norm",
-                "fused_add_rms_norm", "layer_norm", "rope", "silu_and_mul", "gelu_and_mul", "linear", "linear_int4", "embedding",
-                "sample_topk", "sample_topp", "quantize", "dequantize"}
+                "fused_add_rms_norm", "layer_norm", "rope", "silu_and_mul", "gelu_and_mul", "linear", "linear_int4", "linear_w8",
+                "embedding", "sample_topk", "sample_topp", "quantize", "dequantize"}
     assert set(OPS) == expected
     assert all(hasattr(torch.ops.layerzero, op) for op in expected)
     assert {c[0] for c in CASES} | {"store_kv_cache"} == expected

@@ -12,7 +12,7 @@ from layerzero.select import reasons as R
 from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache",
-       "paged_attention", "paged_prefill_attention", "varlen_attention"}
+       "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):

@@ -1,4 +1,5 @@
-"""4-bit weight-only linear on the CPU through torch's packed int4 kernel (`_weight_int4pack_mm_for_cpu`).
+"""Weight-only linears on the CPU through torch's packed kernels: 4-bit groups (`_weight_int4pack_mm_for_cpu`) and
+int8 with per-channel scales (`_weight_int8pack_mm`).
 
 The kernel reads each weight in its own blocked layout, so a weight is converted once, on first use, and the
 converted copy is kept while the weight lives (kernels/weight_cache.py, as oneDNN's packed weights are).
@@ -13,6 +14,8 @@ dequantized float32 self (top-1 agreement 98.3% -> 99.4% on SmolLM2, docs/quanti
 Groups of 32 or more columns. Every step is row by row (the kernel, and the offsets as a batched product of one
 row each rather than a matmul whose blocking depends on the row count), so a row's result does not depend on what
 shares its call: a request decodes the same tokens alone or in any batch.
+The int8 kernel reads the weight as it is stored and takes the same two bfloat16 passes; its scales are applied
+in float32 after the kernel (the kernel gets scales of 1), so a scale is never rounded to bfloat16.
 """
 
 from __future__ import annotations
@@ -45,23 +48,48 @@ def _convert(qweight: torch.Tensor, scales_zeros: torch.Tensor) -> _Converted:
 CONVERTED: WeightCache[_Converted] = WeightCache()  # by the identity of qweight
 
 
+def _bf16_passes(rows: torch.Tensor) -> torch.Tensor:
+    """x as bfloat16 rows; a float32 x as two passes stacked, x_hi = bf16(x) then x_lo = bf16(x - x_hi)."""
+    high = rows.to(torch.bfloat16)
+    if rows.dtype == torch.float32:  # both passes in one call: the weight is read once
+        high = torch.cat([high, (rows - high).to(torch.bfloat16)])
+    return high
+
+
+def _sum_passes(both: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    n = rows.shape[0]
+    out = both[:n].float()
+    if rows.dtype == torch.float32:
+        out += both[n:]
+    return out
+
+
 def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
                 *, group_size: int) -> torch.Tensor:
     entry = CONVERTED.get(qweight, lambda: _convert(qweight, scales_zeros))
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
-    high = rows.to(torch.bfloat16)
-    if rows.dtype == torch.float32:  # both passes in one call: the weight is read once
-        high = torch.cat([high, (rows - high).to(torch.bfloat16)])
-    both = torch.ops.aten._weight_int4pack_mm_for_cpu(high, entry.packed, group_size, entry.scales)
-    out = both[:n].float()
-    if rows.dtype == torch.float32:
-        out += both[n:]
+    both = torch.ops.aten._weight_int4pack_mm_for_cpu(_bf16_passes(rows), entry.packed, group_size, entry.scales)
+    out = _sum_passes(both, rows)
     sums = rows.float().view(n, -1, group_size).sum(dim=-1)  # [rows, K/group]
     out += torch.bmm(sums[:, None, :], entry.zeros.expand(n, *entry.zeros.shape)).squeeze(1)
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
+
+
+UNIT_SCALES: WeightCache[torch.Tensor] = WeightCache()  # bfloat16 ones [N], by the identity of the weight
+
+
+def linear_w8_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                   *, block_size: tuple[int, int]) -> torch.Tensor:
+    """int8 weight [N, K] with per-channel float32 scales [N, 1]."""
+    ones = UNIT_SCALES.get(weight, lambda: torch.ones(weight.shape[0], dtype=torch.bfloat16))
+    rows = x.reshape(-1, x.shape[-1])
+    out = _sum_passes(torch.ops.aten._weight_int8pack_mm(_bf16_passes(rows), weight, ones), rows) * scale.view(1, -1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
 
 def _available() -> Reason | None:
@@ -81,9 +109,25 @@ def _shapes(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+def _int8_available() -> Reason | None:
+    if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        return Reason(NOT_INSTALLED, f"torch {torch.__version__} has no int8 packed matmul")
+    return None
+
+
+def _per_channel(ctx: SelectionContext) -> list[Reason]:
+    block = ctx.param("block_size")
+    if block is not None and (block[0] != 1 or block[1] < ctx.hidden):
+        return [Reason(CONSTRAINT_FAILED, f"scale blocks {tuple(block)}: the int8 kernel takes one scale per output row")]
+    return []
+
+
 def kernel_specs() -> list[KernelSpec]:
     return [
         KernelSpec("torch.linear_int4_cpu", "linear_int4", "torch", linear_int4, torch.__version__,
                    platforms=frozenset({"cpu"}), dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY,
                    check=_shapes, available=_available),
+        KernelSpec("torch.linear_w8_int8_cpu", "linear_w8", "torch", linear_w8_int8, torch.__version__,
+                   platforms=frozenset({"cpu"}), dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY,
+                   quant_formats=frozenset({"int8"}), check=_per_channel, available=_int8_available),
     ]

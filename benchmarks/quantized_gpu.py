@@ -1,0 +1,253 @@
+"""8-bit weights on the GPU: Llama-3.1-8B and Llama-3.2-1B shapes with FP8-block and INT8-channel weights against
+bf16, measured in the same run (random weights of the right dtype and scales: quantized at load).
+
+    python benchmarks/quantized_gpu.py [--out DIR] [--models llama-3.1-8b,llama-3.2-1b] [--sweep]
+    python benchmarks/quantized_gpu.py --smoke --out /tmp/q   # the pipeline on CPU with a tiny shape
+
+One report, quantized_gpu_<gpu>.{json,md} in DIR (default $OUT, else benchmarks/reports/), rewritten after every item:
+- device copy bandwidth (the roofline's denominator);
+- per matmul of each shape (fused qkv, o, fused gate/up, down), 1 and 64 rows: bf16 `F.linear` (cuBLAS) against
+  the Triton 8-bit kernels, median µs of a CUDA graph of calls rotating over enough weight copies that L2 holds
+  none of them, and the weight bytes per second; --sweep also times every GEMV tile shape at 1 row;
+- end to end, CUDA graphs on, per shape and weight format: batch-1 decode tok/s (median of 3 replies of 256
+  tokens), batch-64 decode tok/s and 1k-token prefill tok/s; the bytes a decode token reads (every weight
+  buffer as stored, once) over the copy bandwidth is the roofline, and tok/s against bf16 the speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+import model_shapes as ms
+from gpu_decode_baselines import copy_bandwidth, device_info, gpu_slug
+from gpu_decode_engine import decode_batch1, decode_batched, kv_cache_gb, prefill
+from gpu_decode_plan import SMOKE, Plan
+from infer import LLM
+
+REPORTS = Path(__file__).parent / "reports"
+FORMATS = ("none", "fp8", "int8")  # "none": the checkpoint's bf16 weights
+FORMAT_NAMES = {"none": "bf16", "fp8": "FP8 128x128 blocks", "int8": "INT8 per channel"}
+PLAN = Plan(models=("llama-3.1-8b", "llama-3.2-1b"), graph_modes=(True,), batches=(64,), prefill_lens=(1024,),
+            max_seq_len=2048, max_batch_size=64, prefill_repeats=3)
+GRAPH_CALLS = 20
+
+
+def linears(cfg) -> dict[str, tuple[int, int]]:
+    """(N, K) of a block's matmuls, as the model fuses them."""
+    q, kv, h, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size, \
+        cfg.intermediate_size
+    return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+
+
+def graph_us(calls: list[Callable[[], object]]) -> float:
+    """Median µs per call of a CUDA graph replaying `calls` (GRAPH_CALLS of them, cycling), 10 replays."""
+    for call in calls:
+        call()  # compile, warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in itertools.islice(itertools.cycle(calls), GRAPH_CALLS):
+            call()
+    graph.replay()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
+    return statistics.median(times)
+
+
+def copies(nbytes: int) -> int:
+    """Weight copies to rotate over so that L2 (50 MB on an H100) never holds the next one: >= 400 MB in all."""
+    return max(2, min(16, -(-400 * 2**20 // nbytes)))
+
+
+def kernel_rows(n: int, k: int, rows: int, sweep: bool) -> dict[str, Any]:
+    """One matmul shape at `rows` rows: bf16 cuBLAS against the 8-bit Triton kernels."""
+    from infer.models.quant import W8Weight
+    from layerzero.kernels.triton.linear_w8 import TileConfig, linear_w8, tile_config
+
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies(2 * n * k))]
+    out: dict[str, Any] = {"n": n, "k": k, "rows": rows}
+    out["bf16_us"] = graph_us([lambda w=w: F.linear(x, w) for w in dense])
+    out["bf16_gb_s"] = 2 * n * k / out["bf16_us"] / 1e3
+    for fmt in ("fp8", "int8"):
+        weights = [W8Weight.quantize(w, fmt) for w in dense[:copies(n * k)]]
+        calls = [lambda q=q: linear_w8(x, q.weight, q.scale, None, block_size=q.block_size) for q in weights]
+        us = graph_us(calls)
+        nbytes = n * k + weights[0].scale.numel() * 4
+        out[fmt] = {"us": us, "gb_s": nbytes / us / 1e3, "speedup": out["bf16_us"] / us,
+                    "config": tile_config(rows, n, k, weights[0].block_size[1], x.device)._asdict()}
+        if sweep and rows == 1:
+            tried = []
+            for bn, bk, warps in itertools.product((4, 8, 16, 32), (128, 256, 512), (2, 4, 8)):
+                cfg = TileConfig(1, bn, bk, warps)
+                if fmt == "fp8" and bk > 128 and weights[0].block_size[1] < bk:
+                    continue  # a K tile must sit inside one 128-column scale block
+                try:
+                    t = graph_us([lambda q=q, c=cfg: linear_w8(x, q.weight, q.scale, None, block_size=q.block_size,
+                                                               config=c) for q in weights])
+                except Exception as exc:  # a tile shape the compiler refuses is a data point, not a failure
+                    tried.append({"config": cfg._asdict(), "error": repr(exc)[:200]})
+                    continue
+                tried.append({"config": cfg._asdict(), "us": t})
+            out[fmt]["sweep"] = sorted(tried, key=lambda r: r.get("us", 1e9))[:8]
+        del weights
+    del dense
+    torch.cuda.empty_cache()
+    return out
+
+
+def bytes_per_token(llm: LLM) -> int:
+    """Bytes one decode token reads from the weights as stored: every parameter and quantized buffer once, the
+    embedding as one row (unless it is also the head), rope tables not at all."""
+    model = llm.engine.runner.model
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    total += sum(b.numel() * b.element_size() for name, b in model.named_buffers() if not name.startswith("ropes."))
+    if not model.config.tie_word_embeddings:
+        total -= model.embed.numel() * model.embed.element_size() * (1 - 1 / model.embed.shape[0])
+    return int(total)
+
+
+def engine_run(name: str, fmt: str, plan: Plan, copy_gb_s: float) -> dict[str, Any]:
+    """One LLM (graphs on) for a shape and weight format: batch 1, batch 64 and a 1k prefill."""
+    options = dict(load_format="dummy", dtype=plan.dtype, device=plan.device, quantization=fmt,
+                   use_cuda_graphs=True if plan.device == "cuda" else None, max_batch_size=plan.max_batch_size,
+                   max_seq_len=plan.max_seq_len, kv_cache_memory_gb=kv_cache_gb(name, plan))
+    start = time.perf_counter()
+    llm = LLM(str(ms.write_model_dir(name, Path(plan.model_root))), **options)
+    run: dict[str, Any] = {"engine_options": options, "load_s": time.perf_counter() - start,
+                           "bytes_per_token": bytes_per_token(llm)}
+    run["roofline_tok_s"] = copy_gb_s * 1e9 / run["bytes_per_token"]
+    run["batch1"] = decode_batch1(llm, plan)
+    run["batch1"]["roofline_fraction"] = run["batch1"]["median_tok_s"] / run["roofline_tok_s"]
+    for batch in plan.batches:
+        run[f"batch{batch}"] = decode_batched(llm, batch, plan)
+    for tokens in plan.prefill_lens:
+        run[f"prefill{tokens}"] = prefill(llm, tokens, plan)
+    del llm
+    gc.collect()
+    if plan.device == "cuda":
+        torch.cuda.empty_cache()
+    return run
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report's tables: per-matmul kernels, then end to end with speedups against bf16."""
+    hw = report["hardware"]
+    copy = report.get("copy", {}).get("gb_s", float("nan"))
+    lines = [f"# 8-bit weights on the GPU: {hw.get('gpu', hw.get('cpu'))}", "",
+             f"{report['meta']['date']}; torch {hw['torch']}, triton {hw['triton']}; copy bandwidth {copy:.0f} GB/s. "
+             f"Reproduce: `python benchmarks/quantized_gpu.py` (`bash scripts/gpu_quantized.sh` on the lent GPU).", ""]
+    kernels = report.get("kernels", {})
+    if kernels:
+        lines += ["## Per matmul (CUDA graph, weights rotated past L2)", "",
+                  "| shape | matmul | N x K | rows | bf16 µs | fp8 µs | fp8 GB/s | fp8 speedup | int8 µs | int8 GB/s "
+                  "| int8 speedup |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for key, r in kernels.items():
+            if "error" in r:
+                lines.append(f"| {key} | error: {r['error'][:80]} |")
+                continue
+            model, matmul, _ = key.split("/")
+            lines.append(f"| {model} | {matmul} | {r['n']} x {r['k']} | {r['rows']} | {r['bf16_us']:.1f} | "
+                         f"{r['fp8']['us']:.1f} | {r['fp8']['gb_s']:.0f} | {r['fp8']['speedup']:.2f}x | "
+                         f"{r['int8']['us']:.1f} | {r['int8']['gb_s']:.0f} | {r['int8']['speedup']:.2f}x |")
+        lines.append("")
+    models = report.get("models", {})
+    batch, prompt = report["plan"]["batches"][0], report["plan"]["prefill_lens"][0]
+    if models:
+        lines += ["## End to end (CUDA graphs; tok/s)", "",
+                  f"| shape | weights | bytes/token | batch-1 tok/s | vs bf16 | roofline fraction | batch-{batch} tok/s "
+                  f"| vs bf16 | {prompt}-token prefill tok/s | vs bf16 |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, runs in models.items():
+            base = runs.get("none", {})
+            for fmt, r in runs.items():
+                if "error" in r:
+                    lines.append(f"| {name} | {FORMAT_NAMES[fmt]} | error: {r['error'][:80]} |")
+                    continue
+
+                def ratio(key: str, field: str) -> str:
+                    b = base.get(key, {}).get(field)
+                    return f"{r[key][field] / b:.2f}x" if b else "–"
+
+                lines.append(f"| {name} | {FORMAT_NAMES[fmt]} | {r['bytes_per_token'] / 1e9:.2f} GB | "
+                             f"{r['batch1']['median_tok_s']:.1f} | {ratio('batch1', 'median_tok_s')} | "
+                             f"{r['batch1']['roofline_fraction']:.2f} | {r[f'batch{batch}']['tok_s']:.0f} | "
+                             f"{ratio(f'batch{batch}', 'tok_s')} | {r[f'prefill{prompt}']['tok_s']:.0f} | "
+                             f"{ratio(f'prefill{prompt}', 'tok_s')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPORTS)
+    parser.add_argument("--models", default=None, help=f"comma-separated, from {', '.join(ms.SHAPES)}")
+    parser.add_argument("--sweep", action="store_true", help="also time every GEMV tile shape at 1 row")
+    parser.add_argument("--no-kernels", action="store_true", help="end to end only")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny shape, end to end only (checks the pipeline)")
+    args = parser.parse_args()
+    plan = replace(PLAN, **{k: v for k, v in SMOKE.items() if k in ("models", "device", "dtype", "prompt_len",
+                                                                     "new_tokens", "repeats", "batch_warm_steps",
+                                                                     "batch_timed_steps", "prefill_repeats",
+                                                                     "copy_mib", "timing_reps")}) if args.smoke else PLAN
+    if args.smoke:
+        plan = replace(plan, batches=(8,), prefill_lens=(64,), max_seq_len=512, max_batch_size=8)
+    if args.models:
+        plan = replace(plan, models=tuple(args.models.split(",")))
+    if plan.device == "cuda" and not torch.cuda.is_available():
+        parser.error("needs a CUDA device (or --smoke)")
+    info = device_info(plan)
+    slug = gpu_slug(info, args.smoke)
+    report: dict[str, Any] = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv},
+                              "hardware": info, "plan": asdict(plan), "kernels": {}, "models": {}}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        (args.out / f"quantized_gpu_{slug}.json").write_text(json.dumps(report, indent=1, default=str))
+        (args.out / f"quantized_gpu_{slug}.md").write_text(markdown(report))
+
+    def attempt(where: dict[str, Any], key: str, fn: Callable[[], Any]) -> None:
+        try:
+            where[key] = fn()
+        except Exception as exc:  # one failed item is recorded; the run goes on
+            where[key] = {"error": repr(exc), "traceback": traceback.format_exc()[-3000:]}
+            print(f"{key} failed: {exc!r}", file=sys.stderr)
+        save()
+        print(f"[{time.strftime('%H:%M:%S')}] {key} done", file=sys.stderr, flush=True)
+
+    attempt(report, "copy", lambda: copy_bandwidth(plan))
+    copy_gb_s = report["copy"].get("gb_s", 1.0)
+    if plan.device == "cuda" and not args.no_kernels:
+        for name in plan.models:
+            for matmul, (n, k) in linears(ms.model_config(name)).items():
+                for rows in (1, 64):
+                    attempt(report["kernels"], f"{name}/{matmul}/{rows}",
+                            lambda n=n, k=k, r=rows: kernel_rows(n, k, r, args.sweep))
+    for name in plan.models:
+        runs = report["models"].setdefault(name, {})
+        for fmt in FORMATS:
+            attempt(runs, fmt, lambda n=name, f=fmt: engine_run(n, f, plan, copy_gb_s))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

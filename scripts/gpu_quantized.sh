@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Quantized weights on the lent GPU: the 8-bit linear's GPU tests (strict sync) and the quantized checkpoint tests,
+# then benchmarks/quantized_gpu.py (per-matmul kernels, with the GEMV tile sweep, and end-to-end decode of the
+# Llama-3.1-8B / 3.2-1B shapes in bf16, FP8 blocks and INT8 channels). About 8 minutes.
+# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_quantized.sh
+set -uo pipefail
+source scripts/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+INFER_STRICT_SYNC=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_lz_gpu_linear_w8.py \
+  tests/unit/layerzero/kernels/test_lz_linear_w8.py tests/integration/test_quantized_checkpoints.py 2>&1 \
+  | tail -30 > "$out/tests.log"
+tail -3 "$out/tests.log"
+timeout 420 python3 benchmarks/quantized_gpu.py --sweep --out "$out" ${QUANT_BENCH_ARGS:-} > "$out/bench.log" 2>&1
+tail -40 "$out/bench.log"
