@@ -8,10 +8,13 @@ One report, quantized_gpu_<gpu>.{json,md} in DIR (default $OUT, else benchmarks/
 - device copy bandwidth (the roofline's denominator);
 - per matmul of each shape (fused qkv, o, fused gate/up, down), 1 and 64 rows: bf16 `F.linear` (cuBLAS) against
   the Triton 8-bit kernels, median µs of a CUDA graph of calls rotating over enough weight copies that L2 holds
-  none of them, and the weight bytes per second; --sweep also times every GEMV tile shape at 1 row;
+  none of them, and the weight bytes per second; --sweep also times a set of other launch shapes;
 - end to end, CUDA graphs on, per shape and weight format: batch-1 decode tok/s (median of 3 replies of 256
   tokens), batch-64 decode tok/s and 1k-token prefill tok/s; the bytes a decode token reads (every weight
-  buffer as stored, once) over the copy bandwidth is the roofline, and tok/s against bf16 the speedup.
+  buffer as stored, once) over the copy bandwidth is the roofline, and tok/s against bf16 the speedup. The
+  formats: bf16; FP8 blocks and INT8 channels quantized at load (every linear weight, the LM head too, as
+  gpt-fast's int8 does); and an FP8 checkpoint written first in Qwen3-8B-FP8's layout (LM head bf16), loaded
+  as stored.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from gpu_decode_plan import SMOKE, Plan
 from infer import LLM
 
 REPORTS = Path(__file__).parent / "reports"
-FORMATS = ("none", "fp8", "int8")  # "none": the checkpoint's bf16 weights
-FORMAT_NAMES = {"none": "bf16", "fp8": "FP8 128x128 blocks", "int8": "INT8 per channel"}
+# quantization= values; "none": bf16 weights; "checkpoint": an FP8 checkpoint written first, loaded as stored
+FORMATS = ("none", "fp8", "int8", "checkpoint")
+FORMAT_NAMES = {"none": "bf16", "fp8": "FP8 128x128 blocks", "int8": "INT8 per channel",
+                "checkpoint": "FP8 checkpoint, bf16 head"}
 PLAN = Plan(models=("llama-3.1-8b", "llama-3.2-1b"), graph_modes=(True,), batches=(64,), prefill_lens=(1024,),
             max_seq_len=2048, max_batch_size=64, prefill_repeats=3)
 GRAPH_CALLS = 20
@@ -79,6 +84,17 @@ def copies(nbytes: int) -> int:
     return max(2, min(16, -(-400 * 2**20 // nbytes)))
 
 
+def sweep_configs(rows: int, k: int, bk: int) -> list:
+    """Launch shapes to time: GEMV tiles at 1 row, tl.dot tiles (K tiles inside one scale block) above."""
+    from layerzero.kernels.triton.linear_w8 import TileConfig
+
+    if rows == 1:
+        return [TileConfig(1, bn, sub, warps) for bn, sub, warps in itertools.product((2, 4, 8), (512, 1024, 2048, 4096),
+                                                                                      (4, 8))]
+    return [TileConfig(bm, bn, 128 if bk >= 128 else bk, warps, stages) for bm, bn, warps, stages
+            in itertools.product((32, 64), (32, 64, 128), (4, 8), (3, 4))]
+
+
 def kernel_rows(n: int, k: int, rows: int, sweep: bool) -> dict[str, Any]:
     """One matmul shape at `rows` rows: bf16 cuBLAS against the 8-bit Triton kernels."""
     from infer.models.quant import W8Weight
@@ -95,13 +111,10 @@ def kernel_rows(n: int, k: int, rows: int, sweep: bool) -> dict[str, Any]:
         us = graph_us(calls)
         nbytes = n * k + weights[0].scale.numel() * 4
         out[fmt] = {"us": us, "gb_s": nbytes / us / 1e3, "speedup": out["bf16_us"] / us,
-                    "config": tile_config(rows, n, k, weights[0].block_size[1], x.device)._asdict()}
-        if sweep and rows == 1:
+                    "config": tile_config(rows, n, k, weights[0].block_size[1])._asdict()}
+        if sweep:
             tried = []
-            for bn, bk, warps in itertools.product((4, 8, 16, 32), (128, 256, 512), (2, 4, 8)):
-                cfg = TileConfig(1, bn, bk, warps)
-                if fmt == "fp8" and bk > 128 and weights[0].block_size[1] < bk:
-                    continue  # a K tile must sit inside one 128-column scale block
+            for cfg in sweep_configs(rows, k, weights[0].block_size[1]):
                 try:
                     t = graph_us([lambda q=q, c=cfg: linear_w8(x, q.weight, q.scale, None, block_size=q.block_size,
                                                                config=c) for q in weights])
@@ -127,13 +140,53 @@ def bytes_per_token(llm: LLM) -> int:
     return int(total)
 
 
+def write_fp8_checkpoint(name: str, root: Path, device: str) -> Path:
+    """A real FP8-block checkpoint of a shape with random weights, as Qwen3-8B-FP8 is stored: every projection
+    float8_e4m3fn with `weight_scale_inv` per 128 x 128 block, norms, embedding and LM head in bf16."""
+    from safetensors.torch import save_file
+
+    from infer.loader.model_loader import build_model
+    from infer.models.quant import FP8_BLOCK, W8Weight
+
+    base = ms.write_model_dir(name, root)
+    path = root / f"{name}-fp8"
+    path.mkdir(parents=True, exist_ok=True)
+    for f in base.iterdir():
+        if f.name != "config.json":
+            (path / f.name).write_bytes(f.read_bytes())
+    config = json.loads((base / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(FP8_BLOCK)}
+    model = build_model(ms.model_config(name), torch.bfloat16, "meta", 16)
+    params = dict(model.named_parameters())
+    tensors: dict[str, torch.Tensor] = {}
+    for hf_name, slot in model.weight_map().items():
+        shape = params[slot.param].shape
+        shape = (slot.rows, *shape[1:]) if slot.rows is not None else shape
+        if "norm" in hf_name:
+            tensors[hf_name] = torch.ones(shape, dtype=torch.bfloat16)
+            continue
+        w = torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02
+        if hf_name.endswith("_proj.weight"):
+            q = W8Weight.quantize(w, "fp8")
+            tensors[hf_name], tensors[hf_name.replace(".weight", ".weight_scale_inv")] = q.weight.cpu(), q.scale.cpu()
+        else:
+            tensors[hf_name] = w.cpu()
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
 def engine_run(name: str, fmt: str, plan: Plan, copy_gb_s: float) -> dict[str, Any]:
     """One LLM (graphs on) for a shape and weight format: batch 1, batch 64 and a 1k prefill."""
-    options = dict(load_format="dummy", dtype=plan.dtype, device=plan.device, quantization=fmt,
+    root = Path(plan.model_root)
+    path = write_fp8_checkpoint(name, root, plan.device) if fmt == "checkpoint" else ms.write_model_dir(name, root)
+    options = dict(load_format="auto" if fmt == "checkpoint" else "dummy", dtype=plan.dtype, device=plan.device,
+                   quantization="auto" if fmt == "checkpoint" else fmt,
                    use_cuda_graphs=True if plan.device == "cuda" else None, max_batch_size=plan.max_batch_size,
                    max_seq_len=plan.max_seq_len, kv_cache_memory_gb=kv_cache_gb(name, plan))
     start = time.perf_counter()
-    llm = LLM(str(ms.write_model_dir(name, Path(plan.model_root))), **options)
+    llm = LLM(str(path), **options)
     run: dict[str, Any] = {"engine_options": options, "load_s": time.perf_counter() - start,
                            "bytes_per_token": bytes_per_token(llm)}
     run["roofline_tok_s"] = copy_gb_s * 1e9 / run["bytes_per_token"]
@@ -201,8 +254,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPORTS)
     parser.add_argument("--models", default=None, help=f"comma-separated, from {', '.join(ms.SHAPES)}")
-    parser.add_argument("--sweep", action="store_true", help="also time every GEMV tile shape at 1 row")
+    parser.add_argument("--sweep", action="store_true", help="also time other launch shapes (GEMV and tl.dot tiles)")
     parser.add_argument("--no-kernels", action="store_true", help="end to end only")
+    parser.add_argument("--no-engine", action="store_true", help="per-matmul kernels only")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shape, end to end only (checks the pipeline)")
     args = parser.parse_args()
     plan = replace(PLAN, **{k: v for k, v in SMOKE.items() if k in ("models", "device", "dtype", "prompt_len",
@@ -242,7 +296,7 @@ def main() -> None:
                 for rows in (1, 64):
                     attempt(report["kernels"], f"{name}/{matmul}/{rows}",
                             lambda n=n, k=k, r=rows: kernel_rows(n, k, r, args.sweep))
-    for name in plan.models:
+    for name in plan.models if not args.no_engine else ():
         runs = report["models"].setdefault(name, {})
         for fmt in FORMATS:
             attempt(runs, fmt, lambda n=name, f=fmt: engine_run(n, f, plan, copy_gb_s))

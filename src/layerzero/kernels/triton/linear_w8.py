@@ -1,15 +1,15 @@
 """x @ W.T for an 8-bit weight (int8 or float8_e4m3fn) with block scales, dequantized in registers.
 
-W[n, k] = weight[n, k] * scale[n // bn, k // bk]. Each K tile lies inside one scale block (BLOCK_K divides bk, or
-bk covers all of K), so a tile's partial dot products are scaled once per output column: per-channel int8
+W[n, k] = weight[n, k] * scale[n // bn, k // bk]. Per-channel int8
 (bn = 1, bk = K) and 128 x 128 FP8 blocks take the same kernels. The weight is read once, as 8 bits; that is
 the whole win at decode, where a linear is bound by the bytes of its weight.
 
 Two kernels, by row count (docs/quantization.md):
-- up to GEMV_ROWS rows (decode): a GEMV, one program per BLOCK_N output columns, the rows' dot products summed
-  in float32 from a [rows, BLOCK_N, BLOCK_K] product: many small programs keep every SM streaming weight bytes;
+- up to GEMV_ROWS rows (decode): a GEMV, one program per 4 output columns reading 2048 columns per load, the
+  rows' dot products summed in float32; the scales go where they cost least (SCALE_* below);
 - more rows (batched decode, prefill): a tiled `tl.dot` GEMM, the weight tile converted to x's dtype (int8 and
-  e4m3 values are exact in float16 / bfloat16), float32 accumulation.
+  e4m3 values are exact in float16 / bfloat16), float32 accumulation; each K tile lies inside one scale block
+  (BLOCK_K divides bk, or bk covers all of K), so a tile's partial products are scaled once per output column.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import dot_precision, interpreting, last_dim_contiguous, sm_count
+from layerzero.kernels.triton.launch import dot_precision, interpreting, last_dim_contiguous
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -31,6 +31,8 @@ GEMV_ROWS = 4
 
 
 class TileConfig(NamedTuple):
+    """A launch shape: a [block_m, block_n] output tile over K tiles of `block_k` (the GEMV takes every row)."""
+
     block_m: int
     block_n: int
     block_k: int
@@ -38,28 +40,41 @@ class TileConfig(NamedTuple):
     stages: int = 2
 
 
+# How the GEMV applies scales (a constexpr): per output row after the row's sum (scales span K); to x, when a
+# program's rows share one row block (FP8 checkpoints' 128-row blocks); to each weight (anything else).
+SCALE_ROW, SCALE_X, SCALE_WEIGHT = 0, 1, 2
+
+
 @triton.jit
 def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, x_stride, s_stride, BN_S, BK_S,
-                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SCALES: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, ROWS)
     n_ok = rn < N
-    m_ok = rm < M
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
     s_rows = s_ptr + (rn // BN_S) * s_stride
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    s_first = s_ptr + (tl.program_id(0) * BLOCK_N // BN_S) * s_stride  # SCALE_X: the program's one row block
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         k_ok = k < K
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + rm[:, None] * x_stride + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        part = tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
-        acc += part * tl.load(s_rows + k0 // BK_S, mask=n_ok, other=0.0)[None, :]
+        if SCALES == 2:
+            w = w * tl.load(s_rows[:, None] + k[None, :] // BK_S, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        for m in tl.static_range(ROWS):
+            x = tl.load(x_ptr + m * x_stride + k, mask=k_ok & (m < M), other=0.0).to(tl.float32)
+            if SCALES == 1:
+                x = x * tl.load(s_first + k // BK_S, mask=k_ok, other=0.0)
+            dot = tl.sum(w * x[None, :], axis=1)
+            acc += tl.where(rows[:, None] == m, dot[None, :], 0.0)
+    if SCALES == 0:
+        acc = acc * tl.load(s_rows, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptr + rows[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rows < M)[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -89,21 +104,26 @@ def _w8_mm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, x_stride, s_stri
 
 
 def _k_tile(preferred: int, k: int, bk: int) -> int:
-    """The K tile: `preferred`, shrunk to the scale block when a block is narrower (bk a power of two then)."""
+    """The tl.dot K tile: `preferred`, shrunk to the scale block when a block is narrower (bk a power of two then)."""
     return preferred if bk >= k else min(preferred, bk)
 
 
-def tile_config(m: int, n: int, k: int, bk: int, device: torch.device) -> TileConfig:
+def tile_config(m: int, n: int, k: int, bk: int) -> TileConfig:
     """The launch shape for an [m, k] x [n, k]^T product (chosen on an H100, docs/quantization.md)."""
     if m <= GEMV_ROWS:
-        # enough programs for two per SM: the weight stream needs every SM busy
-        block_n = 16 if triton.cdiv(n, 16) >= 2 * sm_count(device) else 8
-        return TileConfig(triton.next_power_of_2(m), block_n, _k_tile(256, k, bk), 4)
-    if m <= 16:
-        return TileConfig(16, 64, _k_tile(128, k, bk), 4, 3)
-    if m <= 64:
-        return TileConfig(64, 64, _k_tile(128, k, bk), 4, 3)
-    return TileConfig(128, 128, _k_tile(64, k, bk), 8, 3)
+        # 4 rows x 2048 columns of 8-bit weight per load: wide loads keep enough bytes in flight to stream the
+        # weight near the copy bandwidth (narrower tiles measured 1.5-3x slower at 1 row); few long rows take
+        # twice that with 8 warps
+        if n <= 2048 and k >= 8192:
+            return TileConfig(triton.next_power_of_2(m), 4, 4096, 8)
+        return TileConfig(triton.next_power_of_2(m), 4, min(2048, triton.next_power_of_2(k)), 4)
+    if m > 64:  # prefill: compute-bound, the largest tiles
+        return TileConfig(128, 128, _k_tile(64, k, bk), 8, 3)
+    # batched decode: narrow N tiles give enough programs to cover the SMs; the widest matmuls take 128 columns
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    if n >= 8 * 1024:
+        return TileConfig(block_m, 128, _k_tile(128, k, bk), 4, 3)
+    return TileConfig(block_m, 32, _k_tile(128, k, bk), 4, 4)
 
 
 def linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
@@ -118,15 +138,16 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out.view(*x.shape[:-1], n)
-    cfg = config or tile_config(m, n, k, bk, x.device)
+    cfg = config or tile_config(m, n, k, bk)
     b = bias if bias is not None else out
     common = (x2, weight, scale, b, out, m, n, k, x2.stride(0), scale.stride(0), bn, bk)
     if cfg.block_m < 16:  # the GEMV: every row in one tile (tl.dot needs 16)
         if cfg.block_m < m:
             raise ValueError(f"linear_w8: a GEMV tile of {cfg.block_m} rows cannot hold {m} rows")
+        scales = SCALE_ROW if bk >= k else SCALE_X if bn % cfg.block_n == 0 else SCALE_WEIGHT
         _w8_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-            *common, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            num_warps=cfg.warps, num_stages=cfg.stages)
+            *common, HAS_BIAS=bias is not None, ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            SCALES=scales, num_warps=cfg.warps, num_stages=cfg.stages)
     else:
         _w8_mm_kernel[(triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))](
             *common, HAS_BIAS=bias is not None, PRECISION=dot_precision(x.dtype), BLOCK_M=cfg.block_m,
