@@ -91,13 +91,14 @@ def sweep_configs(rows: int, k: int, bk: int) -> list:
     if rows == 1:
         return [TileConfig(1, bn, sub, warps) for bn, sub, warps in itertools.product((2, 4, 8), (512, 1024, 2048, 4096),
                                                                                       (4, 8))]
-    return [TileConfig(bm, bn, 128 if bk >= 128 else bk, warps, stages) for bm, bn, warps, stages
-            in itertools.product((32, 64), (32, 64, 128), (4, 8), (3, 4))]
+    return [TileConfig(bm, bn, 128 if bk >= 128 else bk, 4, stages, split) for bm, bn, stages, split
+            in itertools.product((32, 64), (32, 64, 128), (3, 4), (1, 2, 4))]
 
 
 def kernel_rows(n: int, k: int, rows: int, sweep: bool) -> dict[str, Any]:
     """One matmul shape at `rows` rows: bf16 cuBLAS against the 8-bit Triton kernels."""
     from infer.models.quant import W8Weight
+    from layerzero.kernels.triton.launch import sm_count
     from layerzero.kernels.triton.linear_w8 import TileConfig, linear_w8, tile_config
 
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
@@ -111,7 +112,7 @@ def kernel_rows(n: int, k: int, rows: int, sweep: bool) -> dict[str, Any]:
         us = graph_us(calls)
         nbytes = n * k + weights[0].scale.numel() * 4
         out[fmt] = {"us": us, "gb_s": nbytes / us / 1e3, "speedup": out["bf16_us"] / us,
-                    "config": tile_config(rows, n, k, weights[0].block_size[1])._asdict()}
+                    "config": tile_config(rows, n, k, weights[0].block_size[1], sm_count(x.device))._asdict()}
         if sweep:
             tried = []
             for cfg in sweep_configs(rows, k, weights[0].block_size[1]):

@@ -113,3 +113,15 @@ def test_triton_kernels_match_the_reference(kernels, rows, n, k, block, wdtype) 
         want = linear_w8(x.float(), w, s, b, block_size=block)
         assert got.dtype == dtype
         assert (got.float() - want).abs().max() <= rtol * want.abs().max(), dtype
+
+
+@pytest.mark.parametrize("split", [2, 3])
+def test_a_split_k_sums_its_partials(kernels, split) -> None:
+    from layerzero.kernels.triton.linear_w8 import TileConfig
+
+    gen = torch.Generator().manual_seed(split)
+    w, s = _weight(gen, 40, 200, torch.int8), _scale(gen, 40, 200, (1, 32))
+    x, b = torch.randn(20, 200, generator=gen), torch.randn(40, generator=gen)
+    got = kernels.linear_w8(x, w, s, b, block_size=(1, 32), config=TileConfig(16, 32, 32, 4, 2, split))
+    want = linear_w8(x, w, s, b, block_size=(1, 32))
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
