@@ -2,9 +2,10 @@
 
 One prompt of `--tokens` through the engine without CUDA graphs (prefill never replays graphs), on a random-weight
 model shape, median of `--repeats` after a warm-up; FLOPs as in gpu_decode (projections, causal attention, one
-LM-head row) ÷ seconds ÷ the bf16 GEMM rate (8192³ matmul) measured in the same run. Beside it the host time of
-the same prefill with every bound site reset first, so each call resolves through `dispatch` (call key, call
-cache) as before binding existed: the report shows what binding buys. GPU only.
+LM-head row) ÷ seconds ÷ the bf16 GEMM rate (8192³ matmul) measured in the same run. Rows: the prompt in one
+engine step (prefill_chunk_size = tokens); the same with every bound site reset first, so each call resolves
+through `dispatch` (call key, call cache) as before binding existed; the engine's default 512-token chunks (two
+forwards for 1k tokens); and the model's forward alone (plus the last row's logits), without the engine. GPU only.
 
     python benchmarks/layerzero_prefill.py --out benchmarks/reports/layerzero_prefill_h100
 """
@@ -18,6 +19,7 @@ import json
 import pstats
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -27,6 +29,7 @@ from gpu_decode_baselines import gemm_rate
 from gpu_decode_engine import engine_options, prefill, prefill_once
 from gpu_decode_plan import Plan, prompt_ids
 from infer import LLM
+from infer.models.forward_batch import ForwardBatch
 from layerzero.dispatch.bound import sites_of
 
 REPORTS = Path(__file__).resolve().parent / "reports"
@@ -52,9 +55,25 @@ def _profile(llm: LLM, ids: list[int], device: str) -> str:
     prefill_once(llm, ids, device)
     host.disable()
     stream = io.StringIO()
-    pstats.Stats(host, stream=stream).sort_stats("tottime").print_stats(20)
+    pstats.Stats(host, stream=stream).sort_stats("cumulative").print_stats(40)
     return (f"wall {wall * 1e3:.2f} ms, device busy {busy / 1e3:.2f} ms ({len(spans)} kernels)\n\n```\n{table}\n```\n\n"
-            f"cProfile (tottime; slows the host, proportions only):\n\n```\n{stream.getvalue()[-6000:]}\n```")
+            f"cProfile (cumulative; slows the host, proportions only):\n\n```\n{stream.getvalue()[-9000:]}\n```")
+
+
+def _forward_only(llm: LLM, ids: list[int], repeats: int) -> float:
+    """Median seconds of the model's forward over the prompt plus the last row's logits, without the engine."""
+    model = llm.engine.runner.model
+    x = torch.tensor(ids, device="cuda")
+    batch = ForwardBatch.for_prompts([len(ids)], "cuda")
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.compute_logits(model(x, batch)[-1:])
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
 
 
 def main() -> None:
@@ -72,16 +91,21 @@ def main() -> None:
     flops = ms.prefill_flops(cfg, args.tokens)
     with tempfile.TemporaryDirectory() as root:
         path = ms.write_model_dir(args.model, Path(root))
-        llm = LLM(str(path), **engine_options(args.model, False, plan))
+        options = engine_options(args.model, False, plan)
+        llm = LLM(str(path), **options | {"prefill_chunk_size": args.tokens})
         bound = prefill(llm, args.tokens, plan)
         ids = prompt_ids(llm.runner.vocab_size, args.tokens, seed=args.tokens)
         profile = _profile(llm, ids, plan.device) if args.profile else None
+        forward = _forward_only(llm, ids, args.repeats)
         unbound_runs = []
         for _ in range(args.repeats):  # every site resolves through dispatch's call cache again
             for site in sites_of(llm.engine.runner.model).values():
                 site.reset()
             unbound_runs.append(prefill_once(llm, ids, plan.device))
-    rows = {"bound": bound["median_s"], "dispatch": statistics.median(unbound_runs)}
+        del llm
+        chunked = prefill(LLM(str(path), **options), args.tokens, plan)
+    rows = {"bound": bound["median_s"], "dispatch": statistics.median(unbound_runs),
+            "bound, 512-token chunks": chunked["median_s"], "forward only": forward}
     result = {"model": args.model, "tokens": args.tokens, "flops": flops, "gemm_tflops": gemm["tflops"],
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "seconds": rows, "bound_runs": bound["seconds"], "dispatch_runs": unbound_runs,
@@ -94,8 +118,10 @@ def main() -> None:
     for name, s in rows.items():
         lines.append(f"| {name} | {s * 1e3:.2f} ms | {args.tokens / s:.0f} | {flops / s / 1e12:.1f} | "
                      f"{result['fraction_of_gemm'][name]:.2f} |")
-    lines += ["", "`bound`: the models' call sites bound once (as served). `dispatch`: every site reset before the "
-              "prefill, so each call resolves through dispatch (call key, call cache) and re-binds."]
+    lines += ["", "`bound`: the models' call sites bound once (as served), the prompt in one step. `dispatch`: every site "
+              "reset before the prefill, so each call resolves through dispatch (call key, call cache) and re-binds. "
+              "`512-token chunks`: the engine's default prefill_chunk_size, two forwards. `forward only`: "
+              "`model(ids)` and the last row's logits, synchronized, without the engine."]
     if profile is not None:
         lines += ["", "## Profile of one bound prefill", "", profile]
     args.out.parent.mkdir(parents=True, exist_ok=True)

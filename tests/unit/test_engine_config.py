@@ -14,7 +14,7 @@ from infer.engine.config import EngineConfig, EngineConfigError
         ({"scheduler_policy": "lifo"}, "scheduler_policy"),
         ({"fairness_steps": 1}, "fairness_steps"),
         ({"max_waiting_requests": 0}, "max_waiting_requests"),
-        ({"quantization": "fp8"}, "quantization"),
+        ({"quantization": "awq"}, "quantization"),
         ({"quantization": "int4", "device": "cuda"}, "quantization"),
         ({"use_chunked_prefill": True, "batching_mode": "static"}, "use_chunked_prefill"),
         ({"use_prefix_caching": True, "kv_cache_backend": "contiguous"}, "use_prefix_caching"),

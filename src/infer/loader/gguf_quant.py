@@ -28,6 +28,11 @@ class Int4Groups(NamedTuple):
     scale: np.ndarray  # [N, K / 32] float32
     zero: np.ndarray  # [N, K / 32] float32
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The float weight's shape."""
+        return self.q.shape
+
 
 def _f16(raw: np.ndarray) -> np.ndarray:
     return raw.copy().view(np.float16).astype(np.float32)[..., 0]

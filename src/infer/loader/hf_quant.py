@@ -12,11 +12,13 @@ A tensor stored in 16 or 32 bits (norms, embeddings, a head the quantizer ignore
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+
+from layerzero.kernels.reference.quantize import dequantize_w8
 
 W8_DTYPES = (torch.int8, torch.float8_e4m3fn)
 # Per-weight tensors the weight-only kernels do not read: static activation scales.
@@ -30,9 +32,12 @@ class W8Tensor(NamedTuple):
     scale: torch.Tensor
     block_size: tuple[int, int]
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        from layerzero.kernels.reference.quantize import dequantize_w8
+    @property
+    def shape(self) -> torch.Size:
+        """The float weight's shape."""
+        return self.weight.shape
 
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_w8(self.weight, self.scale, self.block_size).to(dtype)
 
 

@@ -54,13 +54,13 @@ def checkpoint_quant(path: Path, raw: dict | None = None) -> CheckpointQuant | N
     return None if qc is None else parse_quant_config(qc, str(path))
 
 
-def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False, keep_w8: bool = False
-                       ) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
-    """The checkpoint's tensors in `dtype`; with keep_int4, a GGUF's 4-bit tensors as their groups; with keep_w8,
-    an HF checkpoint's 8-bit weights with their scales."""
+def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False, quant: CheckpointQuant | None = None,
+                       keep_w8: bool = False) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
+    """The checkpoint's tensors in `dtype`; with keep_int4, a GGUF's 4-bit tensors as their groups; in an 8-bit HF
+    checkpoint (`quant`), its 8-bit weights with their scales (keep_w8) or dequantized."""
     if is_gguf(path):
         return ((name, t if isinstance(t, Int4Groups) else t.to(dtype)) for name, t in iter_gguf_tensors(path, keep_int4))
-    return iter_safetensors(path, dtype, checkpoint_quant(path), keep_w8)
+    return iter_safetensors(path, dtype, quant, keep_w8)
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int) -> CausalLM:
@@ -111,9 +111,10 @@ def load_model(
         init_dummy_weights(model)
     else:
         keep_int4 = quantization == "auto" and is_gguf(path) and torch.device(device).type == "cpu"
-        keep_w8 = quantization == "auto" and checkpoint_quant(path) is not None
+        quant = checkpoint_quant(path)
+        keep_w8 = quantization == "auto" and quant is not None
         with torch.no_grad():
-            load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, keep_w8),
+            load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8),
                          cfg.tie_word_embeddings, model.linear_weights() if keep_int4 or keep_w8 else ())
         if keep_int4 and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
             # a GGUF head is stored in at most 16 bits (F16, Q8_0, Q6_K, ...): float16 holds it for the CPU's

@@ -79,10 +79,8 @@ def load_weights(
             continue
         param = params[slot.param]
         target = _target(param, slot)
-        shape = tensor.q.shape if isinstance(tensor, Int4Groups) else tensor.weight.shape if isinstance(tensor, W8Tensor) \
-            else tensor.shape
-        if target.shape != shape:
-            raise WeightLoadError(f"tensor {name!r} has shape {tuple(shape)}, model expects {tuple(target.shape)}")
+        if target.shape != tensor.shape:
+            raise WeightLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
         if name in loaded:
             raise WeightLoadError(f"tensor {name!r} appears twice in the checkpoint")
         if isinstance(tensor, Packed):

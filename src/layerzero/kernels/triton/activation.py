@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -39,6 +39,9 @@ def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: t
     tl.store(out_ptr + row * n_inner + cols, (a * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_GATED = Launcher(_gated_kernel)
+
+
 def _gated(x: torch.Tensor, act: str) -> torch.Tensor:
     if x.shape[-1] % 2:
         raise ValueError(f"the last dim of a gated activation's input must be even, got {x.shape[-1]}")
@@ -48,7 +51,7 @@ def _gated(x: torch.Tensor, act: str) -> torch.Tensor:
         return out
     x2 = last_dim_contiguous(x).reshape(-1, x.shape[-1])
     block = min(next_pow2(n_inner), _MAX_BLOCK)
-    _gated_kernel[(x2.shape[0], triton.cdiv(n_inner, block))](
+    _GATED((x2.shape[0], triton.cdiv(n_inner, block)),
         x2, out, n_inner, x2.stride(0), ACT=act, BLOCK=block, num_warps=4
     )
     return out

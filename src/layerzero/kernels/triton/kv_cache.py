@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -56,6 +56,9 @@ def _store_kv_kernel(
     tl.store(vc, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
+_STORE_KV = Launcher(_store_kv_kernel)
+
+
 def store_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -76,7 +79,7 @@ def store_kv_cache(
     key, value = last_dim_contiguous(key), last_dim_contiguous(value)
     block_d = next_pow2(head_dim)
     block_h = min(next_pow2(n_heads), max(1, 2048 // block_d))
-    _store_kv_kernel[(n_tokens, triton.cdiv(n_heads, block_h))](
+    _STORE_KV((n_tokens, triton.cdiv(n_heads, block_h)),
         key,
         value,
         key_cache,

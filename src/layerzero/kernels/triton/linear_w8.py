@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import dot_precision, interpreting, last_dim_contiguous, sm_count
+from layerzero.kernels.triton.launch import Launcher, dot_precision, interpreting, last_dim_contiguous, sm_count
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -79,6 +79,9 @@ def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, x_stride, s_st
              mask=(rows < M)[:, None] & n_ok[None, :])
 
 
+_W8_GEMV = Launcher(_w8_gemv_kernel)
+
+
 @triton.jit
 def _w8_mm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, x_stride, s_stride, BN_S, BK_S, K_PER,
                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -106,6 +109,9 @@ def _w8_mm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, x_stride, s_stri
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out_tile = out_ptr + pid_k.to(tl.int64) * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]
     tl.store(out_tile, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+_W8_MM = Launcher(_w8_mm_kernel)
 
 
 def _k_tile(preferred: int, k: int, bk: int) -> int:
@@ -153,7 +159,7 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
         if cfg.block_m < m:
             raise ValueError(f"linear_w8: a GEMV tile of {cfg.block_m} rows cannot hold {m} rows")
         scales = SCALE_ROW if bk >= k else SCALE_X if bn % cfg.block_n == 0 else SCALE_WEIGHT
-        _w8_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        _W8_GEMV((triton.cdiv(n, cfg.block_n),),
             x2, weight, scale, b, out, m, n, k, x2.stride(0), scale.stride(0), bn, bk, HAS_BIAS=bias is not None,
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALES=scales, num_warps=cfg.warps,
             num_stages=cfg.stages)
@@ -162,7 +168,7 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     k_per = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(k, k_per)
     dest = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _w8_mm_kernel[(triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), split)](
+    _W8_MM((triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), split),
         x2, weight, scale, b, dest, m, n, k, x2.stride(0), scale.stride(0), bn, bk, k_per,
         HAS_BIAS=bias is not None, PRECISION=dot_precision(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)

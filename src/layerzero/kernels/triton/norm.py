@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
 
 _MAX_BLOCK = 8192
 if interpreting():
@@ -82,6 +82,9 @@ def _rms_norm_kernel(
             tl.store(out_row + c, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_RMS_NORM = Launcher(_rms_norm_kernel)
+
+
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     """t [..., N] as rows (outer, inner): (tensor, n_inner, outer_stride, inner_stride), copying only if needed."""
     t = last_dim_contiguous(t)
@@ -107,7 +110,7 @@ def _launch(
     x3, n_inner, x_so, x_si = _rows(x)
     r3, _, r_so, r_si = _rows(residual) if residual is not None else (x3, n_inner, x_so, x_si)
     block = min(next_pow2(n_cols), _MAX_BLOCK)
-    _rms_norm_kernel[(n_rows,)](
+    _RMS_NORM((n_rows,),
         x3,
         r3,
         weight.contiguous(),

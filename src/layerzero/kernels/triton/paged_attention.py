@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.triton.launch import (
+    Launcher,
     check_paged_caches,
     dot_precision,
     interpreting,
@@ -131,6 +132,9 @@ def _paged_decode_kernel(
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
+_PAGED_DECODE = Launcher(_paged_decode_kernel)
+
+
 @triton.jit
 def _merge_splits_kernel(
     acc_ptr,
@@ -160,6 +164,9 @@ def _merge_splits_kernel(
         o += w * tl.load(acc_ptr + (first + s) * head_dim + d, mask=d_mask, other=0.0)
     o = o / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + b * o_sb + h * o_sh + d, o.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+_MERGE_SPLITS = Launcher(_merge_splits_kernel)
 
 
 def _tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -217,7 +224,7 @@ def paged_attention(
         row_sum = torch.empty((batch, n_heads, splits), dtype=torch.float32, device=query.device)
     else:
         acc = row_max = row_sum = out
-    _paged_decode_kernel[(batch, n_kv_heads, splits)](
+    _PAGED_DECODE((batch, n_kv_heads, splits),
         query,
         key_cache,
         value_cache,
@@ -254,7 +261,7 @@ def paged_attention(
         num_stages=2,
     )
     if splits > 1:
-        _merge_splits_kernel[(batch, n_heads)](
+        _MERGE_SPLITS((batch, n_heads),
             acc,
             row_max,
             row_sum,

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -55,6 +55,9 @@ def _rope_kernel(
     tl.store(o_base + i2[None, :], (x2 * c + x1 * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_ROPE = Launcher(_rope_kernel)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool) -> torch.Tensor:
     """Rotate x [T, H, D] by per-token angles (cos/sin [T, D/2]); returns a new contiguous tensor in x.dtype."""
     if x.dim() != 3:
@@ -69,7 +72,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: 
         return out
     block_d = next_pow2(half)
     block_h = min(next_pow2(n_heads), max(1, 2048 // block_d))
-    _rope_kernel[(n_tokens, triton.cdiv(n_heads, block_h))](
+    _ROPE((n_tokens, triton.cdiv(n_heads, block_h)),
         x,
         cos,
         sin,

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.triton.launch import (
+    Launcher,
     check_paged_caches,
     dot_precision,
     interpreting,
@@ -155,6 +156,9 @@ def _varlen_fwd_kernel(
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
+_VARLEN_FWD = Launcher(_varlen_fwd_kernel)
+
+
 def tile_config(head_dim: int, dtype: torch.dtype) -> TileConfig:
     """Fixed tiles per (head-dim class, dtype), checked spill-free for sm_90 with ptxas.
 
@@ -247,7 +251,7 @@ def _launch(
     token_dim = 1 if paged else 0  # the per-token stride of K/V: inside a block, or along the packed rows
     cfg = tile_config(head_dim, query.dtype)
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), cu_seqlens_q.shape[0] - 1, n_heads)
-    _varlen_fwd_kernel[grid](
+    _VARLEN_FWD(grid,
         query,
         key,
         value,
