@@ -186,10 +186,14 @@ def engine_run(name: str, fmt: str, plan: Plan, copy_gb_s: float) -> dict[str, A
                    quantization="auto" if fmt == "checkpoint" else fmt,
                    use_cuda_graphs=True if plan.device == "cuda" else None, max_batch_size=plan.max_batch_size,
                    max_seq_len=plan.max_seq_len, kv_cache_memory_gb=kv_cache_gb(name, plan))
+    if plan.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     llm = LLM(str(path), **options)
     run: dict[str, Any] = {"engine_options": options, "load_s": time.perf_counter() - start,
                            "bytes_per_token": bytes_per_token(llm)}
+    if plan.device == "cuda":  # weights, KV cache and graphs; a checkpoint kept 8-bit never allocates dense weights
+        run["peak_gpu_bytes_at_load"] = torch.cuda.max_memory_allocated()
     run["roofline_tok_s"] = copy_gb_s * 1e9 / run["bytes_per_token"]
     run["batch1"] = decode_batch1(llm, plan)
     run["batch1"]["roofline_fraction"] = run["batch1"]["median_tok_s"] / run["roofline_tok_s"]
@@ -229,9 +233,9 @@ def markdown(report: dict[str, Any]) -> str:
     batch, prompt = report["plan"]["batches"][0], report["plan"]["prefill_lens"][0]
     if models:
         lines += ["## End to end (CUDA graphs; tok/s)", "",
-                  f"| shape | weights | bytes/token | batch-1 tok/s | vs bf16 | roofline fraction | batch-{batch} tok/s "
-                  f"| vs bf16 | {prompt}-token prefill tok/s | vs bf16 |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"| shape | weights | bytes/token | load peak GPU memory | batch-1 tok/s | vs bf16 | roofline fraction "
+                  f"| batch-{batch} tok/s | vs bf16 | {prompt}-token prefill tok/s | vs bf16 |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, runs in models.items():
             base = runs.get("none", {})
             for fmt, r in runs.items():
@@ -243,8 +247,9 @@ def markdown(report: dict[str, Any]) -> str:
                     b = base.get(key, {}).get(field)
                     return f"{r[key][field] / b:.2f}x" if b else "–"
 
+                peak = r.get("peak_gpu_bytes_at_load")
                 lines.append(f"| {name} | {FORMAT_NAMES[fmt]} | {r['bytes_per_token'] / 1e9:.2f} GB | "
-                             f"{r['batch1']['median_tok_s']:.1f} | {ratio('batch1', 'median_tok_s')} | "
+                             f"{'–' if peak is None else f'{peak / 2**30:.1f} GiB'} | {r['batch1']['median_tok_s']:.1f} | {ratio('batch1', 'median_tok_s')} | "
                              f"{r['batch1']['roofline_fraction']:.2f} | {r[f'batch{batch}']['tok_s']:.0f} | "
                              f"{ratio(f'batch{batch}', 'tok_s')} | {r[f'prefill{prompt}']['tok_s']:.0f} | "
                              f"{ratio(f'prefill{prompt}', 'tok_s')} |")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from infer.loader.safetensors_loader import iter_safetensors
 from infer.loader.weights import load_weights
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig, config_from_hf
+from infer.models.layers import params_on_meta
 from infer.models.quant import quantize_linears
 from infer.models.registry import model_spec
 
@@ -63,13 +65,15 @@ def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False, 
     return iter_safetensors(path, dtype, quant, keep_w8)
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int) -> CausalLM:
-    """An uninitialised model of the registered class for cfg.model_type."""
+def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int,
+                deferred: bool = False) -> CausalLM:
+    """An uninitialised model of the registered class for cfg.model_type; `deferred`: its parameters on the meta
+    device until a checkpoint fills them (load_weights allocates each on `device` then)."""
     cls = model_spec(cfg.model_type).model_cls
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), params_on_meta() if deferred else nullcontext():
             model = cls(cfg, max_positions)
     finally:
         torch.set_default_dtype(previous)
@@ -106,7 +110,7 @@ def load_model(
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
     cfg = read_config(path)
-    model = build_model(cfg, dtype, device, max_positions)
+    model = build_model(cfg, dtype, device, max_positions, deferred=load_format != "dummy")
     if load_format == "dummy":
         init_dummy_weights(model)
     else:
@@ -115,7 +119,8 @@ def load_model(
         keep_w8 = quantization == "auto" and quant is not None
         with torch.no_grad():
             load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8),
-                         cfg.tie_word_embeddings, model.linear_weights() if keep_int4 or keep_w8 else ())
+                         cfg.tie_word_embeddings, torch.device(device),
+                         model.linear_weights() if keep_int4 or keep_w8 else ())
         if keep_int4 and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
             # a GGUF head is stored in at most 16 bits (F16, Q8_0, Q6_K, ...): float16 holds it for the CPU's
             # dense half-precision matmul, ~5x faster than float32 on the LM head of a small model

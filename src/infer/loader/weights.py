@@ -54,17 +54,38 @@ def _dequantized(part: Packed, dtype: torch.dtype) -> torch.Tensor:
     return part.dequantize(dtype) if isinstance(part, W8Tensor) else torch.from_numpy(dequantize_groups(part))
 
 
+class _Params(dict):
+    """The model's parameters by name; one still on the meta device (a model built deferred) is allocated on
+    `device` when first written, under every name it has (a tied head and its embedding stay one tensor)."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        super().__init__(model.named_parameters(remove_duplicate=False))
+        self.model, self.device = model, device
+
+    def dense(self, name: str) -> torch.Tensor:
+        param = self[name]
+        if param.is_meta:
+            real = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=self.device), requires_grad=False)
+            for alias in [n for n, p in self.items() if p is param]:
+                owner, _, attr = alias.rpartition(".")
+                self.model.get_submodule(owner)._parameters[attr] = real
+                self[alias] = real
+            param = real
+        return param
+
+
 def load_weights(
     model: nn.Module, weight_map: WeightMap, tensors: Iterable[tuple[str, torch.Tensor | Packed]], tied_lm_head: bool,
-    quantized_params: Iterable[str] = (),
+    device: torch.device, quantized_params: Iterable[str] = (),
 ) -> None:
     """Fill every mapped parameter exactly once; fail naming any missing, unexpected or misshapen tensor.
 
     A tensor may come quantized: 4-bit groups (GGUF Q4_*) or an 8-bit weight with its scales. A parameter in
     `quantized_params` whose every piece comes in one such format is kept quantized (an `Int4Weight` or
-    `W8Weight` in its place); any other gets the pieces dequantized.
+    `W8Weight` in its place); any other gets the pieces dequantized. Parameters still on the meta device are
+    allocated on `device` as they are written, so one kept quantized is never allocated dense.
     """
-    params = dict(model.named_parameters(remove_duplicate=False))
+    params = _Params(model, device)
     keep = set(quantized_params)
     pieces = Counter(slot.param for slot in weight_map.values())
     groups: dict[str, list[tuple[WeightSlot, str, Packed]]] = {}
@@ -77,8 +98,7 @@ def load_weights(
                 continue
             unexpected.append(name)
             continue
-        param = params[slot.param]
-        target = _target(param, slot)
+        target = _target(params[slot.param], slot)
         if target.shape != tensor.shape:
             raise WeightLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
         if name in loaded:
@@ -86,7 +106,7 @@ def load_weights(
         if isinstance(tensor, Packed):
             groups.setdefault(slot.param, []).append((slot, name, tensor))
         else:
-            target.copy_(tensor)
+            _target(params.dense(slot.param), slot).copy_(tensor)
         loaded.add(name)
     if unexpected:
         raise WeightLoadError(f"unexpected tensors in checkpoint: {', '.join(sorted(unexpected)[:20])}")
@@ -94,10 +114,13 @@ def load_weights(
     if missing:
         raise WeightLoadError(f"missing tensors in checkpoint: {', '.join(missing[:20])}")
     for param_name, parts in groups.items():
-        param = params[param_name]
-        combined = _combine(parts, param.device) if param_name in keep and len(parts) == pieces[param_name] else None
+        combined = _combine(parts, device) if param_name in keep and len(parts) == pieces[param_name] else None
         if combined is not None:
             replace_weight(model, param_name, combined)
             continue
+        param = params.dense(param_name)
         for slot, _, part in parts:  # not kept quantized: dequantized like any other tensor
             _target(param, slot).copy_(_dequantized(part, param.dtype))
+    unfilled = sorted(name for name, p in model.named_parameters() if p.is_meta)
+    if unfilled:
+        raise WeightLoadError(f"parameters no checkpoint tensor fills: {', '.join(unfilled[:20])}")

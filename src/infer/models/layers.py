@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -25,9 +28,23 @@ class WeightSlot(NamedTuple):
 WeightMap = dict[str, WeightSlot]
 
 
+_PARAMS_ON_META = contextvars.ContextVar("params_on_meta", default=False)
+
+
+@contextmanager
+def params_on_meta() -> Iterator[None]:
+    """Models built inside get their parameters on the meta device (no memory; buffers stay real): the checkpoint
+    loader allocates each parameter when it fills it, so a weight kept quantized never exists in dense form."""
+    token = _PARAMS_ON_META.set(True)
+    try:
+        yield
+    finally:
+        _PARAMS_ON_META.reset(token)
+
+
 def empty_param(*shape: int) -> nn.Parameter:
     """Uninitialised inference parameter (weights always come from a checkpoint)."""
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+    return nn.Parameter(torch.empty(*shape, device="meta" if _PARAMS_ON_META.get() else None), requires_grad=False)
 
 
 def prefixed(weights: WeightMap, hf_prefix: str, our_prefix: str) -> WeightMap:

@@ -18,7 +18,8 @@ def interpreting() -> bool:
 
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (tile sizes must be powers of two)."""
-    return triton.next_power_of_2(max(int(n), 1))
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -57,17 +58,16 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fact(arg: Any) -> Any:
-    """What Triton specializes a runtime argument on: a tensor's dtype, device and 16-byte alignment; an int's
-    being 1, its divisibility by 16 and whether it fits 32 bits; a float or a bool's type."""
+    """What Triton specializes a runtime argument on: a tensor's dtype and 16-byte alignment; an int's being 1, its
+    divisibility by 16 and whether it fits 32 bits; a float or a bool's type (the device is keyed once a call)."""
+    kind = arg.__class__
+    if kind is int:
+        return arg == 1, arg & 15 == 0, -(2**31) <= arg < 2**31
+    if kind is float or arg is None:
+        return kind
     if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.get_device(), arg.data_ptr() & 15 == 0
-    if isinstance(arg, bool):
-        return bool, arg
-    if isinstance(arg, int):
-        return int, arg == 1, arg & 15 == 0, -(2**31) <= arg < 2**31
-    if arg is None:
-        return None
-    return type(arg)
+        return arg.dtype, arg.data_ptr() & 15 == 0
+    return kind, arg  # a bool, or anything else: keyed on its value
 
 
 class Launcher:
@@ -79,7 +79,8 @@ class Launcher:
     holds the same facts (`_fact`), the constexprs and launch options, so a binary is reused exactly when Triton
     would reuse it; the first call of each key goes through Triton (compiling if needed), as every call does under
     the interpreter.
-    Runtime arguments come positionally, constexprs and launch options (num_warps, num_stages) by keyword."""
+    Runtime arguments come positionally, the first a tensor (its device is keyed), constexprs and launch options
+    (num_warps, num_stages) by keyword."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
@@ -90,7 +91,7 @@ class Launcher:
         if interpreting():
             self.kernel[grid](*args, **keywords)
             return
-        key = (tuple(map(_fact, args)), tuple(keywords.items()))
+        key = (args[0].get_device(), tuple(map(_fact, args)), tuple(keywords.items()))
         binary = self.compiled.get(key)
         if binary is None:
             self.compiled[key] = self.kernel[grid](*args, **keywords)
