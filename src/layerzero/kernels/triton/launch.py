@@ -7,7 +7,6 @@ import functools
 from typing import Any
 
 import torch
-import triton
 from triton import knobs
 
 
