@@ -137,3 +137,25 @@ def test_quantization_at_load_keeps_the_model_close(float_tiny, method):
     # 8-bit weights move logits by a few percent of their range on a random model (fp8 keeps 3 mantissa bits)
     assert (got - want).abs().max().item() <= 0.1 * want.abs().max().item()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.8
+
+
+def test_compressed_tensors_block_scales_and_group_formats_load(float_tiny, tmp_path):
+    """compressed-tensors FP8 with `strategy: block` (its scales in `weight_scale`) and the format given per group."""
+    from checkpoints import quantize_checkpoint as write
+
+    fp8 = write(float_tiny, tmp_path / "b", "fp8_block", (32, 32))
+    tensors = load_file(str(fp8 / "model.safetensors"))
+    renamed = {n.replace("weight_scale_inv", "weight_scale"): t for n, t in tensors.items()}
+    save_file(renamed, str(fp8 / "model.safetensors"))
+    config = json.loads((fp8 / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "format": "float-quantized", "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [32, 32],
+                    "symmetric": True}}}}
+    (fp8 / "config.json").write_text(json.dumps(config))
+    kept = load_model(fp8, quantization="auto").model
+    dense = load_model(fp8, quantization="none").model
+    assert sum(isinstance(m, W8Weight) for m in kept.modules()) >= 12
+    ids = [(13 * i + 5) % 300 + 1 for i in range(24)]
+    got, want = _logits(kept, ids), _logits(dense, ids)
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()

@@ -3,9 +3,10 @@
 Two formats (docs/quantization.md):
 - FP8 blocks (`quant_method: fp8`, `fmt: e4m3`, `weight_block_size: [bn, bk]`): `weight` float8_e4m3fn and
   `weight_scale_inv` float32 [ceil(N/bn), ceil(K/bk)], multiplied despite its name (the Qwen3-8B-FP8 format);
-- compressed-tensors (`quant_method: compressed-tensors`, `format: int-quantized` or `float-quantized`, 8-bit
-  symmetric weights with `strategy: channel` or `tensor`): `weight` int8 / float8_e4m3fn and `weight_scale`
-  [N, 1] or one value (the Qwen3-8B.w8a8 and FP8-dynamic formats). Activations stay unquantized: an
+- compressed-tensors (`quant_method: compressed-tensors`, `format: int-quantized` or `float-quantized`, for the
+  checkpoint or per config group, 8-bit symmetric weights with `strategy: channel`, `tensor` or `block` with its
+  `block_structure`): `weight` int8 / float8_e4m3fn and `weight_scale` [N, 1], one value or per block (the
+  Qwen3-8B.w8a8, FP8-dynamic and FP8-block formats). Activations stay unquantized: an
   `input_scale` for static activation quantization is read past (weight-only), and zero points must be zero.
 A tensor stored in 16 or 32 bits (norms, embeddings, a head the quantizer ignored) loads as any other.
 """
@@ -70,24 +71,34 @@ def parse_quant_config(qc: dict[str, Any], path: str) -> CheckpointQuant:
               path, "weight_block_size", f"is {block!r}; FP8 checkpoints need two positive block sizes [rows, cols]")
         return CheckpointQuant("fp8", "weight_scale_inv", "block", (block[0], block[1]))
     if method == "compressed-tensors":
-        fmt = qc.get("format")
-        _need(fmt in ("int-quantized", "float-quantized"), path, "format",
-              f"is {fmt!r}; supported: 'int-quantized', 'float-quantized' (8-bit weights)")
         groups = qc.get("config_groups") or {}
         _need(isinstance(groups, dict) and len(groups) >= 1, path, "config_groups", "is missing or empty")
-        strategies = set()
+        schemes = set()
         for name, group in groups.items():
-            weights = (group or {}).get("weights") or {}
+            group = group or {}
+            fmt = group.get("format", qc.get("format"))  # a group's own format wins over the checkpoint's
+            where = f"config_groups.{name}.format" if "format" in group else "format"
+            _need(fmt in ("int-quantized", "float-quantized"), path, where,
+                  f"is {fmt!r}; supported: 'int-quantized', 'float-quantized' (8-bit weights)")
+            weights = group.get("weights") or {}
             field = f"config_groups.{name}.weights"
             kind = "int" if fmt == "int-quantized" else "float"
             _need(weights.get("num_bits") == 8 and weights.get("type", kind) == kind, path, field,
                   f"is {weights.get('num_bits')}-bit {weights.get('type')!r}; only 8-bit {kind} weights are supported")
             _need(weights.get("symmetric", True), path, f"{field}.symmetric", "is false; only symmetric weights")
-            _need(weights.get("strategy") in ("channel", "tensor"), path, f"{field}.strategy",
-                  f"is {weights.get('strategy')!r}; supported: 'channel', 'tensor'")
-            strategies.add(weights["strategy"])
-        _need(len(strategies) == 1, path, "config_groups", f"mix weight strategies {sorted(strategies)}")
-        return CheckpointQuant("compressed-tensors", "weight_scale", strategies.pop())
+            strategy = weights.get("strategy")
+            _need(strategy in ("channel", "tensor", "block"), path, f"{field}.strategy",
+                  f"is {strategy!r}; supported: 'channel', 'tensor', 'block'")
+            block = None
+            if strategy == "block":
+                block = weights.get("block_structure")
+                _need(isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block),
+                      path, f"{field}.block_structure", f"is {block!r}; block scales need [rows, cols]")
+                block = (block[0], block[1])
+            schemes.add((strategy, block))
+        _need(len(schemes) == 1, path, "config_groups", f"mix weight scale layouts {sorted(map(str, schemes))}")
+        strategy, block = schemes.pop()
+        return CheckpointQuant("compressed-tensors", "weight_scale", strategy, block)
     raise ValueError(f"{path}: config.json quantization_config.quant_method {method!r} is not supported; "
                      "supported: 'fp8' (block-wise e4m3), 'compressed-tensors' (8-bit int or float weights), or a GGUF "
                      "file (docs/quantization.md)")
