@@ -4,13 +4,16 @@ int8 with per-channel scales (`_weight_int8pack_mm`).
 The kernel reads each weight in its own blocked layout, so a weight is converted once, on first use, and the
 converted copy is kept while the weight lives (kernels/weight_cache.py, as oneDNN's packed weights are).
 It multiplies in bfloat16, which is where the speed comes from on the CPU (float32 activations make it 10-30x
-slower), and takes its scales and zeros in bfloat16. A float32 x runs as two bfloat16 passes, x_hi = bf16(x) and
-x_lo = bf16(x - x_hi): 16 bits of mantissa (the two stacked as rows of one call, so the weight is read once).
-That keeps a GGUF model's answers those of its dequantized float32 self: teacher-forced top-1 agreement 99.6%
-on SmolLM2 and 100% on Gemma 3 270M (docs/quantization.md). Adding the zeros in float32 outside the kernel
-instead of rounding them to bfloat16 measured no better (99.1% / 99.9%) and cost 9-16% of decode speed.
-Groups of 32 or more columns. The kernel works row by row, so a row's result does not depend on what shares its
-call: a request decodes the same tokens alone or in any batch.
+slower), and takes its scales and zeros in bfloat16. Two corrections keep a GGUF model's answers those of its
+dequantized float32 self (top-1 agreement 98.3% -> 99.4% on SmolLM2, docs/quantization.md):
+- a float32 x runs as two bfloat16 passes, x_hi = bf16(x) and x_lo = bf16(x - x_hi): 16 bits of mantissa (the
+  two stacked as rows of one call, so the weight is read once);
+- a zero (a group's offset, often far larger than its step) rounded to bfloat16 would shift every weight of its
+  group, so the kernel gets zeros of 0 and the offsets are added in float32: the sum over groups of
+  zero[g] * (x summed over group g), a matmul of K / group_size columns.
+Groups of 32 or more columns. Every step is row by row (the kernel, and the offsets as a batched product of one
+row each rather than a matmul whose blocking depends on the row count), so a row's result does not depend on what
+shares its call: a request decodes the same tokens alone or in any batch.
 The int8 kernel reads the weight as it is stored and takes the same two bfloat16 passes; its scales are applied
 in float32 after the kernel (the kernel gets scales of 1), so a scale is never rounded to bfloat16.
 """
@@ -32,12 +35,14 @@ PRIORITY = 60  # above the reference (dequantize, then a float32 matmul)
 
 class _Converted(NamedTuple):
     packed: torch.Tensor  # the kernel's blocked layout of the 4-bit values
-    scales_zeros: torch.Tensor  # [K/group, N, 2] bfloat16, as the kernel takes them
+    scales: torch.Tensor  # [K/group, N, 2] bfloat16 as the kernel takes them, zeros 0
+    zeros: torch.Tensor  # [K/group, N] float32
 
 
 def _convert(qweight: torch.Tensor, scales_zeros: torch.Tensor) -> _Converted:
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(qweight).to(torch.int32), 1)
-    return _Converted(packed, scales_zeros.to(torch.bfloat16).contiguous())
+    scales = torch.stack([scales_zeros[..., 0], torch.zeros_like(scales_zeros[..., 0])], dim=-1)
+    return _Converted(packed, scales.to(torch.bfloat16).contiguous(), scales_zeros[..., 1].float().contiguous())
 
 
 CONVERTED: WeightCache[_Converted] = WeightCache()  # by the identity of qweight
@@ -63,9 +68,11 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
                 *, group_size: int) -> torch.Tensor:
     entry = CONVERTED.get(qweight, lambda: _convert(qweight, scales_zeros))
     rows = x.reshape(-1, x.shape[-1])
-    both = torch.ops.aten._weight_int4pack_mm_for_cpu(_bf16_passes(rows), entry.packed, group_size,
-                                                        entry.scales_zeros)
+    n = rows.shape[0]
+    both = torch.ops.aten._weight_int4pack_mm_for_cpu(_bf16_passes(rows), entry.packed, group_size, entry.scales)
     out = _sum_passes(both, rows)
+    sums = rows.float().view(n, -1, group_size).sum(dim=-1)  # [rows, K/group]
+    out += torch.bmm(sums[:, None, :], entry.zeros.expand(n, *entry.zeros.shape)).squeeze(1)
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
