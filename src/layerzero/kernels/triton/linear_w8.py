@@ -1,8 +1,8 @@
 """x @ W.T for an 8-bit weight (int8 or float8_e4m3fn) with block scales, dequantized in registers.
 
-W[n, k] = weight[n, k] * scale[n // bn, k // bk]. Per-channel int8
-(bn = 1, bk = K) and 128 x 128 FP8 blocks take the same kernels. The weight is read once, as 8 bits; that is
-the whole win at decode, where a linear is bound by the bytes of its weight.
+W[n, k] = weight[n, k] * scale[n // bn, k // bk]: per-channel int8 (bn = 1, bk = K) and 128 x 128 FP8 blocks take
+the same kernels. The weight is read once, as 8 bits; that is the whole win at decode, where a linear is bound by
+the bytes of its weight.
 
 Two kernels, by row count (docs/quantization.md):
 - up to GEMV_ROWS rows (decode): a GEMV, one program per 4 output columns reading 2048 columns per load, the
