@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType
 
 GROUP = 32
@@ -32,6 +33,9 @@ class Int4Groups(NamedTuple):
     def shape(self) -> tuple[int, ...]:
         """The float weight's shape."""
         return self.q.shape
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(dequantize_groups(self)).to(dtype)
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:

@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from layerzero.api import W8_DTYPES
 from layerzero.kernels.reference.quantize import dequantize_w8
 
-W8_DTYPES = (torch.int8, torch.float8_e4m3fn)
 # Per-weight tensors the weight-only kernels do not read: static activation scales.
 ACTIVATION_SUFFIXES = (".input_scale", ".input_zero_point")
 

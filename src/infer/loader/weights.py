@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from infer.loader.gguf_quant import GROUP, Int4Groups, dequantize_groups
+from infer.loader.gguf_quant import GROUP, Int4Groups
 from infer.loader.hf_quant import W8Tensor
 from infer.models.layers import WeightMap, WeightSlot
 from infer.models.quant import Int4Weight, QuantWeight, W8Weight, replace_weight
@@ -48,10 +48,6 @@ def _combine(parts: list[tuple[WeightSlot, str, Packed]], device: torch.device) 
     else:
         return None
     return W8Weight(torch.cat([p.weight for p in packed]).to(device), scale.contiguous().to(device), (bn, bk))
-
-
-def _dequantized(part: Packed, dtype: torch.dtype) -> torch.Tensor:
-    return part.dequantize(dtype) if isinstance(part, W8Tensor) else torch.from_numpy(dequantize_groups(part))
 
 
 class _Params(dict):
@@ -120,7 +116,7 @@ def load_weights(
             continue
         param = params.dense(param_name)
         for slot, _, part in parts:  # not kept quantized: dequantized like any other tensor
-            _target(param, slot).copy_(_dequantized(part, param.dtype))
+            _target(param, slot).copy_(part.dequantize(param.dtype))
     unfilled = sorted(name for name, p in model.named_parameters() if p.is_meta)
     if unfilled:
         raise WeightLoadError(f"parameters no checkpoint tensor fills: {', '.join(unfilled[:20])}")

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import layerzero as lz
-from layerzero.kernels.reference.quantize import dequantize_int4, dequantize_w8, pack_int4
+from layerzero.kernels.reference.quantize import dequantize_int4, dequantize_w8, expand_block_scales, pack_int4
 
 
 W8_FORMATS = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
@@ -51,8 +51,7 @@ class W8Weight(QuantWeight):
         padded[:n, :k] = wf
         amax = padded.view(padded.shape[0] // bn, bn, -1, bk).abs().amax(dim=(1, 3))
         scale = (amax / qmax).clamp(min=1e-12)
-        full = scale.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
-        q = (wf / full).clamp(-qmax, qmax)
+        q = (wf / expand_block_scales(scale, (bn, bk), (n, k))).clamp(-qmax, qmax)
         return cls((q.round() if fmt == "int8" else q).to(dtype), scale.contiguous(), (bn, bk))
 
     def dequantize(self) -> torch.Tensor:

@@ -107,12 +107,16 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
     return out.to(x.dtype)
 
 
+def expand_block_scales(scale: torch.Tensor, block_size: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
+    """Block scales [ceil(N/bn), ceil(K/bk)] as one float32 scale per element of an [N, K] weight."""
+    bn, bk = block_size
+    n, k = shape
+    return scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+
+
 def dequantize_w8(weight: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, int]) -> torch.Tensor:
     """The float32 weight [N, K] of an 8-bit one: weight[n, k] * scale[n // bn, k // bk] for block_size (bn, bk)."""
-    bn, bk = block_size
-    n, k = weight.shape
-    full = scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
-    return weight.float() * full
+    return weight.float() * expand_block_scales(scale, block_size, weight.shape)
 
 
 def linear_w8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,

@@ -84,17 +84,19 @@ class Launcher:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.names: list[str] = list(kernel.arg_names)
-        self.compiled: dict[tuple, Any] = {}
+        self.compiled: dict[tuple, tuple[Any, list[Any]]] = {}  # key -> (binary, constexpr values in order)
 
     def __call__(self, grid: tuple[int, ...], *args: Any, **keywords: Any) -> None:
         if interpreting():
             self.kernel[grid](*args, **keywords)
             return
         key = (args[0].get_device(), tuple(map(_fact, args)), tuple(keywords.items()))
-        binary = self.compiled.get(key)
-        if binary is None:
-            self.compiled[key] = self.kernel[grid](*args, **keywords)
+        entry = self.compiled.get(key)
+        if entry is None:
+            binary = self.kernel[grid](*args, **keywords)
+            if binary is not None:  # an interpreted kernel returns no binary: it goes through Triton every call
+                self.compiled[key] = binary, [keywords[name] for name in self.names[len(args):]]
             return
+        binary, constexprs = entry
         grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-        constexprs = [keywords[name] for name in self.names[len(args):]]
         binary[grid3](*args, *constexprs)
