@@ -1,5 +1,5 @@
-"""lz.linear_int4: the 4-bit packing, the float64 meaning of a group-quantized weight, and the CPU packed kernel
-against the reference on fresh random inputs; selection, locking and shape errors."""
+"""lz.linear_int4: the 4-bit packing, the float64 meaning of a group-quantized weight, and the CPU kernels (native
+and torch's packed one) against the reference on fresh random inputs; selection, locking and shape errors."""
 
 from __future__ import annotations
 
@@ -37,21 +37,28 @@ def test_dequantize_matches_float64(group: int) -> None:
     assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel_id", ["native.linear_int4_cpu", "torch.linear_int4_cpu"])
 @pytest.mark.parametrize(("rows", "n", "k", "group", "bias"), [(1, 96, 256, 32, False), (7, 64, 512, 64, True),
                                                                 (33, 160, 384, 128, False)])
-def test_cpu_kernel_matches_the_reference(rows: int, n: int, k: int, group: int, bias: bool) -> None:
+def test_cpu_kernels_match_the_reference(kernel_id: str, rows: int, n: int, k: int, group: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(rows * n)
     qweight = pack_int4(torch.randint(0, 16, (n, k), generator=gen))
-    sz = (torch.randn(k // group, n, 2, generator=gen) * 0.05).to(torch.bfloat16).float()  # what the kernel keeps
+    sz = (torch.randn(k // group, n, 2, generator=gen) * 0.05).to(torch.bfloat16).float()  # what torch's kernel keeps
     x = torch.randn(rows, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
-    assert lz.which("linear_int4", x, qweight, sz, b, group_size=group)["kernel_id"] == "torch.linear_int4_cpu"
-    got = lz.linear_int4(x, qweight, sz, group, b)
+    if kernel_id == "native.linear_int4_cpu":  # the default wherever a C compiler builds it
+        assert lz.which("linear_int4", x, qweight, sz, b, group_size=group)["kernel_id"] == kernel_id
+    lz.lock("linear_int4", kernel_id)
+    try:
+        got = lz.linear_int4(x, qweight, sz, group, b)
+        alone = torch.cat([lz.linear_int4(x[i : i + 1], qweight, sz, group, b) for i in range(rows)])
+    finally:
+        lz.unlock("linear_int4")
     want = linear_int4(x, qweight, sz, b, group_size=group)
     assert got.dtype == x.dtype and got.shape == (rows, n)
     scale = want.abs().max().item()
-    assert (got - want).abs().max().item() <= 5e-3 * scale  # the kernel's bf16 outputs
-    alone = torch.cat([lz.linear_int4(x[i : i + 1], qweight, sz, group, b) for i in range(rows)])
+    tolerance = 1e-5 if kernel_id.startswith("native") else 5e-3  # float32 throughout / bf16 outputs
+    assert (got - want).abs().max().item() <= tolerance * scale
     assert torch.equal(alone, got)  # a row's result does not depend on the rows beside it
 
 

@@ -1,0 +1,94 @@
+/* Attention over a paged KV cache on the CPU in float32, one query row at a time, for decode and prefill alike.
+ *
+ * Query row t of sequence b is at position p = ctx[b] - q_len[b] + i (i: its index among b's new tokens) and sees
+ * the cached keys j in [lo, p], lo = max(0, p - window + 1) with a window, else 0. For each (row, head): scores
+ * s_j = scale * q . k_j, then out = sum_j exp(s_j - max) v_j / sum_j exp(s_j - max), over j in ascending order.
+ * A decode row and the same row inside a prefill or mixed step run this identical arithmetic, so a request's
+ * tokens do not depend on what shares its step. Dot products keep 16 lane sums (vectorized without
+ * reassociation, so no -ffast-math), added up in a fixed order.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LANES 16
+
+static float dot(const float *a, const float *b, int64_t d) {
+    float lanes[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= d; i += LANES)
+        for (int l = 0; l < LANES; l++) lanes[l] += a[i + l] * b[i + l];
+    float total = 0.0f;
+    for (int l = 0; l < LANES; l++) total += lanes[l];
+    for (; i < d; i++) total += a[i] * b[i];
+    return total;
+}
+
+/* q [T, H, D]; caches [blocks, bs, Hkv, D]; tables [B, max_blocks] int32; cu_q [B + 1] int32 or NULL (decode:
+ * row t is sequence t, one token); ctx [B] int32; window <= 0 means none. Returns 0, -1 without memory, -2 on lengths or tables that
+ * would read outside the cache. */
+int paged_attention(const float *q, const float *kc, const float *vc, const int32_t *tables, int64_t max_blocks,
+                    const int32_t *cu_q, const int32_t *ctx, int64_t batch, int64_t heads, int64_t kv_heads,
+                    int64_t d, int64_t bs, int64_t num_blocks, int64_t max_ctx, float scale, int64_t window,
+                    float *out, int threads) {
+    for (int64_t b = 0; b < batch; b++) {  /* bounds first: a bad length or table must not read past the cache */
+        int64_t q_len = cu_q == NULL ? 1 : cu_q[b + 1] - cu_q[b];
+        if (ctx[b] > max_ctx || ctx[b] > max_blocks * bs || q_len < 0 || q_len > ctx[b]) return -2;
+        for (int64_t j = 0; j < (ctx[b] + bs - 1) / bs; j++)
+            if (tables[b * max_blocks + j] < 0 || tables[b * max_blocks + j] >= num_blocks) return -2;
+    }
+    int64_t rows = cu_q == NULL ? batch : cu_q[batch];
+    int64_t *seq_of = malloc(sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1));
+    float *scratch = malloc(sizeof(float) * (size_t)(threads * (max_ctx > 0 ? max_ctx : 1)));
+    if (seq_of == NULL || scratch == NULL) {
+        free(seq_of);
+        free(scratch);
+        return -1;
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t start = cu_q == NULL ? b : cu_q[b], end = cu_q == NULL ? b + 1 : cu_q[b + 1];
+        for (int64_t t = start; t < end; t++) seq_of[t] = b;
+    }
+    int64_t group = heads / kv_heads, row_stride = kv_heads * d;
+#pragma omp parallel num_threads(threads)
+    {
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        float *scores = scratch + (int64_t)thread * max_ctx;
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < rows * heads; item++) {
+            int64_t t = item / heads, h = item % heads, b = seq_of[t];
+            int64_t first = cu_q == NULL ? b : cu_q[b], q_len = cu_q == NULL ? 1 : cu_q[b + 1] - cu_q[b];
+            int64_t pos = ctx[b] - q_len + (t - first);
+            int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+            const float *qv = q + (t * heads + h) * d;
+            const int32_t *table = tables + b * max_blocks;
+            int64_t kv_offset = (h / group) * d;
+            float top = -INFINITY;
+            for (int64_t j = lo; j <= pos; j++) {
+                const float *k = kc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;
+                float s = scale * dot(qv, k, d);
+                scores[j - lo] = s;
+                if (s > top) top = s;
+            }
+            float *o = out + (t * heads + h) * d, total = 0.0f;
+            for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+            for (int64_t j = lo; j <= pos; j++) {
+                float e = expf(scores[j - lo] - top);
+                const float *v = vc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;
+                total += e;
+                for (int64_t i = 0; i < d; i++) o[i] += e * v[i];
+            }
+            float inv = total > 0.0f ? 1.0f / total : 0.0f;  /* a row with no visible key (padding) gives 0 */
+            for (int64_t i = 0; i < d; i++) o[i] *= inv;
+        }
+    }
+    free(seq_of);
+    free(scratch);
+    return 0;
+}

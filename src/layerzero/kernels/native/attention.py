@@ -1,0 +1,55 @@
+"""The native paged attention for float32 on the CPU: decode and prefill (or mixed) steps through one C function
+that computes each query row the same way, so a request's tokens do not depend on what shares its step."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from layerzero.kernels.native.build import kernel
+
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+ARGS = (_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P, ctypes.c_int)
+_ERRORS = {-1: MemoryError, -2: ValueError}
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.int32).contiguous()
+
+
+def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+         cu_seqlens_q: torch.Tensor | None, context_lens: torch.Tensor, scale: float, sliding_window: int | None,
+         max_context_len: int) -> torch.Tensor:
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    tables, lens = _int32(block_tables), _int32(context_lens)
+    cu = None if cu_seqlens_q is None else _int32(cu_seqlens_q)
+    blocks, block_size, kv_heads, dim = key_cache.shape
+    status = kernel("attention", "paged_attention", ARGS, ctypes.c_int)(
+        q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+        None if cu is None else cu.data_ptr(), lens.data_ptr(), lens.shape[0], q.shape[1], kv_heads, dim,
+        block_size, blocks, max_context_len, scale, sliding_window or 0, out.data_ptr(), torch.get_num_threads(),
+    )
+    if status:
+        raise _ERRORS.get(status, RuntimeError)(
+            "native paged attention: a context length exceeds max_context_len or its block table, or a table names "
+            f"a block past the cache's {blocks}" if status == -2 else "native paged attention: out of memory"
+        )
+    return out
+
+
+def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, *, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor, scale: float, sliding_window: int | None,
+                    max_context_len: int) -> torch.Tensor:
+    """q [B, H, D], one token per sequence, over caches [blocks, block_size, Hkv, D]."""
+    return _run(q, key_cache, value_cache, block_tables, None, context_lens, scale, sliding_window, max_context_len)
+
+
+def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, *,
+                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
+                            max_seqlen_q: int, max_context_len: int, scale: float, sliding_window: int | None,
+                            cu_seqlens_q_host: list[int] | None, context_lens_host: list[int] | None) -> torch.Tensor:
+    """Packed q [T, H, D] by cu_seqlens_q: each sequence's new tokens are the last of its context_lens."""
+    return _run(q, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale, sliding_window,
+                max_context_len)

@@ -1,0 +1,93 @@
+"""Compile a C kernel of this folder for the CPU it runs on, once, and load it with ctypes.
+
+The library is built with the system C compiler (`$CC`, else `cc`) at `-O3 -march=native -fopenmp`, without
+-ffast-math (the kernels rely on float32 evaluation order for batch invariance). It is cached under
+~/.cache/layerzero/native, keyed by the source, the flags, the compiler and the CPU's feature flags, so a home
+shared by different machines builds one library per CPU. A build takes about a second; failure (no compiler, a
+compile error) is reported as `NativeBuildError` with the compiler's message, and the backend is then
+unavailable with that reason. OpenMP resolves to the libgomp torch has already loaded (same soname), so the
+kernels share torch's thread pool rather than oversubscribing the cores with a second one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch  # noqa: F401  (loads torch's libgomp before any kernel library asks for it)
+
+HERE = Path(__file__).parent
+CACHE_DIR = Path("~/.cache/layerzero/native")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+
+
+class NativeBuildError(RuntimeError):
+    """A kernel library could not be compiled or loaded."""
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise NativeBuildError(f"no C compiler: {cc!r} is not on PATH (set CC to one)")
+    return cc
+
+
+def library_path(source: Path, cc: str, extra: tuple[str, ...] = ()) -> Path:
+    """Where the library built from `source` with these flags on this CPU lives."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, *extra, cc, *version, _cpu_flags()]).encode())
+    return CACHE_DIR.expanduser() / f"{source.stem}-{key.hexdigest()[:16]}.so"
+
+
+def build(source: Path, extra: tuple[str, ...] = ()) -> Path:
+    """Compile `source` into the cache (if not there yet) and return the library's path."""
+    cc = _compiler()
+    target = library_path(source, cc, extra)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+        partial = Path(tmp.name)
+    done = subprocess.run([cc, *FLAGS, *extra, str(source), "-o", str(partial)], capture_output=True, text=True)
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise NativeBuildError(f"{cc} could not compile {source.name}: {done.stderr.strip()[-2000:]}")
+    os.replace(partial, target)  # atomic: a concurrent build of the same key writes the same bytes
+    return target
+
+
+@functools.cache
+def load(name: str, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The compiled library of `name`.c in this folder (built on first use)."""
+    try:
+        return ctypes.CDLL(str(build(HERE / f"{name}.c", extra)))
+    except OSError as exc:
+        raise NativeBuildError(f"could not load the {name} library: {exc}") from exc
+
+
+@functools.cache
+def kernel(name: str, symbol: str, argtypes: tuple[type, ...], restype: type | None = None,
+           extra: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """Function `symbol` of library `name`, with its C signature declared (ctypes then converts Python ints)."""
+    fn = getattr(load(name, extra), symbol)
+    fn.argtypes, fn.restype = list(argtypes), restype
+    return fn

@@ -1,0 +1,35 @@
+"""The native RMSNorm (and its fused residual add) for float32 on the CPU: one C call per norm instead of the half
+dozen aten ops torch runs for a small row."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from layerzero.kernels.native.build import kernel
+
+_P, _F, _I64 = ctypes.c_void_p, ctypes.c_float, ctypes.c_int64
+ARGS = (_P, _P, _P, _P, _F, _F, _I64, _I64, _P)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, weight_offset: float) -> torch.Tensor:
+    rows = _rows(x)
+    out = torch.empty_like(rows)
+    kernel("norm", "rms_norm", ARGS)(rows.data_ptr(), None, None, weight.data_ptr(), weight_offset, eps,
+                                      rows.shape[0], rows.shape[1], out.data_ptr())
+    return out.view(x.shape)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
+                       weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), both new tensors."""
+    rows, res = _rows(x), _rows(residual)
+    out, summed = torch.empty_like(rows), torch.empty_like(rows)
+    kernel("norm", "rms_norm", ARGS)(rows.data_ptr(), res.data_ptr(), summed.data_ptr(), weight.data_ptr(),
+                                      weight_offset, eps, rows.shape[0], rows.shape[1], out.data_ptr())
+    return out.view(x.shape), summed.view(x.shape)

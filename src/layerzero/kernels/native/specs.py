@@ -1,0 +1,54 @@
+"""The native backend's kernel specs: each is available once its C library builds on this machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from layerzero.kernels.native import attention, linear, norm
+from layerzero.kernels.native.build import NativeBuildError, kernel
+from layerzero.select.context import SelectionContext
+from layerzero.select.kernel_spec import KernelSpec
+from layerzero.select.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
+
+PRIORITY = 70  # above torch's and oneDNN's CPU kernels and the reference
+VERSION = "1"
+FLOAT32 = frozenset({torch.float32})
+
+
+def _builds(library: str, symbol: str, argtypes: tuple[type, ...]) -> Callable[[], Reason | None]:
+    def available() -> Reason | None:
+        try:
+            kernel(library, symbol, argtypes)
+        except NativeBuildError as exc:
+            return Reason(NOT_INSTALLED, str(exc))
+        return None
+    return available
+
+
+def _groups(ctx: SelectionContext) -> list[Reason]:
+    group = ctx.param("group_size")
+    if group is not None and group % linear.CHUNK:
+        return [Reason(CONSTRAINT_FAILED, f"group_size {group}: the native kernel reads whole {linear.CHUNK}-column chunks")]
+    return []
+
+
+def kernel_specs() -> list[KernelSpec]:
+    cpu = frozenset({"cpu"})
+    norms = _builds("norm", "rms_norm", norm.ARGS)
+    paged = _builds("attention", "paged_attention", attention.ARGS)
+    return [
+        KernelSpec("native.linear_int4_cpu", "linear_int4", "native", linear.linear_int4, VERSION, platforms=cpu,
+                   dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, check=_groups,
+                   available=_builds("int4_linear", "int4_linear", linear.ARGS)),
+        KernelSpec("native.rms_norm_cpu", "rms_norm", "native", norm.rms_norm, VERSION, platforms=cpu, dtypes=FLOAT32,
+                   priority=PRIORITY, available=norms),
+        KernelSpec("native.fused_add_rms_norm_cpu", "fused_add_rms_norm", "native", norm.fused_add_rms_norm, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=norms),
+        KernelSpec("native.paged_attention_cpu", "paged_attention", "native", attention.paged_attention, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=paged),
+        KernelSpec("native.paged_prefill_attention_cpu", "paged_prefill_attention", "native",
+                   attention.paged_prefill_attention, VERSION, platforms=cpu, dtypes=FLOAT32,
+                   kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=paged),
+    ]

@@ -1,0 +1,139 @@
+"""The native C kernels (layerzero/kernels/native) against float64 references on fresh random inputs: the 4-bit
+linear in its AVX-512 and portable builds, RMSNorm, and paged attention for decode, prefill and mixed steps; a row's
+result must not depend on what shares its call; builds that fail say why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import layerzero as lz
+from layerzero.kernels.native import attention, linear, norm
+from layerzero.kernels.native.build import NativeBuildError, build
+from layerzero.kernels.reference import attention as attn_ref
+from layerzero.kernels.reference.quantize import dequantize_int4, pack_int4
+
+PORTABLE = ("-mno-avx512f",)  # the build for CPUs without AVX-512
+
+
+def _int4_case(seed: int, rows: int, n: int, k: int, group: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    qweight = pack_int4(torch.randint(0, 16, (n, k), generator=gen))
+    sz = torch.randn(k // group, n, 2, generator=gen) * torch.tensor([0.02, 0.1])
+    return torch.randn(rows, k, generator=gen), qweight, sz, torch.randn(n, generator=gen)
+
+
+@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), chunks=st.integers(1, 6),
+       group=st.sampled_from([32, 64]), bias=st.booleans())
+def test_int4_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: int, n: int, chunks: int, group: int,
+                                     bias: bool) -> None:
+    k = chunks * group
+    x, qweight, sz, b = _int4_case(seed, rows, n, k, group)
+    b = b if bias else None
+    got = linear.linear_int4(x, qweight, sz, b, group_size=group, _extra=extra)
+    want = x.double() @ dequantize_int4(qweight, sz.double(), group).double().T + (0 if b is None else b.double())
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    alone = torch.cat([linear.linear_int4(x[i : i + 1], qweight, sz, b, group_size=group, _extra=extra)
+                       for i in range(rows)])
+    assert torch.equal(alone, got)  # bit for bit: rows are tiled four at a time, each with the same arithmetic
+
+
+def test_int4_linear_takes_bf16_and_3d_inputs() -> None:
+    x, qweight, sz, _ = _int4_case(3, 6, 48, 128, 32)
+    want = linear.linear_int4(x, qweight, sz, None, group_size=32)
+    got = linear.linear_int4(x.view(2, 3, 128), qweight, sz, None, group_size=32)
+    assert got.shape == (2, 3, 48) and torch.equal(got.view(6, 48), want)
+    half = linear.linear_int4(x.bfloat16(), qweight, sz, None, group_size=32)
+    assert half.dtype == torch.bfloat16
+
+
+def test_group_constraint_is_explained() -> None:
+    x, qweight, _, _ = _int4_case(1, 1, 16, 64, 32)
+    report = lz.explain("linear_int4", x, qweight, torch.randn(4, 16, 2), None, group_size=16)
+    native = next(c for c in report.candidates if c.kernel_id == "native.linear_int4_cpu")
+    assert not native.valid and "32-column chunks" in str(native.reasons)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_matches_float64(offset: float) -> None:
+    gen = torch.Generator().manual_seed(7)
+    x, res, w = torch.randn(5, 3, 72, generator=gen), torch.randn(5, 3, 72, generator=gen), torch.randn(72, generator=gen)
+    x_before, res_before = x.clone(), res.clone()
+
+    def ref(v: torch.Tensor) -> torch.Tensor:
+        v = v.double()
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * (w.double() + offset)
+
+    got = norm.rms_norm(x, w, eps=1e-6, weight_offset=offset)
+    assert torch.allclose(got.double(), ref(x), rtol=1e-5, atol=1e-5)
+    normed, summed = norm.fused_add_rms_norm(x, res, w, eps=1e-6, weight_offset=offset)
+    assert torch.equal(summed, x + res) and torch.allclose(normed.double(), ref(x + res), rtol=1e-5, atol=1e-5)
+    assert torch.equal(x, x_before) and torch.equal(res, res_before)  # the inputs are left alone
+    strided = torch.randn(4, 200)[:, :72]  # a non-contiguous view normalizes the same
+    assert torch.equal(norm.rms_norm(strided, w, eps=1e-6, weight_offset=offset),
+                       norm.rms_norm(strided.contiguous(), w, eps=1e-6, weight_offset=offset))
+
+
+def _paged(seed: int, lens: list[int], heads: int, kv_heads: int, dim: int, block: int = 4):
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // block) for n in lens]
+    num_blocks = sum(per_seq) + 3
+    kc = torch.randn(num_blocks, block, kv_heads, dim, generator=gen)
+    vc = torch.randn(num_blocks, block, kv_heads, dim, generator=gen)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.zeros(len(lens), max(per_seq), dtype=torch.int32)
+    for i, count in enumerate(per_seq):
+        tables[i, :count] = torch.tensor([order.pop() for _ in range(count)])
+    return gen, kc, vc, tables
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (3, 3, 20)])
+def test_paged_attention_decode_and_prefill_match_the_reference(window: int | None, heads: int, kv_heads: int,
+                                                                dim: int) -> None:
+    lens, q_lens = [9, 1, 14], [3, 1, 14]  # a chunk after cached tokens, a decode row, a whole prompt
+    gen, kc, vc, tables = _paged(heads * dim, lens, heads, kv_heads, dim)
+    context = torch.tensor(lens, dtype=torch.int32)
+    bounds = [0, 3, 4, 18]
+    q = torch.randn(bounds[-1], heads, dim, generator=gen)
+    got = attention.paged_prefill_attention(
+        q, kc, vc, block_tables=tables, cu_seqlens_q=torch.tensor(bounds, dtype=torch.int32), context_lens=context,
+        max_seqlen_q=14, max_context_len=14, scale=0.3, sliding_window=window, cu_seqlens_q_host=bounds,
+        context_lens_host=lens)
+    want = attn_ref.paged_prefill_attention(q.double(), kc.double(), vc.double(), tables, bounds, lens, 0.3, window)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
+    last = torch.tensor([2, 3, 17])  # each sequence's newest token, as a decode step would see it
+    decode = attention.paged_attention(q[last].contiguous(), kc, vc, block_tables=tables, context_lens=context,
+                                       scale=0.3, sliding_window=window, max_context_len=14)
+    assert torch.equal(decode, got[last])  # the same bits in a decode step as in a mixed one
+    ref = attn_ref.paged_attention(q[last].double(), kc.double(), vc.double(), tables, context, 0.3, window, 14)
+    assert torch.allclose(decode.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_refuses_lengths_past_the_table() -> None:
+    _, kc, vc, tables = _paged(1, [6], 2, 2, 16)
+    q = torch.randn(1, 2, 16)
+    with pytest.raises(ValueError, match="context length"):
+        attention.paged_attention(q, kc, vc, block_tables=tables, context_lens=torch.tensor([40], dtype=torch.int32),
+                                  scale=1.0, sliding_window=None, max_context_len=40)
+
+
+def test_the_native_kernels_are_selected_on_the_cpu() -> None:
+    x = torch.randn(2, 64)
+    assert lz.which("rms_norm", x, torch.ones(64), eps=1e-6, weight_offset=0.0)["kernel_id"] == "native.rms_norm_cpu"
+
+
+def test_a_build_that_fails_says_why(tmp_path, monkeypatch) -> None:
+    broken = tmp_path / "broken.c"
+    broken.write_text("int f(void) { return missing; }\n")
+    monkeypatch.setattr("layerzero.kernels.native.build.CACHE_DIR", tmp_path / "cache")
+    with pytest.raises(NativeBuildError, match="(?s)could not compile broken.c.*missing"):
+        build(broken)
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with pytest.raises(NativeBuildError, match="no C compiler"):
+        build(broken)
