@@ -10,7 +10,7 @@ import torch
 from layerzero.kernels.native.build import kernel
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
-ARGS = (_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P, ctypes.c_int)
+ARGS = (_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P, ctypes.c_int)
 _ERRORS = {-1: MemoryError, -2: ValueError}
 
 
@@ -21,13 +21,14 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
          cu_seqlens_q: torch.Tensor | None, context_lens: torch.Tensor, scale: float, sliding_window: int | None,
          max_context_len: int) -> torch.Tensor:
-    q = q.contiguous()
-    out = torch.empty_like(q)
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:  # any row stride is fine (q is often a view into qkv)
+        q = q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype)
     tables, lens = _int32(block_tables), _int32(context_lens)
     cu = None if cu_seqlens_q is None else _int32(cu_seqlens_q)
     blocks, block_size, kv_heads, dim = key_cache.shape
     status = kernel("attention", "paged_attention", ARGS, ctypes.c_int)(
-        q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+        q.data_ptr(), q.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         None if cu is None else cu.data_ptr(), lens.data_ptr(), lens.shape[0], q.shape[1], kv_heads, dim,
         block_size, blocks, max_context_len, scale, sliding_window or 0, out.data_ptr(), torch.get_num_threads(),
     )

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from layerzero.kernels.native import attention, linear, norm
+from layerzero.kernels.native import attention, linear, norm, rope_kv
 from layerzero.kernels.native.build import NativeBuildError, kernel
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec
@@ -51,4 +51,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.paged_prefill_attention_cpu", "paged_prefill_attention", "native",
                    attention.paged_prefill_attention, VERSION, platforms=cpu, dtypes=FLOAT32,
                    kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=paged),
+        KernelSpec("native.rope_cpu", "rope", "native", rope_kv.rope, VERSION, platforms=cpu, dtypes=FLOAT32,
+                   priority=PRIORITY, available=_builds("rope", "rope", rope_kv.ROPE_ARGS)),
+        KernelSpec("native.store_kv_cache_cpu", "store_kv_cache", "native", rope_kv.store_kv_cache, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY,
+                   available=_builds("kv_cache", "store_kv_cache", rope_kv.STORE_ARGS)),
     ]

@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import layerzero as lz
-from layerzero.kernels.native import attention, linear, norm
+from layerzero.kernels.native import attention, linear, norm, rope_kv
 from layerzero.kernels.native.build import NativeBuildError, build
 from layerzero.kernels.reference import attention as attn_ref
+from layerzero.kernels.reference import kv_cache as kv_ref
+from layerzero.kernels.reference import rope as rope_ref
 from layerzero.kernels.reference.quantize import dequantize_int4, pack_int4
 
 PORTABLE = ("-mno-avx512f",)  # the build for CPUs without AVX-512
@@ -115,12 +117,48 @@ def test_paged_attention_decode_and_prefill_match_the_reference(window: int | No
     assert torch.allclose(decode.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_paged_attention_takes_a_strided_query_and_zeroes_padding_rows() -> None:
+    _, kc, vc, tables = _paged(2, [6, 5], 4, 2, 16)
+    qkv = torch.randn(2, 8 * 16)
+    q = qkv[:, : 4 * 16].view(2, 4, 16)  # a view into a fused projection, as the models pass it
+    kwargs = dict(block_tables=tables, scale=0.5, sliding_window=None, max_context_len=6)
+    got = attention.paged_attention(q, kc, vc, context_lens=torch.tensor([6, 5], dtype=torch.int32), **kwargs)
+    assert torch.equal(got, attention.paged_attention(q.contiguous(), kc, vc,
+                                                      context_lens=torch.tensor([6, 5], dtype=torch.int32), **kwargs))
+    padded = attention.paged_attention(q, kc, vc, context_lens=torch.tensor([6, 0], dtype=torch.int32), **kwargs)
+    assert torch.equal(padded[0], got[0]) and not padded[1].any()
+
+
 def test_paged_attention_refuses_lengths_past_the_table() -> None:
     _, kc, vc, tables = _paged(1, [6], 2, 2, 16)
     q = torch.randn(1, 2, 16)
     with pytest.raises(ValueError, match="context length"):
         attention.paged_attention(q, kc, vc, block_tables=tables, context_lens=torch.tensor([40], dtype=torch.int32),
                                   scale=1.0, sliding_window=None, max_context_len=40)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_matches_the_reference_on_a_strided_view(interleaved: bool) -> None:
+    gen = torch.Generator().manual_seed(int(interleaved))
+    qkv = torch.randn(5, 7 * 32, generator=gen)
+    x = qkv[:, : 6 * 32].view(5, 6, 32)  # q and k heads of a fused projection
+    cos, sin = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    got = rope_kv.rope(x, cos, sin, interleaved=interleaved)
+    want = rope_ref.rope(x.double(), cos.double(), sin.double(), interleaved)
+    assert got.is_contiguous() and torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_store_kv_cache_matches_the_reference() -> None:
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(4, 3 * 2 * 8, generator=gen)
+    k, v = qkv[:, 16:32].view(4, 2, 8), qkv[:, 32:].view(4, 2, 8)  # strided views, as the models pass them
+    slots = torch.tensor([5, -1, 0, 11])
+    caches = [torch.zeros(3, 4, 2, 8) for _ in range(4)]
+    rope_kv.store_kv_cache(k, v, caches[0], caches[1], slots)
+    kv_ref.store_kv_cache(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    with pytest.raises(ValueError, match="past the cache"):
+        rope_kv.store_kv_cache(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 12]))
 
 
 def test_the_native_kernels_are_selected_on_the_cpu() -> None:

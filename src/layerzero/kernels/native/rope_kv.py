@@ -1,0 +1,44 @@
+"""The native RoPE and KV-cache store for float32 on the CPU: one C call each instead of the dozen aten ops (casts,
+chunks, products, a boolean index) the references take for a decode step's few rows."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from layerzero.kernels.native.build import kernel
+
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+ROPE_ARGS = (_P, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_int, _P)
+STORE_ARGS = (_P, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64)
+
+
+def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] with each token's heads side by side (any row stride), else a contiguous copy."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool) -> torch.Tensor:
+    """x [T, H, D] (a strided view is fine); cos/sin [T, D/2] float32. Returns a new contiguous tensor."""
+    if x.stride(2) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    tokens, heads, dim = x.shape
+    out = torch.empty(tokens, heads, dim, dtype=x.dtype)
+    kernel("rope", "rope", ROPE_ARGS)(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(), tokens,
+                                      heads, dim, int(interleaved), out.data_ptr())
+    return out
+
+
+def store_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """key/value [T, Hkv, D] into caches [blocks, block_size, Hkv, D] at flat slots (negative: skipped)."""
+    key, value = _rows_of_heads(key), _rows_of_heads(value)
+    slots = slot_mapping.to(torch.int64).contiguous()
+    width = key_cache.shape[2] * key_cache.shape[3]
+    status = kernel("kv_cache", "store_kv_cache", STORE_ARGS, ctypes.c_int)(
+        key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), key_cache.data_ptr(), value_cache.data_ptr(),
+        slots.data_ptr(), slots.shape[0], width, key_cache.shape[0] * key_cache.shape[1])
+    if status:
+        raise ValueError(f"store_kv_cache: a slot lies past the cache's {key_cache.shape[0] * key_cache.shape[1]} slots")
