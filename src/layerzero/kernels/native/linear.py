@@ -1,9 +1,10 @@
-"""The native 4-bit linear: float32 activations times 4-bit groups, straight from the packed nibbles.
+"""The native quantized linears: float32 activations times 4-bit groups, straight from the packed nibbles, and
+times int8 weights with per-block scales (GGUF Q8_0).
 
 torch's packed int4 kernel multiplies in bfloat16, so it needs two passes of x, a separate float32 product for the
 groups' zeros and a dozen small aten ops around each call; at batch 1 on the bundled SmolLM2 those cost more than
 the kernel itself. This one computes (q * scale + zero) . x in float32 in one C call that streams each weight
-once (docs/quantization.md, "CPU kernels"). Each row of x gets the same arithmetic whatever shares its call, so
+once (docs/quantization.md, "CPU kernels"); the 8-bit form likewise. Each row of x gets the same arithmetic whatever shares its call, so
 a request decodes the same tokens alone or in a batch.
 """
 
@@ -18,7 +19,8 @@ import torch
 from layerzero.kernels.native.build import kernel
 from layerzero.kernels.weight_cache import WeightCache
 
-CHUNK = 32  # the kernel reads whole 32-column chunks of a group
+CHUNK = 32  # the 4-bit kernel reads whole 32-column chunks of a group
+HALF = 16  # the 8-bit kernel reads 16 columns at a time
 
 
 class _Converted(NamedTuple):
@@ -39,8 +41,11 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _P, ctypes.c_int)
 
 
+W8_ARGS = (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, ctypes.c_int)
+
+
 def _kernel(extra: tuple[str, ...] = ()) -> Callable[..., int]:
-    return kernel("int4_linear", "int4_linear", ARGS, ctypes.c_int, extra)
+    return kernel("quant_linear", "int4_linear", ARGS, ctypes.c_int, extra)
 
 
 def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
@@ -48,9 +53,7 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
     """x [..., K] @ W.T + bias for W [N, K] stored as qweight [N, K/2] nibbles and scales_zeros [K/group, N, 2]."""
     entry = CONVERTED.get(qweight, lambda: _convert(scales_zeros))
     n, k = qweight.shape[0], x.shape[-1]
-    rows = x if x.dim() == 2 else x.reshape(-1, k)
-    if rows.dtype != torch.float32 or not rows.is_contiguous():
-        rows = rows.float().contiguous()
+    rows = _float_rows(x)
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
     if rows.shape[0]:
@@ -59,6 +62,30 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
                                  None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
         if status:
             raise MemoryError(f"native int4 linear: no scratch memory for {rows.shape[0]} x {k} activations")
+    return _shaped(out, x)
+
+
+def _float_rows(x: torch.Tensor) -> torch.Tensor:
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    return rows if rows.dtype == torch.float32 and rows.is_contiguous() else rows.float().contiguous()
+
+
+def _shaped(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32:
         out = out.to(x.dtype)
-    return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
+
+def linear_w8_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, *,
+                   block_size: tuple[int, int], _extra: tuple[str, ...] = ()) -> torch.Tensor:
+    """x [..., K] @ W.T + bias for an int8 W [N, K] with one float32 scale per row and block of columns,
+    scale [N, K / block] (GGUF Q8_0: blocks of 32; per channel: one block of K)."""
+    n, k = weight.shape
+    rows = _float_rows(x)
+    out = torch.empty(rows.shape[0], n, dtype=torch.float32)
+    b = None if bias is None else bias.float().contiguous()
+    if rows.shape[0]:
+        kernel("quant_linear", "int8_linear", W8_ARGS, ctypes.c_int, _extra)(
+            rows.data_ptr(), rows.shape[0], k, weight.contiguous().data_ptr(), n, scale.float().contiguous().data_ptr(),
+            block_size[1], None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    return _shaped(out, x)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from layerzero.kernels.native import attention, linear, norm, rope_kv
+from layerzero.kernels.native import activation, attention, linear, norm, rope_kv
 from layerzero.kernels.native.build import NativeBuildError, kernel
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec
@@ -34,14 +34,26 @@ def _groups(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _w8_blocks(ctx: SelectionContext) -> list[Reason]:
+    block = ctx.param("block_size")
+    if block is not None and (block[0] != 1 or block[1] % linear.HALF or ctx.hidden % block[1]):
+        return [Reason(CONSTRAINT_FAILED, f"scale blocks {tuple(block)}: the native int8 kernel takes one row by a "
+                                          f"multiple of {linear.HALF} columns that divides the {ctx.hidden} inputs")]
+    return []
+
+
 def kernel_specs() -> list[KernelSpec]:
     cpu = frozenset({"cpu"})
     norms = _builds("norm", "rms_norm", norm.ARGS)
     paged = _builds("attention", "paged_attention", attention.ARGS)
+    gates = _builds("activation", "gated_activation", activation.ARGS)
     return [
         KernelSpec("native.linear_int4_cpu", "linear_int4", "native", linear.linear_int4, VERSION, platforms=cpu,
                    dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, check=_groups,
-                   available=_builds("int4_linear", "int4_linear", linear.ARGS)),
+                   available=_builds("quant_linear", "int4_linear", linear.ARGS)),
+        KernelSpec("native.linear_w8_int8_cpu", "linear_w8", "native", linear.linear_w8_int8, VERSION, platforms=cpu,
+                   dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, quant_formats=frozenset({"int8"}),
+                   check=_w8_blocks, available=_builds("quant_linear", "int8_linear", linear.W8_ARGS)),
         KernelSpec("native.rms_norm_cpu", "rms_norm", "native", norm.rms_norm, VERSION, platforms=cpu, dtypes=FLOAT32,
                    priority=PRIORITY, available=norms),
         KernelSpec("native.fused_add_rms_norm_cpu", "fused_add_rms_norm", "native", norm.fused_add_rms_norm, VERSION,
@@ -51,6 +63,10 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.paged_prefill_attention_cpu", "paged_prefill_attention", "native",
                    attention.paged_prefill_attention, VERSION, platforms=cpu, dtypes=FLOAT32,
                    kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=paged),
+        KernelSpec("native.silu_and_mul_cpu", "silu_and_mul", "native", activation.silu_and_mul, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=gates),
+        KernelSpec("native.gelu_and_mul_cpu", "gelu_and_mul", "native", activation.gelu_and_mul, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=gates),
         KernelSpec("native.rope_cpu", "rope", "native", rope_kv.rope, VERSION, platforms=cpu, dtypes=FLOAT32,
                    priority=PRIORITY, available=_builds("rope", "rope", rope_kv.ROPE_ARGS)),
         KernelSpec("native.store_kv_cache_cpu", "store_kv_cache", "native", rope_kv.store_kv_cache, VERSION,

@@ -1,5 +1,5 @@
 """The native C kernels (layerzero/kernels/native) against float64 references on fresh random inputs: the 4-bit
-linear in its AVX-512 and portable builds, RMSNorm, and paged attention for decode, prefill and mixed steps; a row's
+and 8-bit linears in their AVX-512 and portable builds, RMSNorm, and paged attention for decode, prefill and mixed steps; a row's
 result must not depend on what shares its call; builds that fail say why."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import layerzero as lz
-from layerzero.kernels.native import attention, linear, norm, rope_kv
+from layerzero.kernels.native import activation, attention, linear, norm, rope_kv
 from layerzero.kernels.native.build import NativeBuildError, build
+from layerzero.kernels.reference import activation as act_ref
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import kv_cache as kv_ref
 from layerzero.kernels.reference import rope as rope_ref
@@ -45,6 +46,26 @@ def test_int4_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: in
     assert torch.equal(alone, got)  # bit for bit: rows are tiled four at a time, each with the same arithmetic
 
 
+@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), blocks=st.integers(1, 6),
+       block=st.sampled_from([16, 32, 64]), bias=st.booleans())
+def test_int8_block_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: int, n: int, blocks: int,
+                                           block: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    k = blocks * block
+    w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(n, blocks, generator=gen) * 0.02  # GGUF Q8_0 is blocks of 32
+    x, b = torch.randn(rows, k, generator=gen), (torch.randn(n, generator=gen) if bias else None)
+    got = linear.linear_w8_int8(x, w, scale, b, block_size=(1, block), _extra=extra)
+    want = x.double() @ (w.double() * scale.double().repeat_interleave(block, dim=1)).T
+    want = want + (0 if b is None else b.double())
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    alone = torch.cat([linear.linear_w8_int8(x[i : i + 1], w, scale, b, block_size=(1, block), _extra=extra)
+                       for i in range(rows)])
+    assert torch.equal(alone, got)
+
+
 def test_int4_linear_takes_bf16_and_3d_inputs() -> None:
     x, qweight, sz, _ = _int4_case(3, 6, 48, 128, 32)
     want = linear.linear_int4(x, qweight, sz, None, group_size=32)
@@ -54,11 +75,15 @@ def test_int4_linear_takes_bf16_and_3d_inputs() -> None:
     assert half.dtype == torch.bfloat16
 
 
-def test_group_constraint_is_explained() -> None:
+def test_group_and_block_constraints_are_explained() -> None:
     x, qweight, _, _ = _int4_case(1, 1, 16, 64, 32)
     report = lz.explain("linear_int4", x, qweight, torch.randn(4, 16, 2), None, group_size=16)
     native = next(c for c in report.candidates if c.kernel_id == "native.linear_int4_cpu")
     assert not native.valid and "32-column chunks" in str(native.reasons)
+    w = torch.zeros(16, 64, dtype=torch.int8)
+    report = lz.explain("linear_w8", x, w, torch.ones(16, 8), None, block_size=(1, 8))
+    native = next(c for c in report.candidates if c.kernel_id == "native.linear_w8_int8_cpu")
+    assert not native.valid and "multiple of 16" in str(native.reasons)
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0])
@@ -79,6 +104,16 @@ def test_rms_norm_matches_float64(offset: float) -> None:
     strided = torch.randn(4, 200)[:, :72]  # a non-contiguous view normalizes the same
     assert torch.equal(norm.rms_norm(strided, w, eps=1e-6, weight_offset=offset),
                        norm.rms_norm(strided.contiguous(), w, eps=1e-6, weight_offset=offset))
+
+
+@pytest.mark.parametrize("act", ["silu", "tanh", "none"])
+def test_gated_activations_match_float64(act: str) -> None:
+    x = torch.randn(3, 2, 2 * 40, generator=torch.Generator().manual_seed(11)) * 4
+    if act == "silu":
+        got, want = activation.silu_and_mul(x), act_ref.silu_and_mul(x.double())
+    else:
+        got, want = activation.gelu_and_mul(x, approximate=act), act_ref.gelu_and_mul(x.double(), act)
+    assert got.shape == (3, 2, 40) and torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def _paged(seed: int, lens: list[int], heads: int, kv_heads: int, dim: int, block: int = 4):

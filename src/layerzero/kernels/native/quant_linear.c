@@ -1,0 +1,207 @@
+/* Weight-only quantized linears on the CPU in float32: out = x @ W.T (+ bias), for two stored forms.
+ *
+ * 4-bit groups: W[n, k] = q * scale + zero8 (one float32 fma) for the stored nibble q in [0, 15], with scale and
+ * zero8 = zero - 8 * scale per (row, group), made at conversion. qweight [N, K/2] holds column 2j in the low nibble
+ * of byte j and 2j+1 in the high one, so a 32-column chunk is 16 bytes whose low nibbles are its even columns and
+ * high nibbles its odd ones. x is permuted once per call into that order (per chunk: 16 even columns, then 16
+ * odd), and no weight is ever re-laid out.
+ *
+ * 8-bit blocks (GGUF Q8_0, or any int8 weight with one scale per row and block of columns): W[n, k] = q[n, k] *
+ * scale[n, k / block]; each block's sum of q * x is taken, then scaled.
+ *
+ * Work items are blocks of output rows, taken two at a time against up to four rows of x, so each chunk is
+ * converted once per four rows of x, in registers. Each dot product runs over the chunks in order into two
+ * 16-lane accumulators and ends with one fixed-order horizontal sum: a row of x gets the same bits whatever else
+ * shares the call, so a request decodes the same tokens alone or in a batch. Compiled without -ffast-math (no
+ * reassociation).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define CHUNK 32   /* columns per 16-byte chunk */
+#define HALF 16    /* lanes: one half-chunk */
+#define TILE 4     /* rows of x sharing each dequantized chunk */
+#define BLOCK 16   /* output rows per work item: their bytes stay in L1 across tiles of x */
+
+/* x [m, k] -> xp [m, k], each 32-column chunk as (its 16 even columns, its 16 odd columns). */
+static void permute_x(const float *x, int64_t m, int64_t k, float *xp) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < k; c += CHUNK)
+            for (int i = 0; i < HALF; i++) {
+                xp[r * k + c + i] = x[r * k + c + 2 * i];
+                xp[r * k + c + HALF + i] = x[r * k + c + 2 * i + 1];
+            }
+}
+
+/* One output row's quantized data. */
+typedef struct {
+    const uint8_t *q;     /* [K/2] nibbles, or [K] int8 */
+    const float *scale;   /* [K/group] */
+    const float *zero8;   /* [K/group] (4-bit only) */
+} Row;
+
+/* sums[0][r], sums[1][r] = (W_a . x_r, W_b . x_r) for the R (a constant) rows of x at xp. */
+typedef void (*TileFn)(Row a, Row b, const float *xp, int64_t k, int64_t group, int R, float sums[2][4]);
+
+#if defined(__AVX512F__)
+/* The 4-bit tile: two output rows at once, so four accumulator chains run even at one row of x. A group's 16 possible weights are made once (q * scale + zero8,
+ * q = 0..15) and each nibble indexes them: permutexvar reads only the low 4 bits of each 32-bit index, so the
+ * low nibbles need no mask and the high ones one shift. */
+static inline __attribute__((always_inline)) void int4_tile(Row a, Row b, const float *xp, int64_t k,
+                                                           int64_t group, const int R, float sums[2][TILE]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 ea[TILE], oa[TILE], eb[TILE], ob[TILE];
+    for (int r = 0; r < R; r++) ea[r] = oa[r] = eb[r] = ob[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < k / group; g++) {
+        __m512 va = _mm512_fmadd_ps(iota, _mm512_set1_ps(a.scale[g]), _mm512_set1_ps(a.zero8[g]));
+        __m512 vb = _mm512_fmadd_ps(iota, _mm512_set1_ps(b.scale[g]), _mm512_set1_ps(b.zero8[g]));
+        for (int64_t c = g * group; c < (g + 1) * group; c += CHUNK) {
+            __m512i qa = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a.q + c / 2)));
+            __m512i qb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b.q + c / 2)));
+            __m512 wea = _mm512_permutexvar_ps(qa, va), woa = _mm512_permutexvar_ps(_mm512_srli_epi32(qa, 4), va);
+            __m512 web = _mm512_permutexvar_ps(qb, vb), wob = _mm512_permutexvar_ps(_mm512_srli_epi32(qb, 4), vb);
+            for (int r = 0; r < R; r++) {
+                __m512 xe = _mm512_loadu_ps(xp + r * k + c), xo = _mm512_loadu_ps(xp + r * k + c + HALF);
+                ea[r] = _mm512_fmadd_ps(wea, xe, ea[r]);
+                oa[r] = _mm512_fmadd_ps(woa, xo, oa[r]);
+                eb[r] = _mm512_fmadd_ps(web, xe, eb[r]);
+                ob[r] = _mm512_fmadd_ps(wob, xo, ob[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        sums[0][r] = _mm512_reduce_add_ps(_mm512_add_ps(ea[r], oa[r]));
+        sums[1][r] = _mm512_reduce_add_ps(_mm512_add_ps(eb[r], ob[r]));
+    }
+}
+/* The 8-bit tile: per 32-column chunk the int8 values widen to float32 (exact), each block's products are summed
+ * into a fresh partial, and the partial is scaled into the accumulator once per block. */
+static inline __attribute__((always_inline)) void int8_tile(Row a, Row b, const float *x, int64_t k, int64_t block,
+                                                           const int R, float sums[2][TILE]) {
+    __m512 acc_a[TILE], acc_b[TILE];
+    for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm512_setzero_ps();
+    const int8_t *qa = (const int8_t *)a.q, *qb = (const int8_t *)b.q;
+    for (int64_t g = 0; g < k / block; g++) {
+        __m512 part_a[TILE], part_b[TILE];
+        for (int r = 0; r < R; r++) part_a[r] = part_b[r] = _mm512_setzero_ps();
+        for (int64_t c = g * block; c < (g + 1) * block; c += HALF) {
+            __m512 wa = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qa + c))));
+            __m512 wb = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qb + c))));
+            for (int r = 0; r < R; r++) {
+                __m512 xv = _mm512_loadu_ps(x + r * k + c);
+                part_a[r] = _mm512_fmadd_ps(wa, xv, part_a[r]);
+                part_b[r] = _mm512_fmadd_ps(wb, xv, part_b[r]);
+            }
+        }
+        __m512 sa = _mm512_set1_ps(a.scale[g]), sb = _mm512_set1_ps(b.scale[g]);
+        for (int r = 0; r < R; r++) {
+            acc_a[r] = _mm512_fmadd_ps(sa, part_a[r], acc_a[r]);
+            acc_b[r] = _mm512_fmadd_ps(sb, part_b[r], acc_b[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        sums[0][r] = _mm512_reduce_add_ps(acc_a[r]);
+        sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
+    }
+}
+#else
+/* Portable form of the same sums (lane l of the vector form is element l of each half-chunk). */
+static inline void int4_tile(Row a, Row b, const float *xp, int64_t k, int64_t group, const int R,
+                             float sums[2][TILE]) {
+    const Row rows[2] = {a, b};
+    for (int w = 0; w < 2; w++)
+        for (int r = 0; r < R; r++) {
+            float even[HALF] = {0}, odd[HALF] = {0}, total = 0.0f;
+            for (int64_t g = 0; g < k / group; g++) {
+                float values[16];
+                for (int q = 0; q < 16; q++) values[q] = (float)q * rows[w].scale[g] + rows[w].zero8[g];
+                for (int64_t c = g * group; c < (g + 1) * group; c += CHUNK)
+                    for (int i = 0; i < HALF; i++) {
+                        uint8_t byte = rows[w].q[c / 2 + i];
+                        even[i] += values[byte & 0x0F] * xp[r * k + c + i];
+                        odd[i] += values[byte >> 4] * xp[r * k + c + HALF + i];
+                    }
+            }
+            for (int i = 0; i < HALF; i++) total += even[i] + odd[i];
+            sums[w][r] = total;
+        }
+}
+static inline void int8_tile(Row a, Row b, const float *x, int64_t k, int64_t block, const int R,
+                             float sums[2][TILE]) {
+    const Row rows[2] = {a, b};
+    for (int w = 0; w < 2; w++)
+        for (int r = 0; r < R; r++) {
+            float acc[HALF] = {0}, total = 0.0f;
+            const int8_t *q = (const int8_t *)rows[w].q;
+            for (int64_t g = 0; g < k / block; g++) {
+                float part[HALF] = {0};
+                for (int64_t c = g * block; c < (g + 1) * block; c += HALF)
+                    for (int i = 0; i < HALF; i++) part[i] += (float)q[c + i] * x[r * k + c + i];
+                for (int i = 0; i < HALF; i++) acc[i] += rows[w].scale[g] * part[i];
+            }
+            for (int i = 0; i < HALF; i++) total += acc[i];
+            sums[w][r] = total;
+        }
+}
+#endif
+
+/* Each format's tile with the row count made a constant, so the accumulators stay in registers. */
+#define TILES(name)                                                                                        \
+    static void name##_tiles(Row a, Row b, const float *xp, int64_t k, int64_t group, int R,             \
+                             float sums[2][TILE]) {                                                      \
+        switch (R) {                                                                                     \
+            case 1: name##_tile(a, b, xp, k, group, 1, sums); break;                                     \
+            case 2: name##_tile(a, b, xp, k, group, 2, sums); break;                                     \
+            case 3: name##_tile(a, b, xp, k, group, 3, sums); break;                                     \
+            default: name##_tile(a, b, xp, k, group, 4, sums); break;                                    \
+        }                                                                                                \
+    }
+TILES(int4)
+TILES(int8)
+
+/* out [m, n] = x [m, k] . W.T (+ bias); row_bytes: bytes per stored weight row; zeros8 may be NULL. */
+static void run(TileFn tiles, const float *x, int64_t m, int64_t k, const uint8_t *q, int64_t row_bytes, int64_t n,
+                const float *scales, const float *zeros8, int64_t group, const float *bias, float *out,
+                int threads) {
+    int64_t groups = k / group, blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t n1 = (blk + 1) * BLOCK < n ? (blk + 1) * BLOCK : n;
+        for (int64_t r0 = 0; r0 < m; r0 += TILE) {
+            int R = m - r0 < TILE ? (int)(m - r0) : TILE;
+            for (int64_t j = blk * BLOCK; j < n1; j += 2) {
+                int64_t j2 = j + 1 < n1 ? j + 1 : j;  /* a last odd row pairs with itself */
+                Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups};
+                Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups};
+                float sums[2][TILE];
+                tiles(a, b, x + r0 * k, k, group, R, sums);
+                for (int r = 0; r < R; r++) {
+                    out[(r0 + r) * n + j] = bias != NULL ? sums[0][r] + bias[j] : sums[0][r];
+                    if (j2 != j) out[(r0 + r) * n + j2] = bias != NULL ? sums[1][r] + bias[j2] : sums[1][r];
+                }
+            }
+        }
+    }
+}
+
+/* 4-bit groups; returns 0, or -1 when scratch memory could not be had (the caller raises). */
+int int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *qweight, int64_t n, const float *scales,
+                const float *zeros8, int64_t group, const float *bias, float *out, int threads) {
+    float *xp = malloc(sizeof(float) * (size_t)(m * k));
+    if (xp == NULL) return -1;
+    permute_x(x, m, k, xp);
+    run(int4_tiles, xp, m, k, qweight, k / 2, n, scales, zeros8, group, bias, out, threads);
+    free(xp);
+    return 0;
+}
+
+/* 8-bit blocks of `block` columns (a multiple of 16) with scales [N, K / block]. */
+int int8_linear(const float *x, int64_t m, int64_t k, const int8_t *weight, int64_t n, const float *scales,
+                int64_t block, const float *bias, float *out, int threads) {
+    run(int8_tiles, x, m, k, (const uint8_t *)weight, k, n, scales, NULL, block, bias, out, threads);
+    return 0;
+}
