@@ -18,6 +18,13 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()
 
 
+def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """C indexes the caches as dense [blocks, block_size, Hkv, D] float32 arrays."""
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape):
+        raise ValueError(f"native kernels need equal contiguous KV caches, got {tuple(key_cache.shape)} / "
+                         f"{tuple(value_cache.shape)} with strides {key_cache.stride()} / {value_cache.stride()}")
+
+
 def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
          cu_seqlens_q: torch.Tensor | None, context_lens: torch.Tensor, scale: float, sliding_window: int | None,
          max_context_len: int) -> torch.Tensor:
@@ -26,6 +33,7 @@ def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, bl
     out = torch.empty(q.shape, dtype=q.dtype)
     tables, lens = _int32(block_tables), _int32(context_lens)
     cu = None if cu_seqlens_q is None else _int32(cu_seqlens_q)
+    check_caches(key_cache, value_cache)
     blocks, block_size, kv_heads, dim = key_cache.shape
     status = kernel("attention", "paged_attention", ARGS, ctypes.c_int)(
         q.data_ptr(), q.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.shape[1],

@@ -39,8 +39,6 @@ CONVERTED: WeightCache[_Converted] = WeightCache()  # by the identity of qweight
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _P, ctypes.c_int)
-
-
 W8_ARGS = (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, ctypes.c_int)
 
 
@@ -55,9 +53,10 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
     n, k = qweight.shape[0], x.shape[-1]
     rows = _float_rows(x)
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
-    b = None if bias is None else bias.float().contiguous()
+    # every tensor whose pointer C reads is held in a local until the call returns
+    q, b = qweight.contiguous(), None if bias is None else bias.float().contiguous()
     if rows.shape[0]:
-        status = _kernel(_extra)(rows.data_ptr(), rows.shape[0], k, qweight.contiguous().data_ptr(), n,
+        status = _kernel(_extra)(rows.data_ptr(), rows.shape[0], k, q.data_ptr(), n,
                                  entry.scales.data_ptr(), entry.zeros8.data_ptr(), group_size,
                                  None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
         if status:
@@ -83,9 +82,10 @@ def linear_w8_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
     n, k = weight.shape
     rows = _float_rows(x)
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
+    w, s = weight.contiguous(), scale.float().contiguous()
     b = None if bias is None else bias.float().contiguous()
     if rows.shape[0]:
         kernel("quant_linear", "int8_linear", W8_ARGS, ctypes.c_int, _extra)(
-            rows.data_ptr(), rows.shape[0], k, weight.contiguous().data_ptr(), n, scale.float().contiguous().data_ptr(),
-            block_size[1], None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
+            rows.data_ptr(), rows.shape[0], k, w.data_ptr(), n, s.data_ptr(), block_size[1],
+            None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return _shaped(out, x)

@@ -18,9 +18,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, weight_offset: float) -> torch.Tensor:
-    rows = _rows(x)
+    rows, w = _rows(x), weight.float().contiguous()
     out = torch.empty_like(rows)
-    kernel("norm", "rms_norm", ARGS)(rows.data_ptr(), None, None, weight.data_ptr(), weight_offset, eps,
+    kernel("norm", "rms_norm", ARGS)(rows.data_ptr(), None, None, w.data_ptr(), weight_offset, eps,
                                       rows.shape[0], rows.shape[1], out.data_ptr())
     return out.view(x.shape)
 
@@ -28,8 +28,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, weight_offset
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
                        weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual), both new tensors."""
-    rows, res = _rows(x), _rows(residual)
+    rows, res, w = _rows(x), _rows(residual), weight.float().contiguous()
     out, summed = torch.empty_like(rows), torch.empty_like(rows)
-    kernel("norm", "rms_norm", ARGS)(rows.data_ptr(), res.data_ptr(), summed.data_ptr(), weight.data_ptr(),
+    kernel("norm", "rms_norm", ARGS)(rows.data_ptr(), res.data_ptr(), summed.data_ptr(), w.data_ptr(),
                                       weight_offset, eps, rows.shape[0], rows.shape[1], out.data_ptr())
     return out.view(x.shape), summed.view(x.shape)

@@ -7,6 +7,7 @@ import ctypes
 
 import torch
 
+from layerzero.kernels.native.attention import check_caches
 from layerzero.kernels.native.build import kernel
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -23,7 +24,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: 
     """x [T, H, D] (a strided view is fine); cos/sin [T, D/2] float32. Returns a new contiguous tensor."""
     if x.stride(2) != 1:
         x = x.contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
     tokens, heads, dim = x.shape
     out = torch.empty(tokens, heads, dim, dtype=x.dtype)
     kernel("rope", "rope", ROPE_ARGS)(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(), tokens,
@@ -34,6 +35,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: 
 def store_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
     """key/value [T, Hkv, D] into caches [blocks, block_size, Hkv, D] at flat slots (negative: skipped)."""
+    check_caches(key_cache, value_cache)
     key, value = _rows_of_heads(key), _rows_of_heads(value)
     slots = slot_mapping.to(torch.int64).contiguous()
     width = key_cache.shape[2] * key_cache.shape[3]
