@@ -26,6 +26,9 @@
 #define HALF 16    /* lanes: one half-chunk */
 #define TILE 4     /* rows of x sharing each dequantized chunk */
 #define BLOCK 16   /* output rows per work item: their bytes stay in L1 across tiles of x */
+#ifndef PREFETCH
+#define PREFETCH 2048  /* bytes of the 4-bit stream fetched ahead (the hardware prefetcher alone falls behind) */
+#endif
 
 /* x [m, k] -> xp [m, k], each 32-column chunk as (its 16 even columns, its 16 odd columns). */
 static void permute_x(const float *x, int64_t m, int64_t k, float *xp) {
@@ -60,6 +63,10 @@ static inline __attribute__((always_inline)) void int4_tile(Row a, Row b, const 
         __m512 va = _mm512_fmadd_ps(iota, _mm512_set1_ps(a.scale[g]), _mm512_set1_ps(a.zero8[g]));
         __m512 vb = _mm512_fmadd_ps(iota, _mm512_set1_ps(b.scale[g]), _mm512_set1_ps(b.zero8[g]));
         for (int64_t c = g * group; c < (g + 1) * group; c += CHUNK) {
+#if PREFETCH > 0
+            _mm_prefetch((const char *)(a.q + c / 2 + PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(b.q + c / 2 + PREFETCH), _MM_HINT_T0);
+#endif
             __m512i qa = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a.q + c / 2)));
             __m512i qb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b.q + c / 2)));
             __m512 wea = _mm512_permutexvar_ps(qa, va), woa = _mm512_permutexvar_ps(_mm512_srli_epi32(qa, 4), va);
