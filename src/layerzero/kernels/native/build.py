@@ -64,9 +64,12 @@ def build(source: Path, extra: tuple[str, ...] = ()) -> Path:
     target = library_path(source, cc, extra)
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+            partial = Path(tmp.name)
+    except OSError as exc:
+        raise NativeBuildError(f"cannot write the kernel cache {target.parent}: {exc}") from exc
     done = subprocess.run([cc, *FLAGS, *extra, str(source), "-o", str(partial)], capture_output=True, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)

@@ -207,6 +207,9 @@ def test_a_build_that_fails_says_why(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("layerzero.kernels.native.build.CACHE_DIR", tmp_path / "cache")
     with pytest.raises(NativeBuildError, match="(?s)could not compile broken.c.*missing"):
         build(broken)
+    monkeypatch.setattr("layerzero.kernels.native.build.CACHE_DIR", broken / "not-a-folder")
+    with pytest.raises(NativeBuildError, match="cannot write the kernel cache"):
+        build(broken)
     monkeypatch.setenv("CC", "no-such-compiler")
     with pytest.raises(NativeBuildError, match="no C compiler"):
         build(broken)
