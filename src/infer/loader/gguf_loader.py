@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from infer.loader.gguf_quant import INT4_TYPES, Int4Groups, read_int4
+from infer.loader.gguf_quant import GROUP, INT4_TYPES, Int4Groups, read_int4, read_q8_0
+from infer.loader.hf_quant import W8Tensor
 from tqdm.auto import tqdm
 
 # GGUF `general.architecture` -> HF `model_type`.
@@ -233,9 +234,11 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def iter_gguf_tensors(path: str | Path, keep_int4: bool = False) -> Iterator[tuple[str, torch.Tensor | Int4Groups]]:
+def iter_gguf_tensors(path: str | Path, keep_int4: bool = False,
+                      keep_q8_0: bool = False) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
     """(HF name, float32 tensor in HF layout) for every weight, dequantized, with llama.cpp's transforms undone;
-    with keep_int4, Q4_0 / Q4_1 / Q4_K tensors come as their 4-bit groups instead (infer/loader/gguf_quant.py)."""
+    with keep_int4, Q4_0 / Q4_1 / Q4_K tensors come as their 4-bit groups instead, and with keep_q8_0, Q8_0 ones as
+    int8 with their block scales (infer/loader/gguf_quant.py)."""
     reader = open_gguf(path)
     arch = _architecture(reader)
     config = read_gguf_config(path)
@@ -250,6 +253,12 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False) -> Iterator[tup
             if arch == "llama" and base in qk_heads:  # rows move; each row keeps its groups
                 groups = Int4Groups(*(_unpermute(a, qk_heads[base]) for a in groups))
             yield name, Int4Groups(*(np.ascontiguousarray(a) for a in groups))
+            continue
+        if keep_q8_0 and tensor.tensor_type == GGMLQuantizationType.Q8_0:
+            q, scale = read_q8_0(tensor.data)
+            if arch == "llama" and base in qk_heads:
+                q, scale = _unpermute(q, qk_heads[base]), _unpermute(scale, qk_heads[base])
+            yield name, W8Tensor(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale)), (1, GROUP))
             continue
         w = dequantize(tensor.data, tensor.tensor_type)
         if arch == "llama" and base in qk_heads:

@@ -8,6 +8,8 @@ w = (q - 8) * scale + zero with zero = offset + 8 * scale:
 - Q4_K (256-value super-blocks, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit sub-scales and sub-mins, 128
   bytes of nibbles): for sub-block j, w = d * sc_j * q - dmin * m_j.
 In a block, byte i holds value i in its low nibble and value i + 16 (Q4_K: i + 32 within each 64) in its high one.
+Q8_0 (34-byte blocks: fp16 d, 32 int8 values q; w = d * q) is kept as int8 with one float32 scale per row and block
+of 32 columns, the layout `lz.linear_w8` takes with block_size (1, 32).
 """
 
 from __future__ import annotations
@@ -69,6 +71,13 @@ def read_int4(data: np.ndarray, kind: GGMLQuantizationType) -> Int4Groups:
         offset = -(dmin[..., None] * m).reshape(rows, -1)
         return Int4Groups(q, scale.astype(np.float32), (offset + 8 * scale).astype(np.float32))
     raise ValueError(f"{kind.name} is not a 4-bit format with groups of 32 (kept 4-bit: Q4_0, Q4_1, Q4_K)")
+
+
+def read_q8_0(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 tensor's raw blocks (`data` [N, bytes per row] uint8) as (q [N, K] int8, scale [N, K / 32] float32)."""
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, 34)
+    return blocks[..., 2:].copy().view(np.int8).reshape(rows, -1), _f16(blocks[..., 0:2])
 
 
 def _k4_scales(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

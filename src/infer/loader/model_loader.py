@@ -10,8 +10,9 @@ from pathlib import Path
 
 import torch
 
+import layerzero as lz
 from infer.loader.gguf_loader import iter_gguf_tensors, read_gguf_config
-from infer.loader.gguf_quant import Int4Groups
+from infer.loader.gguf_quant import GROUP, Int4Groups
 from infer.loader.hf_quant import CheckpointQuant, W8Tensor, parse_quant_config
 from infer.loader.safetensors_loader import iter_safetensors
 from infer.loader.weights import load_weights
@@ -58,11 +59,19 @@ def checkpoint_quant(path: Path, raw: dict | None = None) -> CheckpointQuant | N
 
 def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False, quant: CheckpointQuant | None = None,
                        keep_w8: bool = False) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
-    """The checkpoint's tensors in `dtype`; with keep_int4, a GGUF's 4-bit tensors as their groups; in an 8-bit HF
-    checkpoint (`quant`), its 8-bit weights with their scales (keep_w8) or dequantized."""
+    """The checkpoint's tensors in `dtype`; with keep_int4, a GGUF's 4-bit tensors as their groups; with keep_w8, a
+    GGUF's Q8_0 tensors, or an 8-bit HF checkpoint's (`quant`) weights, as int8 / fp8 with their scales."""
     if is_gguf(path):
-        return ((name, t if isinstance(t, Int4Groups) else t.to(dtype)) for name, t in iter_gguf_tensors(path, keep_int4))
+        return ((name, t if isinstance(t, (Int4Groups, W8Tensor)) else t.to(dtype))
+                for name, t in iter_gguf_tensors(path, keep_int4, keep_w8))
     return iter_safetensors(path, dtype, quant, keep_w8)
+
+
+def _fast_q8_0() -> bool:
+    """Whether this CPU has a kernel for Q8_0's int8 blocks of 32 (the native one) rather than only the reference,
+    which would dequantize every weight on every call: then a GGUF's Q8_0 weights are dequantized at load instead."""
+    x, w, scale = torch.zeros(1, 32), torch.zeros(16, 32, dtype=torch.int8), torch.ones(16, 1)
+    return not lz.which("linear_w8", x, w, scale, None, block_size=(1, GROUP))["kernel_id"].startswith("reference.")
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int,
@@ -102,8 +111,8 @@ def load_model(
     """Build the model for `path` and fill it from the checkpoint ("auto") or with random weights ("dummy").
 
     quantization (docs/quantization.md): "none" dequantizes everything to `dtype`; "auto" keeps the linear weights
-    of an 8-bit HF checkpoint (FP8 blocks, compressed-tensors int8/fp8) 8-bit, and a GGUF's 4-bit ones 4-bit on
-    the CPU (the only device with a 4-bit kernel so far); "int4", "int8" and "fp8" quantize every linear weight
+    of an 8-bit HF checkpoint (FP8 blocks, compressed-tensors int8/fp8) 8-bit, and a GGUF's 4-bit ones 4-bit and
+    Q8_0 ones 8-bit on the CPU (the only device with those kernels so far; Q8_0 only where the native kernel builds); "int4", "int8" and "fp8" quantize every linear weight
     after loading (docs/quantization.md says how).
     """
     path = Path(path).expanduser()
@@ -116,7 +125,7 @@ def load_model(
     else:
         keep_int4 = quantization == "auto" and is_gguf(path) and torch.device(device).type == "cpu"
         quant = checkpoint_quant(path)
-        keep_w8 = quantization == "auto" and quant is not None
+        keep_w8 = quantization == "auto" and (quant is not None or keep_int4 and _fast_q8_0())
         with torch.no_grad():
             load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8),
                          cfg.tie_word_embeddings, torch.device(device),
