@@ -90,7 +90,9 @@ def load(name: str, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
 @functools.cache
 def kernel(name: str, symbol: str, argtypes: tuple[type, ...], restype: type | None = None,
            extra: tuple[str, ...] = ()) -> Callable[..., Any]:
-    """Function `symbol` of library `name`, with its C signature declared (ctypes then converts Python ints)."""
-    fn = getattr(load(name, extra), symbol)
+    """Function `symbol` of library `name`, with its C signature declared (ctypes then converts Python ints). Each
+    signature gets its own function object (indexing, unlike attribute access, does not share one), so declaring
+    a signature here never changes another caller's."""
+    fn = load(name, extra)[symbol]
     fn.argtypes, fn.restype = list(argtypes), restype
     return fn
