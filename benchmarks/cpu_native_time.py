@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/cpu_native_time.py [--tokens 64] [--runs 3]
 
 The bundled SmolLM2 at the server's defaults decodes `--tokens` tokens greedily at batch 1 (after a warm-up run);
-after the first token (the prefill) every native kernel call (layerzero/kernels/native) is timed around its ctypes call. What the table does not list
-(the float16 LM head, Python, aten glue, the engine step) is the gap between their sum and the token.
+after the first token (the prefill) every native kernel call (layerzero/kernels/native) is timed around its ctypes
+call. What the table does not list (the float16 LM head, Python, aten glue, the engine step) is the gap between their
+sum and the token.
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ def main() -> None:
     print(f"batch-1 decode: {per_token * 1e3:.2f} ms a token ({1 / per_token:.1f} tok/s), median of {args.runs} runs")
     print("| kernel | ms a token | µs a call | calls a token |\n|---|---:|---:|---:|")
     for symbol, total in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        print(f"| {symbol} | {total / tokens * 1e3:.2f} | {total / calls[symbol] * 1e6:.1f} | {calls[symbol] / tokens:.0f} |")
+        per_call, count = total / calls[symbol] * 1e6, calls[symbol] / tokens
+        print(f"| {symbol} | {total / tokens * 1e3:.2f} | {per_call:.1f} | {count:.0f} |")
     native = sum(seconds.values()) / tokens
     print(f"| (all native) | {native * 1e3:.2f} | | |\n| (the rest: LM head, Python, engine) | "
           f"{(per_token - native) * 1e3:.2f} | | |")
-    print(f"runs (ms a token): {[round(r[0] * 1e3, 2) for r in runs]}, median {statistics.median(r[0] for r in runs) * 1e3:.2f}")
+    times = [r[0] * 1e3 for r in runs]
+    print(f"runs (ms a token): {[round(t, 2) for t in times]}, median {statistics.median(times):.2f}")
 
 
 if __name__ == "__main__":

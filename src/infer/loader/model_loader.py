@@ -112,8 +112,8 @@ def load_model(
 
     quantization (docs/quantization.md): "none" dequantizes everything to `dtype`; "auto" keeps the linear weights
     of an 8-bit HF checkpoint (FP8 blocks, compressed-tensors int8/fp8) 8-bit, and a GGUF's 4-bit ones 4-bit and
-    Q8_0 ones 8-bit on the CPU (the only device with those kernels so far; Q8_0 only where the native kernel builds); "int4", "int8" and "fp8" quantize every linear weight
-    after loading (docs/quantization.md says how).
+    Q8_0 ones 8-bit on the CPU (the only device with those kernels so far; Q8_0 only where the native kernel
+    builds); "int4", "int8" and "fp8" quantize every linear weight after loading (docs/quantization.md says how).
     """
     path = Path(path).expanduser()
     if not path.exists():

@@ -1,4 +1,5 @@
-"""Every kernel: the reference, torch, oneDNN, 4- and 8-bit CPU, our native C, optional-library and Triton backends, and plugins.
+"""Every kernel: the reference, torch, oneDNN, 4- and 8-bit CPU, our native C, optional-library and Triton backends,
+and plugins.
 
 `get_registry()` is the process registry, filled on first use from `SOURCES`; a failing backend is recorded
 as a reason instead of taking the others down."""

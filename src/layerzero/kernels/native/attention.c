@@ -27,11 +27,11 @@ static float dot(const float *a, const float *b, int64_t d) {
     return total;
 }
 
-/* q [T, H, D] with row stride q_stride (heads side by side); caches [blocks, bs, Hkv, D]; tables [B, max_blocks] int32; cu_q [B + 1] int32 or NULL (decode:
- * row t is sequence t, one token); ctx [B] int32; window <= 0 means none. Returns 0, -1 without memory, -2 on lengths or tables that
- * would read outside the cache. */
-int paged_attention(const float *q, int64_t q_stride, const float *kc, const float *vc, const int32_t *tables, int64_t max_blocks,
-                    const int32_t *cu_q, const int32_t *ctx, int64_t batch, int64_t heads, int64_t kv_heads,
+/* q [T, H, D] with row stride q_stride (heads side by side); caches [blocks, bs, Hkv, D]; tables [B, max_blocks]
+ * int32; cu_q [B + 1] int32 or NULL (decode: row t is sequence t, one token); ctx [B] int32; window <= 0 means
+ * none. Returns 0, -1 without memory, -2 on lengths or tables that would read outside the cache. */
+int paged_attention(const float *q, int64_t q_stride, const float *kc, const float *vc, const int32_t *tables,
+                    int64_t max_blocks, const int32_t *cu_q, const int32_t *ctx, int64_t batch, int64_t heads, int64_t kv_heads,
                     int64_t d, int64_t bs, int64_t num_blocks, int64_t max_ctx, float scale, int64_t window,
                     float *out, int threads) {
     for (int64_t b = 0; b < batch; b++) {  /* bounds first: a bad length or table must not read past the cache */

@@ -10,7 +10,8 @@ import torch
 from layerzero.kernels.native.build import kernel
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
-ARGS = (_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P, ctypes.c_int)
+ARGS = (_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P,
+        ctypes.c_int)
 _ERRORS = {-1: MemoryError, -2: ValueError}
 
 

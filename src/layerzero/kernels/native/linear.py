@@ -4,8 +4,8 @@ times int8 weights with per-block scales (GGUF Q8_0).
 torch's packed int4 kernel multiplies in bfloat16, so it needs two passes of x, a separate float32 product for the
 groups' zeros and a dozen small aten ops around each call; at batch 1 on the bundled SmolLM2 those cost more than
 the kernel itself. This one computes (q * scale + zero) . x in float32 in one C call that streams each weight
-once (docs/quantization.md, "CPU kernels"); the 8-bit form likewise. Each row of x gets the same arithmetic whatever shares its call, so
-a request decodes the same tokens alone or in a batch.
+once (docs/quantization.md, "CPU kernels"); the 8-bit form likewise. Each row of x gets the same arithmetic
+whatever shares its call, so a request decodes the same tokens alone or in a batch.
 """
 
 from __future__ import annotations

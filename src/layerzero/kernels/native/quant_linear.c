@@ -48,12 +48,12 @@ typedef struct {
 } Row;
 
 /* sums[0][r], sums[1][r] = (W_a . x_r, W_b . x_r) for the R (a constant) rows of x at xp. */
-typedef void (*TileFn)(Row a, Row b, const float *xp, int64_t k, int64_t group, int R, float sums[2][4]);
+typedef void (*TileFn)(Row a, Row b, const float *xp, int64_t k, int64_t group, int R, float sums[2][TILE]);
 
 #if defined(__AVX512F__)
-/* The 4-bit tile: two output rows at once, so four accumulator chains run even at one row of x. A group's 16 possible weights are made once (q * scale + zero8,
- * q = 0..15) and each nibble indexes them: permutexvar reads only the low 4 bits of each 32-bit index, so the
- * low nibbles need no mask and the high ones one shift. */
+/* The 4-bit tile: two output rows at once, so four accumulator chains run even at one row of x. A group's 16
+ * possible weights are made once (q * scale + zero8, q = 0..15) and each nibble indexes them: permutexvar reads only
+ * the low 4 bits of each 32-bit index, so the low nibbles need no mask and the high ones one shift. */
 static inline __attribute__((always_inline)) void int4_tile(Row a, Row b, const float *xp, int64_t k,
                                                            int64_t group, const int R, float sums[2][TILE]) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);

@@ -43,4 +43,5 @@ def store_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tens
         key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), key_cache.data_ptr(), value_cache.data_ptr(),
         slots.data_ptr(), slots.shape[0], width, key_cache.shape[0] * key_cache.shape[1])
     if status:
-        raise ValueError(f"store_kv_cache: a slot lies past the cache's {key_cache.shape[0] * key_cache.shape[1]} slots")
+        slots_total = key_cache.shape[0] * key_cache.shape[1]
+        raise ValueError(f"store_kv_cache: a slot lies past the cache's {slots_total} slots")

@@ -30,7 +30,8 @@ def _builds(library: str, symbol: str, argtypes: tuple[type, ...]) -> Callable[[
 def _groups(ctx: SelectionContext) -> list[Reason]:
     group = ctx.param("group_size")
     if group is not None and group % linear.CHUNK:
-        return [Reason(CONSTRAINT_FAILED, f"group_size {group}: the native kernel reads whole {linear.CHUNK}-column chunks")]
+        return [Reason(CONSTRAINT_FAILED,
+                       f"group_size {group}: the native kernel reads whole {linear.CHUNK}-column chunks")]
     return []
 
 
@@ -52,8 +53,9 @@ def kernel_specs() -> list[KernelSpec]:
                    dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, check=_groups,
                    available=_builds("quant_linear", "int4_linear", linear.ARGS)),
         KernelSpec("native.linear_w8_int8_cpu", "linear_w8", "native", linear.linear_w8_int8, VERSION, platforms=cpu,
-                   dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, quant_formats=frozenset({"int8"}),
-                   check=_w8_blocks, available=_builds("quant_linear", "int8_linear", linear.W8_ARGS)),
+                   dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY,
+                   quant_formats=frozenset({"int8"}), check=_w8_blocks,
+                   available=_builds("quant_linear", "int8_linear", linear.W8_ARGS)),
         KernelSpec("native.rms_norm_cpu", "rms_norm", "native", norm.rms_norm, VERSION, platforms=cpu, dtypes=FLOAT32,
                    priority=PRIORITY, available=norms),
         KernelSpec("native.fused_add_rms_norm_cpu", "fused_add_rms_norm", "native", norm.fused_add_rms_norm, VERSION,

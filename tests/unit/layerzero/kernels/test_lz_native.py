@@ -1,6 +1,7 @@
 """The native C kernels (layerzero/kernels/native) against float64 references on fresh random inputs: the 4-bit
-and 8-bit linears in their AVX-512 and portable builds, RMSNorm, and paged attention for decode, prefill and mixed steps; a row's
-result must not depend on what shares its call; builds that fail say why."""
+and 8-bit linears in their AVX-512 and portable builds, RMSNorm, RoPE, the KV store, the gated activations, and paged
+attention for decode, prefill and mixed steps; a row's result must not depend on what shares its call; builds that
+fail say why."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_group_and_block_constraints_are_explained() -> None:
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_rms_norm_matches_float64(offset: float) -> None:
     gen = torch.Generator().manual_seed(7)
-    x, res, w = torch.randn(5, 3, 72, generator=gen), torch.randn(5, 3, 72, generator=gen), torch.randn(72, generator=gen)
+    x, res = torch.randn(5, 3, 72, generator=gen), torch.randn(5, 3, 72, generator=gen)
+    w = torch.randn(72, generator=gen)
     x_before, res_before = x.clone(), res.clone()
 
     def ref(v: torch.Tensor) -> torch.Tensor:
