@@ -29,11 +29,11 @@ static float dot(const float *a, const float *b, int64_t d) {
 
 /* q [T, H, D] with row stride q_stride (heads side by side); caches [blocks, bs, Hkv, D]; tables [B, max_blocks]
  * int32; cu_q [B + 1] int32 or NULL (decode: row t is sequence t, one token); ctx [B] int32; window <= 0 means
- * none. Returns 0, -1 without memory, -2 on lengths or tables that would read outside the cache. */
+ * none; rows of a sequence with more than max_q_len (> 0) new tokens are left untouched. Returns 0, -1 without memory, -2 on lengths or tables that would read outside the cache. */
 int paged_attention(const float *q, int64_t q_stride, const float *kc, const float *vc, const int32_t *tables,
                     int64_t max_blocks, const int32_t *cu_q, const int32_t *ctx, int64_t batch, int64_t heads, int64_t kv_heads,
                     int64_t d, int64_t bs, int64_t num_blocks, int64_t max_ctx, float scale, int64_t window,
-                    float *out, int threads) {
+                    int64_t max_q_len, float *out, int threads) {
     for (int64_t b = 0; b < batch; b++) {  /* bounds first: a bad length or table must not read past the cache */
         int64_t q_len = cu_q == NULL ? 0 : cu_q[b + 1] - cu_q[b];  /* a decode row may be padding, context 0 */
         if (ctx[b] < 0 || ctx[b] > max_ctx || ctx[b] > max_blocks * bs || q_len < 0 || q_len > ctx[b]) return -2;
@@ -64,6 +64,7 @@ int paged_attention(const float *q, int64_t q_stride, const float *kc, const flo
         for (int64_t item = 0; item < rows * heads; item++) {
             int64_t t = item / heads, h = item % heads, b = seq_of[t];
             int64_t first = cu_q == NULL ? b : cu_q[b], q_len = cu_q == NULL ? 1 : cu_q[b + 1] - cu_q[b];
+            if (max_q_len > 0 && q_len > max_q_len) continue;  /* a long chunk: the caller attends to it */
             int64_t pos = ctx[b] - q_len + (t - first);
             int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
             const float *qv = q + t * q_stride + h * d;

@@ -154,6 +154,23 @@ def test_paged_attention_decode_and_prefill_match_the_reference(window: int | No
     assert torch.allclose(decode.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_long_prefill_chunks_go_through_sdpa_and_decode_rows_keep_their_bits() -> None:
+    long = attention.LONG_CHUNK + 6
+    lens, bounds = [long + 3, 5], [0, long, long + 1]  # a long chunk after 3 cached tokens, then a decode row
+    gen, kc, vc, tables = _paged(21, lens, 4, 2, 16)
+    q = torch.randn(bounds[-1], 4, 16, generator=gen)
+    context = torch.tensor(lens, dtype=torch.int32)
+    got = attention.paged_prefill_attention(
+        q, kc, vc, block_tables=tables, cu_seqlens_q=torch.tensor(bounds, dtype=torch.int32), context_lens=context,
+        max_seqlen_q=long, max_context_len=max(lens), scale=0.25, sliding_window=None, cu_seqlens_q_host=bounds,
+        context_lens_host=lens)
+    want = attn_ref.paged_prefill_attention(q.double(), kc.double(), vc.double(), tables, bounds, lens, 0.25, None)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
+    decode = attention.paged_attention(q[[long - 1, long]].contiguous(), kc, vc, block_tables=tables,
+                                       context_lens=context, scale=0.25, sliding_window=None, max_context_len=max(lens))
+    assert torch.equal(decode[1], got[long])  # the decode row: C in both steps
+
+
 def test_paged_attention_takes_a_strided_query_and_zeroes_padding_rows() -> None:
     _, kc, vc, tables = _paged(2, [6, 5], 4, 2, 16)
     qkv = torch.randn(2, 8 * 16)
