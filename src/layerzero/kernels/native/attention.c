@@ -14,18 +14,7 @@
 #include <omp.h>
 #endif
 
-#define LANES 16
-
-static float dot(const float *a, const float *b, int64_t d) {
-    float lanes[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= d; i += LANES)
-        for (int l = 0; l < LANES; l++) lanes[l] += a[i + l] * b[i + l];
-    float total = 0.0f;
-    for (int l = 0; l < LANES; l++) total += lanes[l];
-    for (; i < d; i++) total += a[i] * b[i];
-    return total;
-}
+#include "lanes.h"
 
 /* q [T, H, D] with row stride q_stride (heads side by side); caches [blocks, bs, Hkv, D]; tables [B, max_blocks]
  * int32; cu_q [B + 1] int32 or NULL (decode: row t is sequence t, one token); ctx [B] int32; window <= 0 means
@@ -73,7 +62,7 @@ int paged_attention(const float *q, int64_t q_stride, const float *kc, const flo
             float top = -INFINITY;
             for (int64_t j = lo; j <= pos; j++) {
                 const float *k = kc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;
-                float s = scale * dot(qv, k, d);
+                float s = scale * lane_dot(qv, k, d);
                 scores[j - lo] = s;
                 if (s > top) top = s;
             }

@@ -2,10 +2,10 @@
 
 The library is built with the system C compiler (`$CC`, else `cc`) at `-O3 -march=native -fopenmp`, without
 -ffast-math (the kernels rely on float32 evaluation order for batch invariance). It is cached under
-~/.cache/layerzero/native, keyed by the source, the flags, the compiler and the CPU's feature flags, so a home
-shared by different machines builds one library per CPU. A build takes about a second; failure (no compiler, a
-compile error) is reported as `NativeBuildError` with the compiler's message, and the backend is then
-unavailable with that reason. OpenMP resolves to the libgomp torch has already loaded (same soname), so the
+~/.cache/layerzero/native, keyed by the source and the headers beside it, the flags, the compiler and the CPU's
+feature flags, so a home shared by different machines builds one library per CPU. A build takes about a second;
+failure (no compiler, a compile error) is reported as `NativeBuildError` with the compiler's message, and the
+backend is then unavailable with that reason. OpenMP resolves to the libgomp torch has already loaded (same soname), so the
 kernels share torch's thread pool rather than oversubscribing the cores with a second one.
 """
 
@@ -52,9 +52,10 @@ def _compiler() -> str:
 
 
 def library_path(source: Path, cc: str, extra: tuple[str, ...] = ()) -> Path:
-    """Where the library built from `source` with these flags on this CPU lives."""
+    """Where the library built from `source` (and the headers beside it) with these flags on this CPU lives."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, *extra, cc, *version, _cpu_flags()]).encode())
+    texts = [source.read_text(), *(header.read_text() for header in sorted(source.parent.glob("*.h")))]
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, cc, *version, _cpu_flags()]).encode())
     return CACHE_DIR.expanduser() / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 

@@ -5,18 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LANES 16
-
-static float sum_squares(const float *x, int64_t d) {
-    float lanes[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= d; i += LANES)
-        for (int l = 0; l < LANES; l++) lanes[l] += x[i + l] * x[i + l];
-    float total = 0.0f;
-    for (int l = 0; l < LANES; l++) total += lanes[l];
-    for (; i < d; i++) total += x[i] * x[i];
-    return total;
-}
+#include "lanes.h"
 
 /* x, out [rows, d]. With residual (and summed) [rows, d]: summed = x + residual, and summed is normalized. */
 void rms_norm(const float *x, const float *residual, float *summed, const float *weight, float offset, float eps,
@@ -29,7 +18,7 @@ void rms_norm(const float *x, const float *residual, float *summed, const float 
             for (int64_t i = 0; i < d; i++) sum[i] = src[i] + residual[r * d + i];
             src = sum;
         }
-        float inv = 1.0f / sqrtf(sum_squares(src, d) / (float)d + eps);
+        float inv = 1.0f / sqrtf(lane_dot(src, src, d) / (float)d + eps);
         for (int64_t i = 0; i < d; i++) o[i] = src[i] * inv * (weight[i] + offset);
     }
 }
