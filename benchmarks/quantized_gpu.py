@@ -1,19 +1,19 @@
-"""8-bit weights on the GPU: Llama-3.1-8B and Llama-3.2-1B shapes with FP8-block and INT8-channel weights against
-bf16, measured in the same run (random weights of the right dtype and scales: quantized at load).
+"""Quantized weights on the GPU: Llama-3.1-8B and Llama-3.2-1B shapes with FP8-block, INT8-channel and 4-bit (groups
+of 32, GGUF's layout) weights against bf16, measured in the same run (random weights quantized at load).
 
-    python benchmarks/quantized_gpu.py [--out DIR] [--models llama-3.1-8b,llama-3.2-1b] [--sweep]
+    python benchmarks/quantized_gpu.py [--out DIR] [--models llama-3.1-8b,llama-3.2-1b] [--formats int4,...] [--sweep]
     python benchmarks/quantized_gpu.py --smoke --out /tmp/q   # the pipeline on CPU with a tiny shape
 
 One report, quantized_gpu_<gpu>.{json,md} in DIR (default $OUT, else benchmarks/reports/), rewritten after every item:
 - device copy bandwidth (the roofline's denominator);
 - per matmul of each shape (fused qkv, o, fused gate/up, down), 1 and 64 rows: bf16 `F.linear` (cuBLAS) against
-  the Triton 8-bit kernels, median µs of a CUDA graph of calls rotating over enough weight copies that L2 holds
-  none of them, and the weight bytes per second; --sweep also times a set of other launch shapes;
+  the Triton 8-bit and 4-bit kernels, median µs of a CUDA graph of calls rotating over enough weight copies that
+  L2 holds none of them, and the weight bytes per second; --sweep also times a set of other launch shapes;
 - end to end, CUDA graphs on, per shape and weight format: batch-1 decode tok/s (median of 3 replies of 256
   tokens), batch-64 decode tok/s and 1k-token prefill tok/s; the bytes a decode token reads (every weight
   buffer as stored, once) over the copy bandwidth is the roofline, and tok/s against bf16 the speedup. The
-  formats: bf16; FP8 blocks and INT8 channels quantized at load (every linear weight, the LM head too, as
-  gpt-fast's int8 does); and an FP8 checkpoint written first in Qwen3-8B-FP8's layout (LM head bf16), loaded
+  formats: bf16; FP8 blocks, INT8 channels and INT4 groups quantized at load (every linear weight, the LM head
+  too, as gpt-fast's int8 does); and an FP8 checkpoint written first in Qwen3-8B-FP8's layout (LM head bf16), loaded
   as stored.
 """
 
@@ -43,9 +43,10 @@ from infer import LLM
 
 REPORTS = Path(__file__).parent / "reports"
 # quantization= values; "none": bf16 weights; "checkpoint": an FP8 checkpoint written first, loaded as stored
-FORMATS = ("none", "fp8", "int8", "checkpoint")
+FORMATS = ("none", "fp8", "int8", "int4", "checkpoint")
 FORMAT_NAMES = {"none": "bf16", "fp8": "FP8 128x128 blocks", "int8": "INT8 per channel",
-                "checkpoint": "FP8 checkpoint, bf16 head"}
+                "int4": "INT4 groups of 32", "checkpoint": "FP8 checkpoint, bf16 head"}
+KERNEL_FORMATS = ("fp8", "int8", "int4")
 PLAN = Plan(models=("llama-3.1-8b", "llama-3.2-1b"), graph_modes=(True,), batches=(64,), prefill_lens=(1024,),
             max_seq_len=2048, max_batch_size=64, prefill_repeats=3)
 GRAPH_CALLS = 20
@@ -84,10 +85,15 @@ def copies(nbytes: int) -> int:
     return max(2, min(16, -(-400 * 2**20 // nbytes)))
 
 
-def sweep_configs(rows: int, k: int, bk: int) -> list:
-    """Launch shapes to time: GEMV tiles at 1 row, tl.dot tiles (K tiles inside one scale block) above."""
+def sweep_configs(fmt: str, rows: int, k: int, bk: int) -> list:
+    """Launch shapes to time: GEMV tiles at 1 row, tl.dot tiles (8-bit: K tiles inside one scale block) above."""
+    from layerzero.kernels.triton.linear_int4 import Int4Tiles
     from layerzero.kernels.triton.linear_w8 import TileConfig
 
+    if fmt == "int4":  # tl.dot tiles only: the GEMV's shapes were chosen at 1 row already
+        sizes = (16, 32, 64) if rows <= 64 else (64, 128)
+        return [] if rows == 1 else [Int4Tiles(bm, bn, bk_, 4, stages) for bm, bn, bk_, stages
+                                     in itertools.product(sizes, (32, 64, 128), (32, 64, 128), (3, 4))]
     if rows == 1:
         return [TileConfig(1, bn, sub, warps) for bn, sub, warps in itertools.product((2, 4, 8), (512, 1024, 2048, 4096),
                                                                                       (4, 8))]
@@ -95,35 +101,50 @@ def sweep_configs(rows: int, k: int, bk: int) -> list:
             in itertools.product((32, 64), (32, 64, 128), (3, 4), (1, 2, 4))]
 
 
-def kernel_rows(n: int, k: int, rows: int, sweep: bool) -> dict[str, Any]:
-    """One matmul shape at `rows` rows: bf16 cuBLAS against the 8-bit Triton kernels."""
-    from infer.models.quant import W8Weight
+def kernel_rows(n: int, k: int, rows: int, formats: tuple[str, ...], sweep: bool) -> dict[str, Any]:
+    """One matmul shape at `rows` rows: bf16 cuBLAS against the quantized Triton kernels."""
+    from infer.models.quant import Int4Weight, W8Weight
+    from layerzero.kernels.triton import linear_int4, linear_w8
     from layerzero.kernels.triton.launch import sm_count
-    from layerzero.kernels.triton.linear_w8 import TileConfig, linear_w8, tile_config
 
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies(2 * n * k))]
     out: dict[str, Any] = {"n": n, "k": k, "rows": rows}
     out["bf16_us"] = graph_us([lambda w=w: F.linear(x, w) for w in dense])
     out["bf16_gb_s"] = 2 * n * k / out["bf16_us"] / 1e3
-    for fmt in ("fp8", "int8"):
-        weights = [W8Weight.quantize(w, fmt) for w in dense[:copies(n * k)]]
-        calls = [lambda q=q: linear_w8(x, q.weight, q.scale, None, block_size=q.block_size) for q in weights]
-        us = graph_us(calls)
-        nbytes = n * k + weights[0].scale.numel() * 4
-        out[fmt] = {"us": us, "gb_s": nbytes / us / 1e3, "speedup": out["bf16_us"] / us,
-                    "config": tile_config(rows, n, k, weights[0].block_size[1], sm_count(x.device))._asdict()}
+    for fmt in formats:
+        if fmt == "int4":
+            weights = [Int4Weight.quantize(w) for w in dense[:copies(n * k // 2)]]
+
+            def call(q: Int4Weight, c: Any = None) -> torch.Tensor:
+                return linear_int4.linear_int4(x, q.qweight, q.scales_zeros, None, group_size=q.group_size, config=c)
+
+            nbytes = weights[0].qweight.numel() + weights[0].scales_zeros.numel() * 4
+            bk, default = 32, linear_int4.tile_config(rows, n, k, 32)
+        else:
+            weights = [W8Weight.quantize(w, fmt) for w in dense[:copies(n * k)]]
+
+            def call(q: W8Weight, c: Any = None) -> torch.Tensor:
+                return linear_w8.linear_w8(x, q.weight, q.scale, None, block_size=q.block_size, config=c)
+
+            nbytes = n * k + weights[0].scale.numel() * 4
+            bk = weights[0].block_size[1]
+            default = linear_w8.tile_config(rows, n, k, bk, sm_count(x.device))
+        us = graph_us([lambda q=q: call(q) for q in weights])
+        out[fmt] = {"us": us, "gb_s": nbytes / us / 1e3, "speedup": out["bf16_us"] / us, "config": default._asdict()}
         if sweep:
             tried = []
-            for cfg in sweep_configs(rows, k, weights[0].block_size[1]):
+            for cfg in sweep_configs(fmt, rows, k, bk):
                 try:
-                    t = graph_us([lambda q=q, c=cfg: linear_w8(x, q.weight, q.scale, None, block_size=q.block_size,
-                                                               config=c) for q in weights])
+                    t = graph_us([lambda q=q, c=cfg: call(q, c) for q in weights])
                 except Exception as exc:  # a tile shape the compiler refuses is a data point, not a failure
                     tried.append({"config": cfg._asdict(), "error": repr(exc)[:200]})
                     continue
                 tried.append({"config": cfg._asdict(), "us": t})
             out[fmt]["sweep"] = sorted(tried, key=lambda r: r.get("us", 1e9))[:8]
+            if fmt == "int4":  # the alternative: dequantize the whole weight to bf16, then cuBLAS
+                out[fmt]["dequantize_then_cublas_us"] = graph_us(
+                    [lambda q=q: F.linear(x, q.dequantize().to(x.dtype)) for q in weights])
         del weights
     del dense
     torch.cuda.empty_cache()
@@ -212,22 +233,25 @@ def markdown(report: dict[str, Any]) -> str:
     """The report's tables: per-matmul kernels, then end to end with speedups against bf16."""
     hw = report["hardware"]
     copy = report.get("copy", {}).get("gb_s", float("nan"))
-    lines = [f"# 8-bit weights on the GPU: {hw.get('gpu', hw.get('cpu'))}", "",
+    lines = [f"# Quantized weights on the GPU: {hw.get('gpu', hw.get('cpu'))}", "",
              f"{report['meta']['date']}; torch {hw['torch']}, triton {hw['triton']}; copy bandwidth {copy:.0f} GB/s. "
              f"Reproduce: `python benchmarks/quantized_gpu.py` (`bash scripts/gpu_quantized.sh` on the lent GPU).", ""]
     kernels = report.get("kernels", {})
     if kernels:
+        formats = [f for f in KERNEL_FORMATS if any(f in r for r in kernels.values())]
         lines += ["## Per matmul (CUDA graph, weights rotated past L2)", "",
-                  "| shape | matmul | N x K | rows | bf16 µs | fp8 µs | fp8 GB/s | fp8 speedup | int8 µs | int8 GB/s "
-                  "| int8 speedup |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| shape | matmul | N x K | rows | bf16 µs | " + " | ".join(f"{f} µs | {f} GB/s | {f} speedup"
+                                                                        for f in formats) + " |",
+                  "|---|---|---|---:|---:|" + "---:|---:|---:|" * len(formats)]
         for key, r in kernels.items():
             if "error" in r:
                 lines.append(f"| {key} | error: {r['error'][:80]} |")
                 continue
             model, matmul, _ = key.split("/")
+            cells = [f"{r[f]['us']:.1f} | {r[f]['gb_s']:.0f} | {r[f]['speedup']:.2f}x" if f in r else "– | – | –"
+                     for f in formats]
             lines.append(f"| {model} | {matmul} | {r['n']} x {r['k']} | {r['rows']} | {r['bf16_us']:.1f} | "
-                         f"{r['fp8']['us']:.1f} | {r['fp8']['gb_s']:.0f} | {r['fp8']['speedup']:.2f}x | "
-                         f"{r['int8']['us']:.1f} | {r['int8']['gb_s']:.0f} | {r['int8']['speedup']:.2f}x |")
+                         + " | ".join(cells) + " |")
         lines.append("")
     models = report.get("models", {})
     batch, prompt = report["plan"]["batches"][0], report["plan"]["prefill_lens"][0]
@@ -260,11 +284,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPORTS)
     parser.add_argument("--models", default=None, help=f"comma-separated, from {', '.join(ms.SHAPES)}")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help=f"comma-separated weight formats to time, from {', '.join(FORMATS)} (bf16 is always timed)")
+    parser.add_argument("--rows", default="1,64", help="comma-separated row counts of the per-matmul timings")
+    parser.add_argument("--tag", default="", help="appended to the report's file name (quantized_gpu_<gpu><tag>)")
     parser.add_argument("--sweep", action="store_true", help="also time other launch shapes (GEMV and tl.dot tiles)")
     parser.add_argument("--no-kernels", action="store_true", help="end to end only")
     parser.add_argument("--no-engine", action="store_true", help="per-matmul kernels only")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shape, end to end only (checks the pipeline)")
     args = parser.parse_args()
+    formats = tuple(f for f in args.formats.split(",") if f)
+    if unknown := set(formats) - set(FORMATS):
+        parser.error(f"--formats: unknown {sorted(unknown)}; choose from {', '.join(FORMATS)}")
+    engine_formats = ("none",) + tuple(f for f in FORMATS if f in formats and f != "none")
     plan = replace(PLAN, **{k: v for k, v in SMOKE.items() if k in ("models", "device", "dtype", "prompt_len",
                                                                      "new_tokens", "repeats", "batch_warm_steps",
                                                                      "batch_timed_steps", "prefill_repeats",
@@ -282,8 +314,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        (args.out / f"quantized_gpu_{slug}.json").write_text(json.dumps(report, indent=1, default=str))
-        (args.out / f"quantized_gpu_{slug}.md").write_text(markdown(report))
+        (args.out / f"quantized_gpu_{slug}{args.tag}.json").write_text(json.dumps(report, indent=1, default=str))
+        (args.out / f"quantized_gpu_{slug}{args.tag}.md").write_text(markdown(report))
 
     def attempt(where: dict[str, Any], key: str, fn: Callable[[], Any]) -> None:
         try:
@@ -299,12 +331,13 @@ def main() -> None:
     if plan.device == "cuda" and not args.no_kernels:
         for name in plan.models:
             for matmul, (n, k) in linears(ms.model_config(name)).items():
-                for rows in (1, 64):
+                for rows in (int(r) for r in args.rows.split(",")):
                     attempt(report["kernels"], f"{name}/{matmul}/{rows}",
-                            lambda n=n, k=k, r=rows: kernel_rows(n, k, r, args.sweep))
+                            lambda n=n, k=k, r=rows: kernel_rows(n, k, r, tuple(f for f in KERNEL_FORMATS
+                                                                                if f in formats), args.sweep))
     for name in plan.models if not args.no_engine else ():
         runs = report["models"].setdefault(name, {})
-        for fmt in FORMATS:
+        for fmt in engine_formats:
             attempt(runs, fmt, lambda n=name, f=fmt: engine_run(n, f, plan, copy_gb_s))
     print(markdown(report))
 

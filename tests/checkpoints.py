@@ -1,10 +1,14 @@
-"""Tiny random Llama 3 / Qwen 3 / Gemma 3 checkpoints built with transformers' own config classes."""
+"""Tiny random Llama 3 / Qwen 3 / Gemma 3 checkpoints built with transformers' own config classes, and the same
+written as 8-bit HF checkpoints or as a quantized GGUF."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
 FAMILIES = ("llama", "qwen3", "gemma3")
@@ -141,3 +145,52 @@ def quantize_checkpoint(src: Path, dst: Path, fmt: str, block: tuple[int, int] =
         }
     (dst / "config.json").write_text(json.dumps(config))
     return dst
+
+
+GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's Q/K row permutation (HF's split rotary halves to interleaved), as its converter applies it."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_gguf(path: Path, seed: int = 4, kinds: dict[str, GGMLQuantizationType] | None = None,
+                     ) -> tuple[Path, dict[str, np.ndarray]]:
+    """A tiny Llama as llama.cpp would write it, each projection in its `kinds` entry (by GGUF name, e.g. "attn_q";
+    Q8_0 where none is given), quantized by gguf-py; returns the file and each projection's raw blocks."""
+    model = tiny_hf_model("llama", seed)  # its llama3 rope scaling is left out of the file: both loads share that
+    cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
+    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
+    writer.add_tensor("output.weight", state["lm_head.weight"])
+    raw = {}
+    for i in range(cfg.num_hidden_layers):
+        for hf, ours in GGUF_LAYER.items():
+            w = state[f"model.layers.{i}.{hf}.weight"]
+            name = f"blk.{i}.{ours}.weight"
+            if w.ndim == 1:
+                writer.add_tensor(name, w)
+                continue
+            if ours in ("attn_q", "attn_k"):
+                w = _permute(w, cfg.num_attention_heads if ours == "attn_q" else cfg.num_key_value_heads)
+            kind = (kinds or {}).get(ours, GGMLQuantizationType.Q8_0)
+            raw[name] = quantize(w, kind)
+            writer.add_tensor(name, raw[name], raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, raw

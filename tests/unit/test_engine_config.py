@@ -15,7 +15,6 @@ from infer.engine.config import EngineConfig, EngineConfigError
         ({"fairness_steps": 1}, "fairness_steps"),
         ({"max_waiting_requests": 0}, "max_waiting_requests"),
         ({"quantization": "awq"}, "quantization"),
-        ({"quantization": "int4", "device": "cuda"}, "quantization"),
         ({"use_chunked_prefill": True, "batching_mode": "static"}, "use_chunked_prefill"),
         ({"use_prefix_caching": True, "kv_cache_backend": "contiguous"}, "use_prefix_caching"),
         ({"use_prefix_caching": True, "use_chunked_prefill": False}, "use_prefix_caching"),

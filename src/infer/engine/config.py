@@ -44,7 +44,7 @@ class EngineConfig:
     max_prefill_chunks_per_step: int | None = None  # None = as many as the token budget and batch size allow
     use_prefix_caching: bool = False  # off by default: it costs ~10% at a 0% hit rate on an H100 (docs/engine.md)
     use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
-    quantization: str = "auto"  # "auto": weights stay as stored (8-bit HF, 4-bit GGUF on CPU); "none"; "int4" | "int8" | "fp8" at load: docs/quantization.md
+    quantization: str = "auto"  # "auto": weights stay as stored (8-bit HF, 4-bit / Q8_0 GGUF); "none"; "int4" | "int8" | "fp8" at load: docs/quantization.md
     probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
     speculative_method: str | None = None  # "ngram" (prompt lookup) or "draft" (a smaller model): docs/speculative.md
     num_speculative_tokens: int | None = None  # drafts per step and request (k); None = 4 with a method
@@ -99,8 +99,6 @@ class EngineConfig:
         self._check("use_cuda_graphs", not self.use_cuda_graphs or self.resolved_device.startswith("cuda"),
                     "requires a CUDA device")
         self._speculative()
-        self._check("quantization", self.quantization != "int4" or not self.resolved_device.startswith("cuda"),
-                    "'int4' needs the CPU: the 4-bit matmul kernel is CPU-only so far (docs/quantization.md)")
 
     def _speculative(self) -> None:
         method = self.speculative_method

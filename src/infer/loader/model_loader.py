@@ -67,11 +67,18 @@ def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False, 
     return iter_safetensors(path, dtype, quant, keep_w8)
 
 
-def _fast_q8_0() -> bool:
-    """Whether this CPU has a kernel for Q8_0's int8 blocks of 32 (the native one) rather than only the reference,
-    which would dequantize every weight on every call: then a GGUF's Q8_0 weights are dequantized at load instead."""
-    x, w, scale = torch.zeros(1, 32), torch.zeros(16, 32, dtype=torch.int8), torch.ones(16, 1)
-    return not lz.which("linear_w8", x, w, scale, None, block_size=(1, GROUP))["kernel_id"].startswith("reference.")
+def _kept_kernel(fmt: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `device` has a kernel for a GGUF's kept `fmt` ("int4": groups of 32; "q8_0": int8 blocks of 32) other
+    than the reference, which would dequantize every weight on every call: without one, those weights are dequantized
+    at load instead."""
+    x = torch.zeros(1, 2 * GROUP, dtype=dtype, device=device)
+    if fmt == "int4":
+        q, sz = torch.zeros(16, GROUP, dtype=torch.uint8, device=device), torch.ones(2, 16, 2, device=device)
+        kernel = lz.which("linear_int4", x, q, sz, None, group_size=GROUP)["kernel_id"]
+    else:
+        w, scale = torch.zeros(16, 2 * GROUP, dtype=torch.int8, device=device), torch.ones(16, 2, device=device)
+        kernel = lz.which("linear_w8", x, w, scale, None, block_size=(1, GROUP))["kernel_id"]
+    return not kernel.startswith("reference.")
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int,
@@ -112,8 +119,9 @@ def load_model(
 
     quantization (docs/quantization.md): "none" dequantizes everything to `dtype`; "auto" keeps the linear weights
     of an 8-bit HF checkpoint (FP8 blocks, compressed-tensors int8/fp8) 8-bit, and a GGUF's 4-bit ones 4-bit and
-    Q8_0 ones 8-bit on the CPU (the only device with those kernels so far; Q8_0 only where the native kernel
-    builds); "int4", "int8" and "fp8" quantize every linear weight after loading (docs/quantization.md says how).
+    Q8_0 ones 8-bit wherever a kernel other than the reference takes them (the CPU's native / torch kernels, CUDA's
+    Triton ones); "int4", "int8" and "fp8" quantize every linear weight after loading (docs/quantization.md says
+    how).
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -123,14 +131,16 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model)
     else:
-        keep_int4 = quantization == "auto" and is_gguf(path) and torch.device(device).type == "cpu"
+        where = torch.device(device)
+        gguf_kept = quantization == "auto" and is_gguf(path)
+        keep_int4 = gguf_kept and _kept_kernel("int4", where, dtype)
         quant = checkpoint_quant(path)
-        keep_w8 = quantization == "auto" and (quant is not None or keep_int4 and _fast_q8_0())
+        keep_w8 = quantization == "auto" and quant is not None or gguf_kept and _kept_kernel("q8_0", where, dtype)
         with torch.no_grad():
             load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8),
                          cfg.tie_word_embeddings, torch.device(device),
                          model.linear_weights() if keep_int4 or keep_w8 else ())
-        if keep_int4 and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
+        if gguf_kept and where.type == "cpu" and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
             # a GGUF head is stored in at most 16 bits (F16, Q8_0, Q6_K, ...): float16 holds it for the CPU's
             # dense half-precision matmul, ~5x faster than float32 on the LM head of a small model
             model.hold_head_in(torch.float16)

@@ -80,6 +80,14 @@ def _w8_blocks(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+def _int4_groups(ctx: SelectionContext) -> list[Reason]:
+    """The GEMV sums each group of columns before its scale, as a reshape: groups are powers of two >= 16."""
+    group = ctx.param("group_size")
+    if group is not None and (group < 16 or group & (group - 1)):
+        return [Reason(R.CONSTRAINT_FAILED, f"group_size {group}: the Triton kernel takes powers of two >= 16")]
+    return []
+
+
 def _varlen_launch(ctx: SelectionContext) -> LaunchConfig:
     # Grid (query tiles, sequences, heads); 64 rows per tile is the smallest tile used on CUDA.
     return LaunchConfig((max(1, -(-ctx.seq_q // 64)), ctx.batch, max(ctx.num_heads, 1)), 256)
@@ -118,6 +126,8 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, check=_gelu_mode, **common),
         KernelSpec("triton.linear_w8", "linear_w8", impl=_lazy("linear_w8", "linear_w8"), priority=PRIORITY,
                    quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_w8_blocks, **common),
+        KernelSpec("triton.linear_int4", "linear_int4", impl=_lazy("linear_int4", "linear_int4"), priority=PRIORITY,
+                   check=_int4_groups, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.paged_attention", "paged_attention", impl=_lazy("paged_attention", "paged_attention"),

@@ -77,3 +77,26 @@ def test_lock_to_the_reference_and_shape_errors() -> None:
         lz.linear_int4(torch.randn(2, 32), qweight, sz, 32)
     with pytest.raises(ValueError, match="uint8"):
         lz.linear_int4(x, qweight.to(torch.int32), sz, 32)
+
+
+@pytest.fixture(scope="module")
+def kernels(triton_interpreted):
+    return triton_interpreted("linear_int4")
+
+
+# rows: the GEMV (<= 4) and the tl.dot tiles (16 and 128 rows); K: a whole tile, a partial last tile, groups of 64
+# and 128 (a GEMV tile of one group); N not a multiple of any tile
+@pytest.mark.parametrize("rows", [1, 3, 9, 70])
+@pytest.mark.parametrize(("n", "k", "group"), [(40, 96, 32), (70, 320, 64), (24, 256, 128)])
+def test_triton_kernels_match_the_reference(kernels, rows: int, n: int, k: int, group: int) -> None:
+    gen = torch.Generator().manual_seed(rows + n + k)
+    qweight = pack_int4(torch.randint(0, 16, (n, k), generator=gen))
+    sz = torch.randn(k // group, n, 2, generator=gen) * 0.05
+    b = torch.randn(n, generator=gen)
+    for dtype, rtol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        x = torch.randn(rows, k, generator=gen).to(dtype)
+        got = kernels.linear_int4(x, qweight, sz, b, group_size=group)
+        want = linear_int4(x.float(), qweight, sz, b, group_size=group)
+        assert got.dtype == dtype and got.shape == (rows, n)
+        assert (got.float() - want).abs().max() <= rtol * want.abs().max(), dtype
+

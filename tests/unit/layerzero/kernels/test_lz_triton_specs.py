@@ -12,7 +12,7 @@ from layerzero.select import reasons as R
 from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache",
-       "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8"}
+       "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):
@@ -55,6 +55,13 @@ def test_gelu_mode_check(mode):
     gelu = next(s for s in specs.kernel_specs() if s.op == "gelu_and_mul")
     ctx = SelectionContext.from_tensors("gelu_and_mul", torch.randn(2, 8), approximate=mode)
     assert [r.code for r in gelu.check(ctx)] == ([] if mode != "exact" else [R.CONSTRAINT_FAILED])
+
+
+@pytest.mark.parametrize(("group", "ok"), [(32, True), (128, True), (16, True), (24, False), (8, False)])
+def test_int4_group_check(group, ok):
+    int4 = next(s for s in specs.kernel_specs() if s.op == "linear_int4")
+    ctx = SelectionContext(op="linear_int4", params=(("group_size", group),))
+    assert [r.code for r in int4.check(ctx)] == ([] if ok else [R.CONSTRAINT_FAILED])
 
 
 def test_varlen_launch_reports_the_sequence_grid_dimension():
