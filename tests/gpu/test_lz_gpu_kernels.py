@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from layerzero.kernels.triton import activation, kv_cache, norm, paged_attention, rope, varlen_attention  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}  # spec §3.2
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}  # tools/inspect.py TOLERANCES
 # (heads, kv_heads, head_dim, window): Llama-3.2-1B, Llama-3.1-8B, Gemma-3-1B (sliding layers)
 ATTENTION_SHAPES = [(32, 8, 64, None), (32, 8, 128, None), (4, 1, 256, 512)]
 

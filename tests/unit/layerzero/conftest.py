@@ -54,7 +54,7 @@ def triton_interpreted() -> Callable[[str], ModuleType]:
     return load_interpreted
 
 
-# spec §3.2 tolerances (rtol = atol) against the PyTorch reference
+# the per-dtype tolerances (rtol = atol) against the PyTorch reference, as tools/inspect.py TOLERANCES
 SPEC_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 

@@ -12,7 +12,7 @@ from layerzero.kernels.reference import activation, norm
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import rope as rope_ref
 
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # spec §3.2 (half: one more ulp of slack)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # tools/inspect.py TOLERANCES (half: one more ulp of slack)
 DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -236,7 +236,7 @@ def test_cached_identity_sees_added_tokens_at_once_and_in_place_changes_within_t
     other.normalizer = normalizers.Lowercase()
     fresh = tokenizer_identity(other)
     seen = [cached_identity(other) for _ in range(10)]
-    assert seen[-1] == fresh and seen[0] != fresh  # stale until the scheduled re-validation (appendix I.8)
+    assert seen[-1] == fresh and seen[0] != fresh  # stale until the scheduled re-validation (reference/tokenize.py)
 
 
 def test_identity_feeds_the_selection_cache_key(tok):
