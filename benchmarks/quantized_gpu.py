@@ -285,7 +285,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPORTS)
     parser.add_argument("--models", default=None, help=f"comma-separated, from {', '.join(ms.SHAPES)}")
     parser.add_argument("--formats", default=",".join(FORMATS),
-                        help=f"comma-separated weight formats to time, from {', '.join(FORMATS)} (bf16 is always timed)")
+                        help=f"comma-separated weight formats to time, from {', '.join(FORMATS)} "
+                             "(bf16 is always timed)")
     parser.add_argument("--rows", default="1,64", help="comma-separated row counts of the per-matmul timings")
     parser.add_argument("--tag", default="", help="appended to the report's file name (quantized_gpu_<gpu><tag>)")
     parser.add_argument("--sweep", action="store_true", help="also time other launch shapes (GEMV and tl.dot tiles)")

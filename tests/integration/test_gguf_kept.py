@@ -68,3 +68,16 @@ def test_4bit_and_8bit_projections_mixed(tmp_path) -> None:
     ids = [5, 17, 200, 3, 99, 41, 7]
     (hidden, _), (hidden_want, _) = _hidden_and_logits(kept, ids), _hidden_and_logits(dense, ids)
     assert (hidden - hidden_want).abs().max().item() <= 1e-5 * hidden_want.abs().max().item()  # float32 both ways
+
+
+def test_a_tied_q8_0_head_stays_8bit_beside_its_float_embedding() -> None:
+    from infer.loader.gguf_loader import bundled_smollm2
+
+    model = load_model(bundled_smollm2(), quantization="auto").model  # token_embd is Q8_0, the head tied to it
+    head = model.lm_head
+    assert isinstance(head, W8Weight) and head.weight.dtype == torch.int8 and head.block_size == (1, 32)
+    assert model.embed.dtype == torch.float32 and torch.equal(head.dequantize(), model.embed.detach())
+    hidden = torch.randn(3, model.embed.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        got, want = model.compute_logits(hidden), hidden @ model.embed.detach().T
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()  # float32 both ways

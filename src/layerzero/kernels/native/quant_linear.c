@@ -29,6 +29,9 @@
 #ifndef PREFETCH
 #define PREFETCH 2048  /* bytes of the 4-bit stream fetched ahead (the hardware prefetcher alone falls behind) */
 #endif
+#ifndef PREFETCH8
+#define PREFETCH8 2048  /* bytes of the 8-bit stream fetched ahead: a 49152 x 576 head 2.27 -> 1.23 ms at one row */
+#endif
 
 /* x [m, k] -> xp [m, k], each 32-column chunk as (its 16 even columns, its 16 odd columns). */
 static void permute_x(const float *x, int64_t m, int64_t k, float *xp) {
@@ -96,6 +99,12 @@ static inline __attribute__((always_inline)) void int8_tile(Row a, Row b, const 
         __m512 part_a[TILE], part_b[TILE];
         for (int r = 0; r < R; r++) part_a[r] = part_b[r] = _mm512_setzero_ps();
         for (int64_t c = g * block; c < (g + 1) * block; c += HALF) {
+#if PREFETCH8 > 0
+            if ((c & 63) == 0) {  /* one line of each row's stream a 64 columns */
+                _mm_prefetch((const char *)(qa + c + PREFETCH8), _MM_HINT_T0);
+                _mm_prefetch((const char *)(qb + c + PREFETCH8), _MM_HINT_T0);
+            }
+#endif
             __m512 wa = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qa + c))));
             __m512 wb = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qb + c))));
             for (int r = 0; r < R; r++) {
