@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import layerzero as lz
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+import layerzero as lz
 from checkpoints import save_tiny
 from decode_helpers import _step
 from infer.kv.kv_manager import KVCacheManager

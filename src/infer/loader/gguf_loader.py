@@ -258,7 +258,7 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False,
             q, scale = read_q8_0(tensor.data)
             if arch == "llama" and base in qk_heads:
                 q, scale = _unpermute(q, qk_heads[base]), _unpermute(scale, qk_heads[base])
-            yield name, W8Tensor(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale)), (1, GROUP))
+            yield name, _q8_0_tensor(q, scale)
             continue
         w = dequantize(tensor.data, tensor.tensor_type)
         if arch == "llama" and base in qk_heads:
@@ -274,7 +274,11 @@ def gguf_head_q8_0(path: str | Path) -> W8Tensor | None:
     head = tensors.get("output.weight", tensors.get("token_embd.weight"))
     if head is None or head.tensor_type != GGMLQuantizationType.Q8_0:
         return None
-    q, scale = read_q8_0(head.data)
+    return _q8_0_tensor(*read_q8_0(head.data))
+
+
+def _q8_0_tensor(q: np.ndarray, scale: np.ndarray) -> W8Tensor:
+    """Q8_0 values and scales as the int8 weight `lz.linear_w8` takes, blocks (1, 32)."""
     return W8Tensor(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale)), (1, GROUP))
 
 

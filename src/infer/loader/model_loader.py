@@ -138,7 +138,7 @@ def load_model(
         keep_w8 = quantization == "auto" and quant is not None or gguf_kept and _kept_kernel("q8_0", where, dtype)
         with torch.no_grad():
             load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8),
-                         cfg.tie_word_embeddings, torch.device(device),
+                         cfg.tie_word_embeddings, where,
                          model.linear_weights() if keep_int4 or keep_w8 else ())
         if gguf_kept and where.type == "cpu" and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
             head = gguf_head_q8_0(path) if keep_w8 else None

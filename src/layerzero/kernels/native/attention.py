@@ -22,6 +22,12 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()
 
 
+def rows_of_heads(x: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] with each token's heads side by side (any row stride: often a view into qkv), else a contiguous
+    copy: the layout C reads with one row stride."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
 def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
     """C indexes the caches as dense [blocks, block_size, Hkv, D] float32 arrays."""
     if not (key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape):
@@ -32,8 +38,7 @@ def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
 def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
          cu_seqlens_q: torch.Tensor | None, context_lens: torch.Tensor, scale: float, sliding_window: int | None,
          max_context_len: int, max_q_len: int = 0) -> torch.Tensor:
-    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:  # any row stride is fine (q is often a view into qkv)
-        q = q.contiguous()
+    q = rows_of_heads(q)
     out = torch.empty(q.shape, dtype=q.dtype)
     tables, lens = _int32(block_tables), _int32(context_lens)
     cu = None if cu_seqlens_q is None else _int32(cu_seqlens_q)

@@ -7,17 +7,12 @@ import ctypes
 
 import torch
 
-from layerzero.kernels.native.attention import check_caches
+from layerzero.kernels.native.attention import check_caches, rows_of_heads
 from layerzero.kernels.native.build import kernel
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ROPE_ARGS = (_P, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_int, _P)
 STORE_ARGS = (_P, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64)
-
-
-def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] with each token's heads side by side (any row stride), else a contiguous copy."""
-    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool) -> torch.Tensor:
@@ -36,7 +31,7 @@ def store_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tens
                    slot_mapping: torch.Tensor) -> None:
     """key/value [T, Hkv, D] into caches [blocks, block_size, Hkv, D] at flat slots (negative: skipped)."""
     check_caches(key_cache, value_cache)
-    key, value = _rows_of_heads(key), _rows_of_heads(value)
+    key, value = rows_of_heads(key), rows_of_heads(value)
     slots = slot_mapping.to(torch.int64).contiguous()
     width = key_cache.shape[2] * key_cache.shape[3]
     status = kernel("kv_cache", "store_kv_cache", STORE_ARGS, ctypes.c_int)(
