@@ -125,11 +125,11 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     runner = TorchRunner(
         loaded.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-        bucket_sizes(config.decode_rows) if config.cuda_graphs else (), probe_bank(config, loaded.config),
+        bucket_sizes(config.decode_rows) if config.decode_graphs else (), probe_bank(config, loaded.config),
         max_drafts=config.speculative_tokens,
         drafter=None if drafter is None else Drafter(
             drafter.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-            bucket_sizes(2 * config.max_batch_size) if config.cuda_graphs else ()),
+            bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()),
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = Engine(config, runner, kv, tokenizer)

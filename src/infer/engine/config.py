@@ -43,7 +43,7 @@ class EngineConfig:
     prefill_chunk_size: int = 512  # most prompt tokens of one request in one step
     max_prefill_chunks_per_step: int | None = None  # None = as many as the token budget and batch size allow
     use_prefix_caching: bool = False  # off by default: it costs ~10% at a 0% hit rate on an H100 (docs/engine.md)
-    use_cuda_graphs: bool | None = None  # None = on for CUDA with the paged cache; decode only
+    use_cuda_graphs: bool | None = None  # None = on with the paged cache (on the CPU: recorded calls); decode only
     quantization: str = "auto"  # "auto": weights stay as stored (8-bit HF, 4-bit / Q8_0 GGUF); "none"; "int4" | "int8" | "fp8" at load: docs/quantization.md
     probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
     speculative_method: str | None = None  # "ngram" (prompt lookup) or "draft" (a smaller model): docs/speculative.md
@@ -139,12 +139,12 @@ class EngineConfig:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     @property
-    def cuda_graphs(self) -> bool:
-        """Whether decode replays CUDA graphs: as asked, or by default on CUDA with the paged cache."""
+    def decode_graphs(self) -> bool:
+        """Whether decode replays graphs (CUDA graphs on CUDA, recorded kernel calls on the CPU:
+        infer/runners/cpu_graphs.py): as asked, or by default with the paged cache and continuous batching."""
         if self.use_cuda_graphs is not None:
             return self.use_cuda_graphs
-        paged_continuous = self.kv_cache_backend == "paged" and self.batching_mode == "continuous"
-        return paged_continuous and self.resolved_device.startswith("cuda")
+        return self.kv_cache_backend == "paged" and self.batching_mode == "continuous"
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -19,7 +19,7 @@ import torch
 
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, KVCache, cu_seqlens
-from infer.runners.cuda_graphs import DecodeGraphs
+from infer.runners.graphs import Graphs, decode_graphs
 from infer.runners.step import StepInput
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.speculative import draft_sample
@@ -104,10 +104,9 @@ class Drafter:
         self._context = torch.zeros(rows, dtype=torch.int32, device=self.device)
         self._tables = torch.zeros(rows, blocks, dtype=torch.int32, device=self.device)
         self._cu = torch.arange(rows + 1, dtype=torch.int32, device=self.device)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: Graphs | None = None
         if graph_sizes:
-            with torch.inference_mode():
-                self.graphs = DecodeGraphs(self._decode_logits, graph_sizes, self.device)
+            self.graphs = decode_graphs(self._decode_logits, graph_sizes, self.device)
 
     def _decode_logits(self, rows: int, max_context_len: int | None = None) -> torch.Tensor:
         """A decode pass over the fixed inputs' first `rows` rows (what a graph captures, at full capacity)."""

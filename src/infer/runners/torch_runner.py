@@ -20,9 +20,10 @@ import torch
 
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
-from infer.runners.cuda_graphs import DecodeGraphs, GraphStats
+from infer.runners.cuda_graphs import GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.drafter import Drafter, Drafts
+from infer.runners.graphs import Graphs, decode_graphs
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
@@ -106,14 +107,11 @@ class TorchRunner:
         readback_rows = max_batch_size * (max_drafts + 2 if max_drafts else 1)
         self._readbacks = [Readback(self.device, readback_rows, scores) for _ in range(2)]
         self._next_readback = 0
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: Graphs | None = None
         if graph_batch_sizes:
-            if self.device.type != "cuda":
-                raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
             if max(graph_batch_sizes) > self.decode_rows:
                 raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed the {self.decode_rows} rows of a decode step")
-            with torch.inference_mode():
-                self.graphs = DecodeGraphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device)
+            self.graphs = decode_graphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device)
 
     @property
     def graph_stats(self) -> GraphStats | None:

@@ -7,10 +7,14 @@ feature flags, so a home shared by different machines builds one library per CPU
 failure (no compiler, a compile error) is reported as `NativeBuildError` with the compiler's message, and the
 backend is then unavailable with that reason. OpenMP resolves to the libgomp torch has already loaded (same soname), so the
 kernels share torch's thread pool rather than oversubscribing the cores with a second one.
+
+`calls_into(sink)` also appends each kernel call made inside it (the ctypes function and its arguments) to `sink`:
+what a CPU decode graph (infer/runners/cpu_graphs.py) replays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -19,7 +23,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,8 @@ import torch  # noqa: F401  (loads torch's libgomp before any kernel library ask
 HERE = Path(__file__).parent
 CACHE_DIR = Path("~/.cache/layerzero/native")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+Call = tuple[Callable[..., Any], tuple[Any, ...]]  # a kernel call as made: (ctypes function, arguments)
+_sinks: list[list[Call]] = []  # the innermost calls_into's list gets each call
 
 
 class NativeBuildError(RuntimeError):
@@ -91,9 +97,27 @@ def load(name: str, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
 @functools.cache
 def kernel(name: str, symbol: str, argtypes: tuple[type, ...], restype: type | None = None,
            extra: tuple[str, ...] = ()) -> Callable[..., Any]:
-    """Function `symbol` of library `name`, with its C signature declared (ctypes then converts Python ints). Each
-    signature gets its own function object (indexing, unlike attribute access, does not share one), so declaring
-    a signature here never changes another caller's."""
+    """A caller of function `symbol` of library `name`, with its C signature declared (ctypes then converts Python
+    ints); the caller also reports each call to `calls_into`. Each signature gets its own function object (indexing,
+    unlike attribute access, does not share one), so declaring a signature here never changes another caller's."""
     fn = load(name, extra)[symbol]
     fn.argtypes, fn.restype = list(argtypes), restype
-    return fn
+
+    def call(*args: Any) -> Any:
+        if _sinks:
+            _sinks[-1].append((fn, args))
+        return fn(*args)
+
+    call.__name__ = symbol
+    return call
+
+
+@contextlib.contextmanager
+def calls_into(sink: list[Call]) -> Iterator[list[Call]]:
+    """Append every kernel call made inside the block to `sink`, in order, as well as making it. The arguments are
+    what C got (pointers as ints): a replay is valid while the memory they point to is."""
+    _sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _sinks.pop()

@@ -1,0 +1,200 @@
+"""CPU decode graphs: each batch-size bucket's decode forward recorded once, then replayed without Python per op.
+
+A CPU decode step of a small model spends as long in Python (module calls, bound sites, the native wrappers making
+outputs and reading pointers) as in its C kernels. Here, as with a CUDA graph, a bucket's forward runs once eagerly
+(kernels are selected, weights converted), once under a recorder, and from then on as a replay of what was recorded:
+- every native kernel call, in order: its ctypes function and arguments (pointers, sizes: layerzero's
+  `calls_into`);
+- every tensor op that computes (a view or an allocation computes nothing: its tensor keeps the memory it got), as
+  the same op again with its output copied where the recorded output lives; in-place ops as themselves.
+Every tensor made while recording is kept, so each pointer stays valid and each output lands where the next op
+reads it, the way a CUDA graph keeps its pool. The inputs are DecodeBuffers' fixed tensors, attention is bounded by
+the buffers' capacity, and the result is the recorded logits tensor, overwritten by the next replay.
+
+Invariant: a replay runs the kernels the recorded forward ran, on the same memory. A recording is dropped when
+layerzero could choose differently (its policy object or selection GENERATION changed) and is made again two
+forwards later. A forward that needs a tensor's value on the host (`.item()`, a shape that depends on values) cannot
+be replayed: its bucket stays eager. Like a CUDA graph, a replay runs no Python: forward hooks added to the model
+after the engine starts do not run in replayed steps (`use_cuda_graphs=False` decodes eagerly). docs/engine.md,
+"CPU decode graphs".
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from infer.runners.cuda_graphs import GraphStats
+from layerzero.kernels.native.build import Call, calls_into
+from layerzero.policy.state import get_policy
+from layerzero.select.generation import GENERATION
+
+MAX_CPU_GRAPH_BATCH = 16  # above this a step's C time dwarfs its Python, and each bucket keeps its activations
+_ALLOCATIONS = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided, torch.ops.aten.new_empty,
+                torch.ops.aten.new_empty_strided}
+
+
+class NotReplayable(Exception):
+    """The forward asked for something a replay cannot give (a host value, a shape that depends on values)."""
+
+
+def _tensors(value: object) -> list[torch.Tensor] | None:
+    """An op's tensor outputs, or None when it returned a host value."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    return None
+
+
+def _run_into(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[torch.Tensor]) -> None:
+    """Run a functional op again and put its result where the recorded one lives."""
+    fresh = func(*args, **kwargs)
+    for out, value in zip(outs, [fresh] if isinstance(fresh, torch.Tensor) else fresh):
+        out.copy_(value)
+
+
+def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    func(*args, **kwargs)
+
+
+class _Recorder(TorchDispatchMode):
+    """Runs each tensor op and appends what a replay must run to `ops`; keeps every tensor it sees made."""
+
+    def __init__(self, ops: list[Call]) -> None:
+        super().__init__()
+        self.ops, self.kept = ops, []  # type: tuple[list[Call], list[torch.Tensor]]
+        self.refusal: str | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        outs = _tensors(out)
+        if outs is None:
+            self.refusal = self.refusal or f"{func} returns a host value"
+            return out
+        if torch.Tag.dynamic_output_shape in func.tags and not _integer_index(func, args):
+            self.refusal = self.refusal or f"{func}'s output shape depends on values"
+        self.kept += outs
+        schema = func._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            self.ops.append((_run, (func, args, kwargs)))  # in place or out=: it writes the same memory again
+        elif func.overloadpacket in _ALLOCATIONS:
+            pass
+        elif not any(r.alias_info is not None for r in schema.returns) or not _views(outs, args, kwargs):
+            # a computed result; or an op that may return a view but copied (reshape, contiguous, under inference mode)
+            self.ops.append((_run_into, (func, args, kwargs, outs)))
+        return out
+
+
+def _views(outs: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether every output shares memory with an input (so there is nothing to compute again)."""
+    inputs = {t.untyped_storage().data_ptr() for t in _flat_tensors([*args, *kwargs.values()])}
+    return all(out.untyped_storage().data_ptr() in inputs for out in outs)
+
+
+def _flat_tensors(values: list[Any]) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (tuple, list)):
+            found += _flat_tensors(list(v))
+    return found
+
+
+def _integer_index(func: Any, args: tuple[Any, ...]) -> bool:
+    """aten.index with integer index tensors: its output shape is the indices' shape, whatever their values."""
+    return func is torch.ops.aten.index.Tensor and all(
+        i is None or not (i.dtype == torch.bool or i.dtype == torch.uint8) for i in args[1])
+
+
+@dataclass
+class _Recording:
+    ops: list[Call]
+    kept: list[torch.Tensor]
+    logits: torch.Tensor
+    generation: int
+    policy: object
+    seconds: float
+
+    def replay(self) -> torch.Tensor:
+        for fn, args in self.ops:
+            status = fn(*args)
+            if status:  # a native kernel's nonzero status (tensor ops and void kernels return None)
+                raise RuntimeError(f"native kernel {fn.__name__} failed (status {status}) in a CPU graph replay")
+        return self.logits
+
+    @property
+    def nbytes(self) -> int:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.kept}
+        return sum(storages.values())
+
+
+class CpuDecodeGraphs:
+    """Recorded decode forwards keyed by padded batch size (the interface of DecodeGraphs)."""
+
+    def __init__(self, forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...]) -> None:
+        self.sizes = tuple(s for s in sizes if s <= MAX_CPU_GRAPH_BATCH)
+        # a runner's method is held weakly: the runner owns its graphs, and a cycle would keep its KV cache alive
+        # until a full garbage collection
+        self._forward_ref = weakref.WeakMethod(forward) if inspect.ismethod(forward) else lambda: forward
+        self._recordings: dict[int, _Recording] = {}
+        self._warm: set[int] = set()  # buckets whose forward ran eagerly since the last (dropped) recording
+        self.eager: dict[int, str] = {}  # buckets that cannot be replayed, and why
+
+    @property
+    def stats(self) -> GraphStats:
+        recorded = self._recordings.values()
+        return GraphStats(tuple(sorted(self._recordings)), sum(r.seconds for r in recorded),
+                          sum(r.nbytes for r in recorded))
+
+    def bucket(self, rows: int) -> int | None:
+        """The smallest bucket holding `rows` sequences, or None (run eagerly)."""
+        i = bisect.bisect_left(self.sizes, rows)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def _forward(self, size: int) -> torch.Tensor:
+        forward = self._forward_ref()
+        if forward is None:
+            raise RuntimeError("the runner of these CPU decode graphs is gone")
+        return forward(size)
+
+    def replay(self, size: int) -> torch.Tensor:
+        """The logits [size, vocab] of the decode forward for `size` rows: replayed once recorded (overwritten by the
+        next replay), else run eagerly or recorded."""
+        recording = self._recordings.get(size)
+        policy = get_policy()
+        if recording is not None and recording.generation == GENERATION.value and recording.policy is policy:
+            return recording.replay()
+        if recording is not None:  # selection may differ now: warm up and record again
+            del self._recordings[size]
+            self._warm.discard(size)
+        if size in self.eager or size not in self._warm:
+            self._warm.add(size)
+            return self._forward(size)
+        return self._record(size, policy)
+
+    def _record(self, size: int, policy: object) -> torch.Tensor:
+        started = time.perf_counter()
+        generation = GENERATION.value
+        ops: list[Call] = []
+        recorder = _Recorder(ops)
+        with calls_into(ops), recorder:
+            logits = self._forward(size)
+        if recorder.refusal is not None:
+            self.eager[size] = recorder.refusal
+        else:
+            self._recordings[size] = _Recording(ops, recorder.kept, logits, generation, policy,
+                                                time.perf_counter() - started)
+        return logits
