@@ -37,7 +37,9 @@ from layerzero.kernels.native.build import Call, calls_into
 from layerzero.policy.state import get_policy
 from layerzero.select.generation import GENERATION
 
-MAX_CPU_GRAPH_BATCH = 16  # above this a step's C time dwarfs its Python, and each bucket keeps its activations
+# Each bucket keeps its own activations (~1.7 MB a row for the bundled model); 32 is the default max_batch_size, and
+# replays measured 1.54x eager at batch 1, 1.1x at 8, even at 32 (benchmarks/reports/cpu_graphs.md).
+MAX_CPU_GRAPH_BATCH = 32
 _ALLOCATIONS = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided, torch.ops.aten.new_empty,
                 torch.ops.aten.new_empty_strided}
 
