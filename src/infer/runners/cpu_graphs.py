@@ -14,7 +14,8 @@ the buffers' capacity, and the result is the recorded logits tensor, overwritten
 Invariant: a replay runs the kernels the recorded forward ran, on the same memory. A recording is dropped when
 layerzero could choose differently (its policy object or selection GENERATION changed) and is made again two
 forwards later. A forward that needs a tensor's value on the host (`.item()`, a shape that depends on values) cannot
-be replayed: its bucket stays eager. Like a CUDA graph, a replay runs no Python: forward hooks added to the model
+be replayed: its bucket stays eager. (`.tolist()` and `.numpy()` read CPU memory without an op the recorder sees: the
+decode forward must not use them, as a CUDA graph's forward must not sync.) Like a CUDA graph, a replay runs no Python: forward hooks added to the model
 after the engine starts do not run in replayed steps (`use_cuda_graphs=False` decodes eagerly). docs/engine.md,
 "CPU decode graphs".
 """
@@ -44,10 +45,6 @@ _ALLOCATIONS = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.
                 torch.ops.aten.new_empty_strided}
 
 
-class NotReplayable(Exception):
-    """The forward asked for something a replay cannot give (a host value, a shape that depends on values)."""
-
-
 def _tensors(value: object) -> list[torch.Tensor] | None:
     """An op's tensor outputs, or None when it returned a host value."""
     if value is None:
@@ -75,7 +72,8 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, ops: list[Call]) -> None:
         super().__init__()
-        self.ops, self.kept = ops, []  # type: tuple[list[Call], list[torch.Tensor]]
+        self.ops = ops
+        self.kept: list[torch.Tensor] = []
         self.refusal: str | None = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:

@@ -23,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ HERE = Path(__file__).parent
 CACHE_DIR = Path("~/.cache/layerzero/native")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 Call = tuple[Callable[..., Any], tuple[Any, ...]]  # a kernel call as made: (ctypes function, arguments)
-_sinks: list[list[Call]] = []  # the innermost calls_into's list gets each call
+_recording = threading.local()  # .sinks: this thread's calls_into lists; the innermost gets each call
 
 
 class NativeBuildError(RuntimeError):
@@ -104,8 +105,9 @@ def kernel(name: str, symbol: str, argtypes: tuple[type, ...], restype: type | N
     fn.argtypes, fn.restype = list(argtypes), restype
 
     def call(*args: Any) -> Any:
-        if _sinks:
-            _sinks[-1].append((fn, args))
+        sinks = getattr(_recording, "sinks", None)
+        if sinks:
+            sinks[-1].append((fn, args))
         return fn(*args)
 
     call.__name__ = symbol
@@ -114,10 +116,13 @@ def kernel(name: str, symbol: str, argtypes: tuple[type, ...], restype: type | N
 
 @contextlib.contextmanager
 def calls_into(sink: list[Call]) -> Iterator[list[Call]]:
-    """Append every kernel call made inside the block to `sink`, in order, as well as making it. The arguments are
-    what C got (pointers as ints): a replay is valid while the memory they point to is."""
-    _sinks.append(sink)
+    """Append every kernel call this thread makes inside the block to `sink`, in order, as well as making it. The
+    arguments are what C got (pointers as ints): a replay is valid while the memory they point to is."""
+    sinks = getattr(_recording, "sinks", None)
+    if sinks is None:
+        sinks = _recording.sinks = []
+    sinks.append(sink)
     try:
         yield sink
     finally:
-        _sinks.pop()
+        sinks.pop()
