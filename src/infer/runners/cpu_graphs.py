@@ -14,10 +14,10 @@ the buffers' capacity, and the result is the recorded logits tensor, overwritten
 Invariant: a replay runs the kernels the recorded forward ran, on the same memory. A recording is dropped when
 layerzero could choose differently (its policy object or selection GENERATION changed) and is made again two
 forwards later. A forward that needs a tensor's value on the host (`.item()`, a shape that depends on values) cannot
-be replayed: its bucket stays eager. (`.tolist()` and `.numpy()` read CPU memory without an op the recorder sees: the
-decode forward must not use them, as a CUDA graph's forward must not sync.) Like a CUDA graph, a replay runs no Python: forward hooks added to the model
-after the engine starts do not run in replayed steps (`use_cuda_graphs=False` decodes eagerly). docs/engine.md,
-"CPU decode graphs".
+be replayed: its bucket stays eager. (`.tolist()` and `.numpy()` read CPU memory without an op the recorder sees:
+the decode forward must not use them, as a CUDA graph's forward must not sync.) Like a CUDA graph, a replay runs no
+Python: forward hooks added to the model after the engine starts do not run in replayed steps
+(`use_cuda_graphs=False` decodes eagerly). docs/engine.md, "CPU decode graphs".
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class _Recorder(TorchDispatchMode):
         self.kept: list[torch.Tensor] = []
         self.refusal: str | None = None
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         outs = _tensors(out)

@@ -21,7 +21,8 @@ import torch
 class GraphStats:
     batch_sizes: tuple[int, ...]
     capture_seconds: float
-    memory_bytes: int  # device memory the graphs hold (pool and outputs), measured around the capture
+    # what the graphs hold: device memory (pool, outputs) measured around a CUDA capture; the kept tensors on the CPU
+    memory_bytes: int
 
 
 MAX_GRAPH_BATCH = 512  # above this, launch overhead is small next to the step and graphs only cost memory
