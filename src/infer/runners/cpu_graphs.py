@@ -15,9 +15,9 @@ Invariant: a replay runs the kernels the recorded forward ran, on the same memor
 layerzero could choose differently (its policy object or selection GENERATION changed) and is made again two
 forwards later. A forward that needs a tensor's value on the host (`.item()`, a shape that depends on values) cannot
 be replayed: its bucket stays eager. (`.tolist()` and `.numpy()` read CPU memory without an op the recorder sees:
-the decode forward must not use them, as a CUDA graph's forward must not sync.) Like a CUDA graph, a replay runs no
-Python: forward hooks added to the model after the engine starts do not run in replayed steps
-(`use_cuda_graphs=False` decodes eagerly). docs/engine.md, "CPU decode graphs".
+the decode forward must not use them, as a CUDA graph's forward must not sync.) A replay runs no Python, so while
+any forward hook is registered (on a module of the model, or globally) decode steps run eagerly and the hooks see
+every one. docs/engine.md, "CPU decode graphs".
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from infer.runners.cuda_graphs import GraphStats
@@ -145,8 +147,10 @@ class _Recording:
 class CpuDecodeGraphs:
     """Recorded decode forwards keyed by padded batch size (the interface of DecodeGraphs)."""
 
-    def __init__(self, forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...]) -> None:
+    def __init__(self, forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...],
+                 model: nn.Module | None = None) -> None:
         self.sizes = tuple(s for s in sizes if s <= MAX_CPU_GRAPH_BATCH)
+        self._modules = [] if model is None else list(model.modules())  # whose hooks make a step eager
         # a runner's method is held weakly: the runner owns its graphs, and a cycle would keep its KV cache alive
         # until a full garbage collection
         self._forward_ref = weakref.WeakMethod(forward) if inspect.ismethod(forward) else lambda: forward
@@ -165,6 +169,11 @@ class CpuDecodeGraphs:
         i = bisect.bisect_left(self.sizes, rows)
         return self.sizes[i] if i < len(self.sizes) else None
 
+    def _hooked(self) -> bool:
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            return True
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self._modules)
+
     def _forward(self, size: int) -> torch.Tensor:
         forward = self._forward_ref()
         if forward is None:
@@ -174,6 +183,8 @@ class CpuDecodeGraphs:
     def replay(self, size: int) -> torch.Tensor:
         """The logits [size, vocab] of the decode forward for `size` rows: replayed once recorded (overwritten by the
         next replay), else run eagerly or recorded."""
+        if self._hooked():  # hooks are Python a replay would skip
+            return self._forward(size)
         recording = self._recordings.get(size)
         policy = get_policy()
         if recording is not None and recording.generation == GENERATION.value and recording.policy is policy:

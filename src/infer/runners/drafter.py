@@ -106,7 +106,7 @@ class Drafter:
         self._cu = torch.arange(rows + 1, dtype=torch.int32, device=self.device)
         self.graphs: Graphs | None = None
         if graph_sizes:
-            self.graphs = decode_graphs(self._decode_logits, graph_sizes, self.device)
+            self.graphs = decode_graphs(self._decode_logits, graph_sizes, self.device, self.model)
 
     def _decode_logits(self, rows: int, max_context_len: int | None = None) -> torch.Tensor:
         """A decode pass over the fixed inputs' first `rows` rows (what a graph captures, at full capacity)."""

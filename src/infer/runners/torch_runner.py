@@ -111,7 +111,8 @@ class TorchRunner:
         if graph_batch_sizes:
             if max(graph_batch_sizes) > self.decode_rows:
                 raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed the {self.decode_rows} rows of a decode step")
-            self.graphs = decode_graphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device)
+            self.graphs = decode_graphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device,
+                                        self.model)
 
     @property
     def graph_stats(self) -> GraphStats | None:

@@ -136,3 +136,19 @@ def test_graphs_do_not_keep_their_runner_alive(tmp_path) -> None:
         assert runner() is None
     finally:
         gc.enable()
+
+
+def test_while_a_forward_hook_is_registered_every_decode_step_runs_eagerly(tmp_path) -> None:
+    llm = LLM(str(save_tiny_with_tokenizer("llama", tmp_path)), max_seq_len=64, max_batch_size=2, block_size=4,
+              kv_cache_memory_gb=0.01)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    want = llm.generate_ids([[5, 6, 7]], params)[0].token_ids  # recorded: later steps replay
+    seen: list[int] = []
+    handle = llm.engine.runner.model.blocks[1].resid_post.register_forward_hook(
+        lambda _m, _i, out: seen.append(out.shape[0]))
+    try:
+        assert llm.generate_ids([[5, 6, 7]], params)[0].token_ids == want
+    finally:
+        handle.remove()
+    assert seen == [3] + [1] * 11  # the prefill, then every decode step
+    assert llm.generate_ids([[5, 6, 7]], params)[0].token_ids == want  # and replays again once it is gone
