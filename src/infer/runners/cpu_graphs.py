@@ -22,7 +22,6 @@ every one. docs/engine.md, "CPU decode graphs".
 
 from __future__ import annotations
 
-import bisect
 import inspect
 import time
 import weakref
@@ -34,8 +33,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from infer.runners.cuda_graphs import GraphStats
+from infer.runners.cuda_graphs import GraphStats, smallest_bucket
 from layerzero.kernels.native.build import Call, calls_into
 from layerzero.policy.state import get_policy
 from layerzero.select.generation import GENERATION
@@ -102,18 +102,8 @@ class _Recorder(TorchDispatchMode):
 
 def _views(outs: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether every output shares memory with an input (so there is nothing to compute again)."""
-    inputs = {t.untyped_storage().data_ptr() for t in _flat_tensors([*args, *kwargs.values()])}
+    inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
     return all(out.untyped_storage().data_ptr() in inputs for out in outs)
-
-
-def _flat_tensors(values: list[Any]) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, (tuple, list)):
-            found += _flat_tensors(list(v))
-    return found
 
 
 def _integer_index(func: Any, args: tuple[Any, ...]) -> bool:
@@ -166,8 +156,7 @@ class CpuDecodeGraphs:
 
     def bucket(self, rows: int) -> int | None:
         """The smallest bucket holding `rows` sequences, or None (run eagerly)."""
-        i = bisect.bisect_left(self.sizes, rows)
-        return self.sizes[i] if i < len(self.sizes) else None
+        return smallest_bucket(self.sizes, rows)
 
     def _hooked(self) -> bool:
         if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:

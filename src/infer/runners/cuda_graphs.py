@@ -35,6 +35,12 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
     return tuple(sorted({*sizes, top}))
 
 
+def smallest_bucket(sizes: tuple[int, ...], rows: int) -> int | None:
+    """The smallest of the ascending `sizes` holding `rows` sequences, or None (run eagerly)."""
+    i = bisect.bisect_left(sizes, rows)
+    return sizes[i] if i < len(sizes) else None
+
+
 class DecodeGraphs:
     """Captured decode forwards keyed by padded batch size."""
 
@@ -57,8 +63,7 @@ class DecodeGraphs:
 
     def bucket(self, rows: int) -> int | None:
         """The smallest captured size holding `rows` sequences, or None (run eagerly)."""
-        i = bisect.bisect_left(self.sizes, rows)
-        return self.sizes[i] if i < len(self.sizes) else None
+        return smallest_bucket(self.sizes, rows)
 
     def replay(self, size: int) -> torch.Tensor:
         """Run the graph for `size` rows; returns its logits [size, vocab] (overwritten by the next replay)."""
