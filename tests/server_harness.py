@@ -1,7 +1,10 @@
-"""Start a real infer server (uvicorn on a free local port, in a background thread) for tests."""
+"""Start a real infer server for tests: the engine core in its own process, as `infer serve` runs it, and the
+API server (uvicorn on a free local port) in a background thread of the test process, so tests can reach its
+state; or the whole `infer serve` command in a subprocess."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -10,13 +13,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import uvicorn
 
-from infer.engine.async_engine import AsyncEngine
-from infer.llm import LLM
+from infer.engine.client import EngineClient
+from infer.engine.config import EngineConfig
+from infer.engine.core_process import CoreProcess
 from infer.server.app import create_app
+from infer.server.launch import served_model
 from infer.server.state import ServerState
 
 MODEL = "smollm2"
@@ -26,15 +32,21 @@ MODEL = "smollm2"
 class RunningServer:
     base_url: str
     state: ServerState
+    core: CoreProcess
 
-    @property
-    def engine(self):
-        return self.state.engine.engine
+    def call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
+        """A utility call into the engine core (between two of its steps), from the test's thread."""
+        client = self.state.engine
+        return asyncio.run_coroutine_threadsafe(client.call(method, *args), client._loop).result(timeout)
+
+    def audit_blocks(self) -> dict[int, str]:
+        """The core's KV blocks still held by requests: empty when nothing leaked."""
+        return self.call("audit_blocks")
 
     def wait_idle(self, timeout: float = 30.0) -> None:
-        """Until the engine has nothing queued or running (aborts are applied at the next step)."""
+        """Until the core has nothing queued or running (aborts are applied at its next step)."""
         deadline = time.monotonic() + timeout
-        while self.engine.has_unfinished() or self.state.engine.num_waiting:
+        while not self.call("idle"):
             if time.monotonic() > deadline:
                 raise TimeoutError("engine still busy")
             time.sleep(0.05)
@@ -62,19 +74,26 @@ def wait_healthy(base_url: str, timeout: float, still_starting: Callable[[], Non
 
 
 @contextmanager
-def running_server(llm: LLM) -> Iterator[RunningServer]:
-    state = ServerState(llm.built, AsyncEngine(llm.engine, llm.config.max_waiting_requests), MODEL)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    wait_healthy(base, timeout=30)
+def running_server(model: object, **engine_options: Any) -> Iterator[RunningServer]:
+    """A core process for EngineConfig(model=model, **engine_options) and an API server in a thread."""
+    core = CoreProcess.start(EngineConfig(model=str(model), **engine_options), timeout_s=600)
     try:
-        yield RunningServer(base, state)
+        info = core.info
+        served = served_model(info)
+        state = ServerState(served, EngineClient(info, served.tokenizer, info.config.max_waiting_requests), MODEL)
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, timeout=30)
+        try:
+            yield RunningServer(base, state, core)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+        core.stop()
 
 
 @contextmanager

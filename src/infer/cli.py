@@ -85,6 +85,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="the model name clients send; default: the model file or directory name")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level (info logs every request)")
+    p.add_argument("--api-server-count", type=int, default=1, metavar="N",
+                   help="API server processes sharing the port (HTTP, tokenization, detokenization, SSE) in front of "
+                        "the one engine-core process that schedules and runs the model")
     _add_engine_flags(p)
     p.set_defaults(func=_serve)
 
@@ -98,7 +101,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N, or auto")
     g.add_argument("--max-seq-len", type=int, default=d.max_seq_len, metavar="N", help="longest prompt + output, in tokens")
-    g.add_argument("--max-batch-size", type=int, default=d.max_batch_size, metavar="N", help="most requests running at once")
+    g.add_argument("--max-batch-size", type=int, default=None, metavar="N",
+                   help="most requests running at once (default: 256 on CUDA, 32 on the CPU)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
                    help="most tokens in one step, decodes and prefill chunks together (default: max(8192, max-seq-len))")
     g.add_argument("--batching-mode", default=d.batching_mode, choices=BATCHING_MODES,
@@ -113,7 +117,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=d.block_size, metavar="N", help="tokens per KV block (paged)")
     g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
                    help="KV blocks to allocate (default: as many as --kv-cache-memory-gb holds)")
-    g.add_argument("--kv-cache-memory-gb", type=float, default=d.kv_cache_memory_gb, metavar="GB", help="KV cache size")
+    g.add_argument("--kv-cache-memory-gb", type=float, default=None, metavar="GB",
+                   help="KV cache size (default: 1 on the CPU; on CUDA what --gpu-memory-utilization leaves)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, metavar="F",
+                   help="CUDA: the share of the device's memory the engine may use; the KV cache gets what the "
+                        "weights and the largest step's activations leave of it")
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests, metavar="N",
                    help="queued requests beyond this are answered 503")
     g.add_argument("--seed", type=int, default=d.seed, help="engine seed for requests that do not set one")
@@ -141,8 +149,8 @@ def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-prefill-chunks-per-step", type=int, default=None, metavar="N",
                    help="most requests prefilling in one step (default: as the token budget allows)")
     g.add_argument("--prefix-caching", dest="use_prefix_caching", action=argparse.BooleanOptionalAction,
-                   default=d.use_prefix_caching, help="reuse the KV blocks of prompt prefixes seen before "
-                                                      "(needs chunked prefill and the paged cache)")
+                   default=None, help="reuse the KV blocks of prompt prefixes seen before (default: on with "
+                                      "chunked prefill and the paged cache)")
 
 
 def _add_speculative_flags(g: argparse._ArgumentGroup) -> None:
@@ -182,7 +190,7 @@ PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunk
 SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
-                "kv_cache_memory_gb", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes", *PREFILL_FLAGS,
+                "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes", *PREFILL_FLAGS,
                 *SPECULATIVE_FLAGS)
 
 
@@ -196,24 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from infer.engine.async_engine import AsyncEngine
-    from infer.engine.builder import build_engine
     from infer.engine.config import EngineConfig
-    from infer.engine.threads import build_off_main_thread
-    from infer.server.app import create_app
-    from infer.server.state import ServerState
+    from infer.server.launch import serve
 
+    if args.api_server_count < 1:
+        raise ValueError(f"--api-server-count={args.api_server_count}: must be >= 1")
     config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS})
-    print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
-    built = build_off_main_thread(lambda: build_engine(config))  # the engine thread does all torch work
-    name = args.served_model_name or ("SmolLM2-135M-Instruct" if args.model is None else built.path.stem)
-    print(f"[infer] loaded {built.path.name} in {built.load_seconds:.1f}s; serving {name!r} on http://{args.host}:{args.port}",
-          file=sys.stderr, flush=True)
-    state = ServerState(built, AsyncEngine(built.engine, built.config.max_waiting_requests), name)
-    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    return serve(config, args.host, args.port, args.served_model_name, args.log_level, args.api_server_count)
 
 
 def _constraint(args: argparse.Namespace):  # -> Constraint | None (imported lazily: startup time)

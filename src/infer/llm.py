@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from infer.engine.builder import BuiltEngine, Messages, build_engine
 from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
 from infer.engine.request import StepOutput
 from infer.sampling.params import SamplingParams
 from omniscience import ProbeLayout
@@ -53,7 +54,9 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_options: object) -> None:
         self.built: BuiltEngine = build_engine(EngineConfig(model=model, **engine_options))  # type: ignore[arg-type]
-        self.engine = self.built.engine
+        engine = self.built.engine
+        assert isinstance(engine, Engine)
+        self.engine: Engine = engine
         self.config = self.built.config
         self.tokenizer = self.built.tokenizer
         self.model_config = self.built.model_config
@@ -87,6 +90,7 @@ class LLM:
             if p.structured is not None:
                 self.engine.grammars.compile(p.structured)  # ConstraintError (a ValueError) names the problem
         requests = [self.engine.add_request(ids, p) for ids, p in zip(prompts, per_request)]
+        texts = {r.request_id: self.engine.text_of(r.request_id) for r in requests}
         results = {r.request_id: RequestOutput(r.prompt_token_ids, "") for r in requests}
         errors: dict[str, str] = {}
         while self.engine.has_unfinished():
@@ -96,12 +100,15 @@ class LLM:
                 result = results.get(out.request_id)
                 if result is not None:
                     _add_probes(result, out)
+                    if out.finished:
+                        result.finish_reason = out.finish_reason
+                        result.cached_tokens = out.cached_tokens
         if errors:
             raise RuntimeError(f"generation failed: {errors}")
-        for r in requests:
-            result = results[r.request_id]
-            result.text, result.token_ids, result.finish_reason = r.text, r.output_token_ids, r.finish_reason
-            result.cached_tokens = r.num_cached_tokens
+        for request_id, result in results.items():
+            text = texts[request_id]
+            assert text is not None
+            result.text, result.token_ids = text.text, text.token_ids
         return list(results.values())
 
     def generate(
@@ -130,13 +137,15 @@ class LLM:
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
         """Step outputs of one request as they are produced (text deltas safe to print)."""
         request = self.engine.add_request(prompt_ids, params)
+        finished = False
         try:
-            while not request.finished:
+            while not finished:
                 for out in self.engine.step():
                     if out.request_id == request.request_id:
+                        finished = out.finished
                         yield out
         finally:
-            if not request.finished:  # the caller stopped early: free the request's blocks
+            if not request.finished:  # the caller stopped early, or a stop string ended it: free its blocks
                 self.engine.abort(request.request_id)
                 self.engine.apply_aborts()
 

@@ -9,10 +9,10 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_llm):
+def server(smollm2_gguf):
     from server_harness import running_server
 
-    with running_server(smollm2_llm) as running:
+    with running_server(smollm2_gguf, max_seq_len=1024) as running:
         yield running
 
 

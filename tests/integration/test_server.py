@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import httpx
@@ -12,7 +13,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from server_harness import MODEL
+from server_harness import MODEL, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +131,7 @@ def test_n_choices_differ_and_are_indexed(client):
 def test_models_health_metrics_and_tokenizer_endpoints(server):
     base = server.base_url
     assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == MODEL
-    assert httpx.get(f"{base}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{base}/health").json() == {"status": "ok", "api_server": 0, "pid": os.getpid()}
     info = httpx.get(f"{base}/tokenizer_info").json()
     assert info["eos_token"] == "<|im_end|>"
     assert httpx.post(f"{base}/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()["tokens"] == [2]
@@ -176,13 +177,16 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
     server.wait_idle()
-    assert server.engine.kv.audit_blocks() == {}
+    assert server.audit_blocks() == {}
     assert 'finished_reason="abort"' in httpx.get(f"{server.base_url}/metrics").text
 
 
-def test_full_waiting_queue_answers_503_and_others_keep_streaming(server, monkeypatch):
-    monkeypatch.setattr(server.state.engine, "max_waiting_requests", 1)
-    monkeypatch.setattr(server.engine.config, "max_batch_size", 1)
+def test_full_waiting_queue_answers_503_and_others_keep_streaming(smollm2_gguf):
+    with running_server(smollm2_gguf, max_seq_len=1024, max_batch_size=1, max_waiting_requests=1) as server:
+        _full_queue(server)
+
+
+def _full_queue(server) -> None:
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
     url = f"{server.base_url}/v1/completions"
     with httpx.Client(timeout=60) as http:
@@ -199,4 +203,4 @@ def test_full_waiting_queue_answers_503_and_others_keep_streaming(server, monkey
                 assert int(r.headers["retry-after"]) >= 1
                 assert next(line for line in running_lines if line.startswith("data:"))  # still streaming
     server.wait_idle()
-    assert server.engine.kv.audit_blocks() == {}
+    assert server.audit_blocks() == {}

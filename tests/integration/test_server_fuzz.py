@@ -27,9 +27,8 @@ EXAMPLES = 40  # per operation and mode: about 550 requests in all
 @pytest.fixture(scope="module")
 def fuzz_server(smollm2_gguf):
     """A short context keeps every generation the fuzzer asks for under a second or two."""
-    from infer import LLM
 
-    with running_server(LLM(str(smollm2_gguf), max_seq_len=32, max_batch_size=16)) as running:
+    with running_server(smollm2_gguf, max_seq_len=32, max_batch_size=16) as running:
         yield running
 
 
@@ -56,4 +55,4 @@ def test_no_input_gets_a_server_error(fuzz_server, mode):
 def test_server_is_healthy_and_clean_after_fuzzing(fuzz_server):
     fuzz_server.wait_idle()
     assert httpx.get(f"{fuzz_server.base_url}/health").status_code == 200
-    assert fuzz_server.engine.kv.audit_blocks() == {}
+    assert fuzz_server.audit_blocks() == {}

@@ -54,7 +54,7 @@ def test_more_parts_than_the_queue_holds_is_a_400_and_queues_nothing(server):
     bound = server.state.engine.max_waiting_requests
     err = _error(_post(server, "/v1/completions", {"prompt": ["hi"] * (bound + 44), "max_tokens": 1}), 400)
     assert str(bound) in err["message"]
-    assert server.state.engine.num_waiting == 0 and not server.engine.has_unfinished()
+    assert server.state.engine.num_waiting == 0 and server.call("idle")
 
 
 @pytest.mark.parametrize(("path", "body"), [
@@ -162,7 +162,7 @@ def test_client_disconnect_is_one_info_line(server, caplog):
         time.sleep(0.5)  # the handler logs once it has seen the disconnect (it polls every 0.2 s)
     assert [r.levelname for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert any("client disconnected" in r.getMessage() for r in caplog.records)
-    assert server.engine.kv.audit_blocks() == {}
+    assert server.audit_blocks() == {}
 
 
 def test_tokenizer_info_carries_the_chat_template(server):

@@ -16,13 +16,11 @@ NAMES = ["mood", "topic.p0", "topic.p1"]
 
 @pytest.fixture(scope="module")
 def probe_server(smollm2_gguf, tmp_path_factory):
-    from infer import LLM
     from server_harness import running_server
 
     folder = tmp_path_factory.mktemp("probes")
     path = write_probe_set(folder, 576, SPECS, scale=0.005)
-    llm = LLM(str(smollm2_gguf), max_seq_len=512, probes=str(path))
-    with running_server(llm) as running:
+    with running_server(smollm2_gguf, max_seq_len=512, probes=str(path)) as running:
         running.folder = folder
         yield running
 

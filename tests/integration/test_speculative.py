@@ -123,7 +123,8 @@ def test_server_streams_the_same_text_and_reports_acceptance(checkpoint):
     prompt = _prompts()[0]
     body = {"model": "smollm2", "prompt": prompt, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
     want = _llm(checkpoint).generate_ids([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
-    with running_server(_spec(checkpoint)) as server:
+    with running_server(checkpoint, device="cpu", dtype="float32", max_seq_len=192, max_batch_size=8, block_size=4,
+                        speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=3) as server:
         whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
         assert whole["choices"][0]["text"] == want.text
         assert whole["usage"]["completion_tokens"] == 30

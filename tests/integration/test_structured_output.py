@@ -136,4 +136,4 @@ def test_a_constraint_the_tokenizer_cannot_spell_is_a_400(server):
     r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 400 and "tokenizer" in r.json()["error"]["message"]
     server.wait_idle()
-    assert server.engine.kv.audit_blocks() == {}
+    assert server.audit_blocks() == {}

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from infer.engine.config import EngineConfig, EngineConfigError
+from infer.engine.core import EngineCore
 from infer.engine.engine import Engine
 from infer.kv.kv_manager import KVCacheManager
-from infer.kv.sizing import kv_layout
+from infer.kv.sizing import kv_bytes_per_token, kv_layout
 from infer.loader.gguf_loader import bundled_smollm2
 from infer.loader.model_loader import LoadedModel, load_model
 from infer.loader.tokenizer import Tokenizer
@@ -48,15 +49,14 @@ def chat_template_name(model_type: str, tokenizer: Tokenizer) -> str:
 
 
 @dataclass(frozen=True)
-class BuiltEngine:
-    """An engine and what its callers need beside it."""
+class ServedModel:
+    """What serving needs of a model besides the engine: its config, tokenizer and chat template (the API
+    server holds one of these; the engine core holds the weights)."""
 
-    engine: Engine
     config: EngineConfig  # as built: max_seq_len bounded by the model's positions, defaults resolved
     model_config: ModelConfig
     tokenizer: Tokenizer
     path: Path
-    load_seconds: float  # weights loaded, cache allocated, graphs captured
 
     def chat_template_name(self) -> str:
         return chat_template_name(self.model_config.model_type, self.tokenizer)
@@ -70,6 +70,21 @@ class BuiltEngine:
         return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
     def read_probe_set(self) -> ProbeSet:
+        """Re-read the configured probe-set file against this model (a reload; ProbeError when it is invalid)."""
+        if self.config.probes is None:
+            raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
+        return read_probe_set(self.config.probes, self.model_config)
+
+
+@dataclass(frozen=True)
+class BuiltEngine(ServedModel):
+    """An engine and what its callers need beside it."""
+
+    engine: EngineCore  # an Engine (text included) unless built with core_only
+    load_seconds: float  # weights loaded, cache allocated, graphs captured
+
+
+def read_probe_set(self) -> ProbeSet:
         """Re-read the configured probe-set file against this model (a reload; ProbeError when it is invalid)."""
         if self.config.probes is None:
             raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
@@ -109,8 +124,28 @@ def load_drafter(config: EngineConfig, target: ModelConfig) -> LoadedModel:
     return drafter
 
 
-def build_engine(config: EngineConfig) -> BuiltEngine:
-    """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine."""
+def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
+    """The KV cache's budget: kv_cache_memory_gb when given; on CUDA otherwise what gpu_memory_utilization leaves
+    of the device once the weights are loaded, less a reserve for the largest step's activations and logits."""
+    if config.kv_cache_memory_gb is not None or not config.resolved_device.startswith("cuda"):
+        return (config.kv_cache_memory_gb or 1.0) * 2**30
+    device = torch.device(config.resolved_device)
+    free, total = torch.cuda.mem_get_info(device)
+    itemsize = torch.empty((), dtype=config.torch_dtype).element_size()
+    tokens = max(config.max_num_batched_tokens or 0, config.decode_rows)
+    activations = 16 * tokens * model.hidden_size * itemsize + 3 * config.decode_rows * model.vocab_size * 4
+    budget = total * config.gpu_memory_utilization - (total - free) - activations
+    if budget < kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len:
+        raise EngineConfigError(
+            f"gpu_memory_utilization={config.gpu_memory_utilization}: leaves {budget / 2**30:.2f} GiB for the KV cache "
+            f"after the weights ({(total - free) / 2**30:.1f} GiB in use of {total / 2**30:.1f}), less than one "
+            f"max_seq_len={config.max_seq_len} sequence; raise it, lower max_seq_len or set kv_cache_memory_gb")
+    return budget
+
+
+def build_engine(config: EngineConfig, core_only: bool = False) -> BuiltEngine:
+    """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine:
+    an Engine that detokenizes (offline use), or with `core_only` the bare EngineCore a core process runs."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
     loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format,
@@ -120,7 +155,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None
     layout = kv_layout(
         loaded.config, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
-        config.max_batch_size, config.num_kv_blocks, config.kv_cache_memory_gb * 2**30,
+        config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(config, loaded.config),
         draft=drafter.config if drafter is not None else None,
     )
     runner = TorchRunner(
@@ -132,11 +167,11 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
             bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()),
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
-    engine = Engine(config, runner, kv, tokenizer)
+    engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)
     if not gc.get_freeze_count():  # the process's first engine (a server, the CLI, a benchmark: the only one)
         # What is alive now (modules, the model's Python objects) lives as long as the process: frozen out of
         # the garbage collector, a full collection while serving walks only what serving made (~0.3 s -> ~0.02 s
         # on the CPU; the prefix cache's growing tree triggers them often). See docs/engine.md, host cost.
         gc.collect()
         gc.freeze()
-    return BuiltEngine(engine, config, loaded.config, tokenizer, path, time.perf_counter() - started)
+    return BuiltEngine(config, loaded.config, tokenizer, path, engine, time.perf_counter() - started)

@@ -29,12 +29,13 @@ class EngineConfig:
     device: str = "auto"  # "auto" = cuda if available else cpu
     max_seq_len: int = 4096
     seed: int = 0
-    max_batch_size: int = 32
+    max_batch_size: int | None = None  # None = 256 on CUDA, 32 on the CPU
     max_num_batched_tokens: int | None = None  # None = max(8192, max_seq_len)
     kv_cache_backend: str = "paged"
     block_size: int = 16
     num_kv_blocks: int | None = None  # None = as many as kv_cache_memory_gb holds (slots, in contiguous mode)
-    kv_cache_memory_gb: float = 1.0
+    kv_cache_memory_gb: float | None = None  # None = 1 GB on the CPU; on CUDA sized by gpu_memory_utilization
+    gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory weights, activations and KV may use
     batching_mode: str = "continuous"  # static: admit a new batch only once the running one has finished
     scheduler_policy: str = "fcfs"  # which kind of step runs next: see infer/engine/policy.py
     fairness_steps: int = 4  # every decoding sequence gets a token at least once every N steps
@@ -42,7 +43,7 @@ class EngineConfig:
     use_chunked_prefill: bool | None = None  # None = on for continuous batching: prompts split over steps
     prefill_chunk_size: int = 512  # most prompt tokens of one request in one step
     max_prefill_chunks_per_step: int | None = None  # None = as many as the token budget and batch size allow
-    use_prefix_caching: bool = False  # off by default: it costs ~10% at a 0% hit rate on an H100 (docs/engine.md)
+    use_prefix_caching: bool | None = None  # None = on with chunked prefill and the paged cache (docs/engine.md)
     use_cuda_graphs: bool | None = None  # None = on with the paged cache (on the CPU: recorded calls); decode only
     quantization: str = "auto"  # "auto": weights stay as stored (8-bit HF, 4-bit / Q8_0 GGUF); "none"; "int4" | "int8" | "fp8" at load: docs/quantization.md
     probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
@@ -57,6 +58,10 @@ class EngineConfig:
             self.max_num_batched_tokens = max(8192, self.max_seq_len)
         if self.use_chunked_prefill is None:
             self.use_chunked_prefill = self.batching_mode == "continuous"
+        if self.use_prefix_caching is None:
+            self.use_prefix_caching = bool(self.use_chunked_prefill) and self.kv_cache_backend == "paged"
+        if self.max_batch_size is None:
+            self.max_batch_size = 256 if self.resolved_device.startswith("cuda") else 32
         self._check("load_format", self.load_format in LOAD_FORMATS, f"must be one of {', '.join(LOAD_FORMATS)}")
         self._check("dtype", self.dtype in ("auto", *DTYPES), f"must be auto or one of {', '.join(DTYPES)}")
         self._check("device", self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "must be auto, cpu or cuda[:N]")
@@ -64,7 +69,8 @@ class EngineConfig:
         for name in ("max_seq_len", "max_batch_size", "max_num_batched_tokens", "block_size"):
             self._check(name, getattr(self, name) >= 1, "must be >= 1")
         self._check("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, "must be >= 1 or None")
-        self._check("kv_cache_memory_gb", self.kv_cache_memory_gb > 0, "must be > 0")
+        self._check("kv_cache_memory_gb", self.kv_cache_memory_gb is None or self.kv_cache_memory_gb > 0, "must be > 0")
+        self._check("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "must be in (0, 1]")
         self._check("batching_mode", self.batching_mode in BATCHING_MODES, f"must be one of {', '.join(BATCHING_MODES)}")
         self._check(
             "scheduler_policy", self.scheduler_policy in SCHEDULER_POLICIES, f"must be one of {', '.join(SCHEDULER_POLICIES)}"

@@ -1,9 +1,10 @@
-"""Serving metrics the engine thread records: latency histograms and token/request counters."""
+"""Serving metrics each API server records: latency histograms and token/request counters, summed over servers."""
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 from infer.engine.request import StepOutput
 
@@ -26,6 +27,16 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
         self.count += 1
+
+    def add(self, snapshot: list[Any]) -> None:
+        """Add another histogram's `snapshot()` (same buckets) to this one."""
+        counts, total, count = snapshot
+        self.counts = [a + b for a, b in zip(self.counts, counts)]
+        self.total += total
+        self.count += count
+
+    def snapshot(self) -> list[Any]:
+        return [list(self.counts), self.total, self.count]
 
     def cumulative(self) -> list[tuple[str, int]]:
         out, running = [], 0
@@ -60,3 +71,24 @@ class ServingMetrics:
             self.e2e.observe(now - submitted)
             reason = out.finish_reason or "unknown"
             self.finished[reason] = self.finished.get(reason, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data (msgpack-able) for another process to add up: see `merged`."""
+        return {"ttft": self.ttft.snapshot(), "itl": self.itl.snapshot(), "e2e": self.e2e.snapshot(),
+                "queue": self.queue.snapshot(), "prompt_tokens": self.prompt_tokens,
+                "generation_tokens": self.generation_tokens, "finished": dict(self.finished)}
+
+    @classmethod
+    def merged(cls, snapshots: list[dict[str, Any]]) -> ServingMetrics:
+        """The sum of several API servers' snapshots."""
+        total = cls()
+        for snap in snapshots:
+            if not snap:
+                continue
+            for name in ("ttft", "itl", "e2e", "queue"):
+                getattr(total, name).add(snap[name])
+            total.prompt_tokens += snap["prompt_tokens"]
+            total.generation_tokens += snap["generation_tokens"]
+            for reason, n in snap["finished"].items():
+                total.finished[reason] = total.finished.get(reason, 0) + n
+        return total

@@ -1,30 +1,32 @@
-"""Turning a sampled token into a request's StepOutput: detokenize, stop strings, EOS, probe scores, finish reasons."""
+"""Turning a sampled token into a request's CoreOutput: EOS, length limits, grammar ends, probe scores, finish reasons.
+
+This runs in the engine core and never formats text; detokenization and stop strings run beside the API
+(infer/engine/text.py), which tells the core to end a request whose text hit a stop string."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from infer.engine.request import ProbeScores, Request, StepOutput
+from infer.engine.messages import CoreOutput
+from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledRow, Scheduler
-from infer.loader.tokenizer import Tokenizer
 from infer.runners.step import StepResult
 from infer.sampling.logprobs import TokenLogprob
 
 
 class OutputProcessor:
-    """One StepOutput per request per step; a finish reason ends the request through the scheduler."""
+    """One CoreOutput per request per token; a finish reason ends the request through the scheduler."""
 
-    def __init__(self, tokenizer: Tokenizer, scheduler: Scheduler, max_seq_len: int) -> None:
-        self.tokenizer = tokenizer
-        self._eos = tokenizer.eos_token_ids
+    def __init__(self, eos_token_ids: frozenset[int], scheduler: Scheduler, max_seq_len: int) -> None:
+        self._eos = eos_token_ids
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
         self._columns: dict[tuple[int, tuple[str, ...]], np.ndarray] = {}  # (version, names) -> their columns
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._selections: dict[int, ProbeScores] = {}  # id(names) -> this step's columns of those names
+        self._selections: dict[int, np.ndarray] = {}  # id(names) -> this step's columns of those names
         self._selections_of: StepResult | None = None
 
-    def process(self, request: Request, result: StepResult, row: int) -> list[StepOutput]:
+    def process(self, request: Request, result: StepResult, row: int) -> list[CoreOutput]:
         """The outputs of the tokens a step produced for `request` at `row`: one, or with speculation the accepted
         run, applied token by token (an EOS, stop string or length limit drops the tokens after it)."""
         out = [self._process(request, result, row, result.token_ids[row])]
@@ -34,39 +36,23 @@ class OutputProcessor:
             out.append(self._process(request, result, row, token))
         return out
 
-    def _process(self, request: Request, result: StepResult, row: int, token: int) -> StepOutput:
+    def _process(self, request: Request, result: StepResult, row: int, token: int) -> CoreOutput:
         prompt_logprobs = result.prompt_logprobs[row] if result.prompt_logprobs else None
         params = request.sampling_params
         if params.max_tokens == 0:  # prompt scoring only (echo with logprobs): nothing is generated
             self.scheduler.finish(request, "length")
-            return self.output(request, None, "", "length", prompt_logprobs=prompt_logprobs)
+            return self.output(request, None, "length", prompt_logprobs=prompt_logprobs)
         request.append_output(token)
         probes, stopped = self._probe_scores(request, result, row)
         if request.grammar is not None and request.grammar.error is not None:
             error = f"the output constraint cannot be met with this model's tokenizer: {request.grammar.error}"
             return self.fail(request, error, client_error=True)
         is_eos = token in self._eos and not params.ignore_eos
-        text = request.text
-        if not is_eos:
-            request.detokenizer.push(token)
-            text = request.detokenizer.text
         reason = self._finish_reason(request, is_eos) or ("content_filter" if stopped else None)
-        if reason is not None and not is_eos:
-            request.detokenizer.flush()
-            text = request.detokenizer.text
-        stops = request.stop_checker
-        stop_at = stops.check(text, len(request.text)) if stops.stops else None
-        if stop_at is not None:
-            text, reason = text[:stop_at], "stop"
-        request.text = text
-        visible = len(text) if reason or not stops.stops else len(text) - stops.holdback(text)
-        delta = text[request.emitted_chars : max(visible, request.emitted_chars)]
-        request.emitted_chars += len(delta)
         if reason is not None:
             self.scheduler.finish(request, reason)
         logprob = result.logprobs[row] if result.logprobs else None
-        return self.output(request, token, delta, reason, logprob=logprob, prompt_logprobs=prompt_logprobs, probes=probes,
-                           probe_row=row)
+        return self.output(request, token, reason, logprob=logprob, prompt_logprobs=prompt_logprobs, probes=probes)
 
     def shared_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """One tuple object per distinct probe-name list, for the requests' `probe_names` (see _probe_scores)."""
@@ -74,7 +60,7 @@ class OutputProcessor:
             self._names.clear()
         return self._names.setdefault(names, names)
 
-    def _probe_scores(self, request: Request, result: StepResult, row: int) -> tuple[ProbeScores | None, bool]:
+    def _probe_scores(self, request: Request, result: StepResult, row: int) -> tuple[list[float] | None, bool]:
         """(the step's scores of the probes the request asked for, whose row `row` is its token's; whether its
         probe_stop threshold was crossed).
         Per step, each distinct name list gets one column selection that its requests share (keyed by the
@@ -87,9 +73,10 @@ class OutputProcessor:
         if names:
             if self._selections_of is not result:
                 self._selections, self._selections_of = {}, result
-            probes = self._selections.get(id(names))
-            if probes is None:
-                probes = self._selections[id(names)] = ProbeScores(names, self._select(names, result))
+            selection = self._selections.get(id(names))
+            if selection is None:
+                selection = self._selections[id(names)] = self._select(names, result)
+            probes = selection[row].tolist()
         stopped = False
         if stop is not None and result.probe_layout is not None:
             column = result.probe_layout.columns.get(stop.name)
@@ -127,49 +114,45 @@ class OutputProcessor:
                 request.prompt_probes.setdefault(name, []).extend(values)
             request.prompt_probe_positions = row.start + len(chunk)
 
-    def fail(self, request: Request, error: str, client_error: bool = False) -> StepOutput:
+    def fail(self, request: Request, error: str, client_error: bool = False) -> CoreOutput:
         self.scheduler.finish(request, "error", failed=True)
-        out = self.output(request, None, "", "error", error)
+        out = self.output(request, None, "error", error)
         out.client_error = client_error
         return out
 
-    def abort(self, request: Request) -> StepOutput:
-        self.scheduler.finish(request, "abort")
-        return self.output(request, None, "", "abort")
+    def abort(self, request: Request, reason: str = "abort") -> CoreOutput:
+        self.scheduler.finish(request, reason)
+        return self.output(request, None, reason)
 
     def output(
         self,
         request: Request,
         token: int | None,
-        delta: str,
         reason: str | None,
         error: str | None = None,
         logprob: TokenLogprob | None = None,
         prompt_logprobs: list[TokenLogprob | None] | None = None,
-        probes: ProbeScores | None = None,
-        probe_row: int = 0,
-    ) -> StepOutput:
+        probes: list[float] | None = None,
+    ) -> CoreOutput:
         """One step's output for a request; finished once there is a finish reason."""
-        first = not request.outputs_sent
-        prompt_probes = request.prompt_probes if first and request.sampling_params.probe_prompt else None
+        if request.outputs_sent:
+            return CoreOutput(request.request_id, token, reason, error, False, len(request.prompt_token_ids),
+                              len(request.output_token_ids), request.num_cached_tokens, None, logprob, None, probes)
         request.outputs_sent = True
         scheduled = request.first_scheduled_time
-        return StepOutput(
+        return CoreOutput(
             request_id=request.request_id,
             token_id=token,
-            text_delta=delta,
-            finished=reason is not None,
             finish_reason=reason,
             error=error,
             prompt_tokens=len(request.prompt_token_ids),
             completion_tokens=len(request.output_token_ids),
+            cached_tokens=request.num_cached_tokens,
+            queue_seconds=scheduled - request.arrival_time if scheduled is not None else None,
             logprob=logprob,
             prompt_logprobs=prompt_logprobs,
-            queue_seconds=scheduled - request.arrival_time if first and scheduled is not None else None,
-            cached_tokens=request.num_cached_tokens,
             probes=probes,
-            probe_row=probe_row,
-            prompt_probes=prompt_probes,
+            prompt_probes=request.prompt_probes if request.sampling_params.probe_prompt else None,
         )
 
     def _finish_reason(self, request: Request, is_eos: bool) -> str | None:

@@ -5,14 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
-from infer.sampling.stop import StopChecker
 
 if TYPE_CHECKING:
     from infer.structured.masks import Grammar
@@ -26,20 +22,10 @@ class RequestState(str, Enum):
     FAILED = "failed"
 
 
-class ProbeScores(NamedTuple):
-    """One step's scores of the probes a request asked for, for every row of the step: shared by the step's
-    requests asking for the same names, each output naming its row (nothing per token on the engine thread)."""
-
-    names: tuple[str, ...]
-    columns: np.ndarray  # [rows of the step, len(names)] float32; NaN for a probe a reload has removed
-
-    def as_dict(self, row: int) -> dict[str, float | None]:
-        return {name: None if value != value else value for name, value in zip(self.names, self.columns[row].tolist())}
-
-
 @dataclass(slots=True)
 class StepOutput:
-    """What one step produced for one request; exactly one per request has finished=True."""
+    """What one step produced for one request, as its caller sees it (text included); exactly one per request
+    has finished=True. Made from the core's CoreOutput by the text processor (infer/engine/text.py)."""
 
     request_id: str
     token_id: int | None
@@ -54,13 +40,12 @@ class StepOutput:
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
     cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
     client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
-    probes: ProbeScores | None = None  # the step's scores of the probes the request asked for; its row:
-    probe_row: int = 0
+    probes: dict[str, float | None] | None = None  # the token's score per asked probe (None: a reload removed it)
     prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, when asked: per prompt token
 
     def probe_dict(self) -> dict[str, float | None] | None:
         """The token's score per asked probe (None for one a reload removed), or None without probes."""
-        return self.probes.as_dict(self.probe_row) if self.probes is not None else None
+        return self.probes
 
 
 @dataclass(eq=False)  # identity: queue membership tests must not compare token lists field by field
@@ -69,12 +54,8 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     seed: int
-    detokenizer: IncrementalDetokenizer
-    stop_checker: StopChecker
     state: RequestState = RequestState.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    text: str = ""  # output text, cut at a stop string once one is hit
-    emitted_chars: int = 0
     finish_reason: str | None = None
     arrival_index: int = 0  # position in arrival order
     arrival_time: float = field(default_factory=time.monotonic)

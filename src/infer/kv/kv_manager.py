@@ -123,6 +123,12 @@ class KVCacheManager:
             if i >= len(chain) or chain[i].block != block:
                 self.allocator.free(block, request_id)
 
+    def reset_prefix_cache(self) -> None:
+        """Drop every unreferenced cached block and zero the hit counters (after the start-up warm-up)."""
+        while self.prefix is not None and (block := self.prefix.evict()) is not None:
+            self.allocator.free(block, CACHE_OWNER)
+        self.prefix_queries = self.prefix_hits = 0
+
     def audit_blocks(self) -> dict[int, str]:
         """Blocks held by requests or still referenced in the prefix cache: empty once every request is gone."""
         held = {b: o for b, o in self.allocator.audit_blocks().items() if o != CACHE_OWNER}

@@ -1,7 +1,8 @@
-"""The FastAPI application: routes, error handlers, the OpenAPI document, and the engine thread's lifetime."""
+"""The FastAPI application: routes, error handlers, the OpenAPI document, and the engine client's lifetime."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,11 +21,11 @@ from infer.server.state import ServerState
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        state.engine.start()
+        await state.engine.start()
         try:
             yield
         finally:
-            state.engine.shutdown()
+            await state.engine.close()
 
     app = FastAPI(title="infer", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.infer = state
@@ -36,10 +37,11 @@ def create_app(state: ServerState) -> FastAPI:
         app.include_router(module.router)
 
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})
-    async def health(request: Request) -> dict[str, str]:
-        if not request.app.state.infer.engine.alive:
-            raise APIError(503, "the engine thread is not running")
-        return {"status": "ok"}
+    async def health(request: Request) -> dict[str, object]:
+        s: ServerState = request.app.state.infer
+        if not s.engine.alive:
+            raise APIError(503, f"the engine core is gone: {s.engine.gone_reason}")
+        return {"status": "ok", "api_server": s.api_server_index, "pid": os.getpid()}
 
     def card(s: ServerState) -> dict[str, object]:
         return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",

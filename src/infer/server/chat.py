@@ -50,7 +50,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs=logprobs, structured=requested_constraint(state, body))
     probes = requested_probes(state, params)
-    gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl")
+    gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes)
     view = _ChatView(state, body, len(ids), gen, probes)
     if body.stream:
         return StreamingResponse(view.stream(), media_type="text/event-stream")

@@ -57,7 +57,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                              structured=requested_constraint(state, body))
     probes = requested_probes(state, params)
     echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
-    gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl")
+    gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl", probes)
     view = _CompletionView(state, body, prompts, echoes, gen, probes)
     if body.stream:
         return StreamingResponse(view.stream(), media_type="text/event-stream")

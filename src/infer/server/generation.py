@@ -1,4 +1,4 @@
-"""Run a set of choices (prompts x n) through the async engine and merge their outputs in arrival order."""
+"""Run a set of choices (prompts x n) through the engine client and merge their outputs in arrival order."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from fastapi import Request, Response
 
-from infer.engine.async_engine import AsyncEngine, QueueFullError, RequestStream
+from infer.engine.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
 from infer.engine.request import StepOutput
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SEED_LIMIT, SamplingParams
@@ -80,22 +80,23 @@ def expand(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job
 class Generation:
     """Submits every job at once (all or nothing) and yields (choice index, output) as they come."""
 
-    def __init__(self, engine: AsyncEngine, jobs: list[Job], prefix: str) -> None:
+    def __init__(self, engine: EngineClient, jobs: list[Job], prefix: str, probes: tuple[str, ...] = ()) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())  # every response and chunk of this request carries it
+        self.engine = engine
         self.jobs = jobs
         self.streams: list[RequestStream] = []
         try:
             for i, job in enumerate(jobs):
-                self.streams.append(engine.submit(f"{self.id}-{i}", job.prompt_ids, job.params))
-        except QueueFullError as exc:
+                self.streams.append(engine.submit(f"{self.id}-{i}", job.prompt_ids, job.params, probes))
+        except (QueueFullError, CoreGoneError) as exc:
             self.abort(engine)
             raise APIError(503, str(exc)) from exc
         except ValueError as exc:
             self.abort(engine)
             raise APIError(422, str(exc), "prompt") from exc
 
-    def abort(self, engine: AsyncEngine) -> None:
+    def abort(self, engine: EngineClient) -> None:
         for stream in self.streams:
             engine.abort(stream.request_id)
 
@@ -137,7 +138,8 @@ class Generation:
         work.result()
         failed = next((c for c in choices if c.error), None)
         if failed is not None:
-            raise APIError(400 if failed.client_error else 500, f"generation failed: {failed.error}")
+            status = 400 if failed.client_error else 500 if self.engine.alive else 503
+            raise APIError(status, f"generation failed: {failed.error}")
         return choices
 
 

@@ -1,24 +1,23 @@
 """Probe scores over HTTP: the request fields' checks, `GET /v1/probes` and `POST /v1/probes/reload`.
 
 A request's `probes` (true, or names), `probe_prompt` and `probe_stop` are checked against the loaded set
-before anything is queued (400 naming the field). A reload re-reads the file the server was started with
-(never a path from the request), validates it off the engine thread, then swaps the weights in between two
-steps; a file that fails validation leaves the loaded probes as they were and comes back as a 400.
+before anything is queued (400 naming the field). A reload asks the engine core to re-read the file the server
+was started with (never a path from the request) and swap the weights in between two steps; a file that fails
+validation leaves the loaded probes as they were and comes back as a 400.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import asdict
 
 from fastapi import APIRouter, Request
 
+from infer.engine.core import check_probes
 from infer.llm import probe_infos
 from infer.sampling.params import SamplingParams
 from infer.server.errors import APIError
 from infer.server.openapi import ERROR_RESPONSES
 from infer.server.state import ServerState
-from omniscience import ProbeError
 
 router = APIRouter()
 
@@ -26,14 +25,14 @@ router = APIRouter()
 def requested_probes(state: ServerState, params: SamplingParams) -> tuple[str, ...]:
     """The probe names each choice's scores carry; a 400 naming the field for a name or request not servable."""
     try:
-        return state.built.engine.check_probes(params)
+        return check_probes(params, state.engine.probe_layout)
     except ValueError as exc:
         field = str(exc).split(":", 1)[0]
         raise APIError(400, str(exc), field) from exc
 
 
 def listing(state: ServerState) -> dict[str, object]:
-    layout = state.built.engine.probe_layout
+    layout = state.engine.probe_layout
     return {"object": "list", "version": layout.version if layout else None, "path": state.built.config.probes,
             "data": [asdict(info) for info in probe_infos(layout)]}
 
@@ -54,9 +53,7 @@ async def reload_probes(request: Request) -> dict[str, object]:
     if state.built.config.probes is None:
         raise APIError(400, "probes: no probe set is loaded (start the server with --probes FILE)", "probes")
     try:
-        probe_set = await asyncio.to_thread(state.built.read_probe_set)
-        engine = state.built.engine
-        await asyncio.wrap_future(state.engine.between_steps(lambda: engine.swap_probes(probe_set)))
-    except ProbeError as exc:
+        state.engine.probe_layout = await state.engine.call("reload_probes")
+    except RuntimeError as exc:  # the core's ProbeError (or a file it cannot read), as text
         raise APIError(400, f"reload failed; the loaded probes are unchanged: {exc}", "probes") from exc
     return listing(state)

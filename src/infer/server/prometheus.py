@@ -1,11 +1,17 @@
-"""GET /metrics in the Prometheus text format, names mirroring vLLM's with an `infer:` prefix."""
+"""GET /metrics in the Prometheus text format, names mirroring vLLM's with an `infer:` prefix.
+
+Engine gauges and counters come from the engine core; the serving histograms and token counters are the sum
+over every API server (each sends its own with its heartbeat; the answering server's are current)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
-from infer.engine.metrics import Histogram
+from infer.engine.core import EngineStats
+from infer.engine.metrics import Histogram, ServingMetrics
+from infer.engine.client import CoreGoneError
+from infer.server.errors import APIError
 from infer.server.state import ServerState
 
 router = APIRouter()
@@ -23,13 +29,13 @@ def _histogram(lines: list[str], name: str, help_text: str, h: Histogram, model:
     lines += [f'{name}_sum{{model_name="{model}"}} {h.total}', f'{name}_count{{model_name="{model}"}} {h.count}']
 
 
-def render(state: ServerState) -> str:
-    stats, m, model = state.engine.engine.stats(), state.engine.metrics, state.model_name
+def render(state: ServerState, stats: EngineStats, num_waiting: int, m: ServingMetrics) -> str:
+    model = state.model_name
     label = f'{{model_name="{model}"}}'
     lines: list[str] = []
     _metric(lines, "infer:num_requests_running", "gauge", "Requests in the running batch.", [(label, stats.num_running)])
     _metric(lines, "infer:num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
-            [(label, state.engine.num_waiting)])
+            [(label, num_waiting)])
     _metric(lines, "infer:kv_cache_blocks_used", "gauge", "KV cache blocks in use.",
             [(label, stats.kv_blocks_total - stats.kv_blocks_free)])
     _metric(lines, "infer:kv_cache_blocks_free", "gauge", "KV cache blocks free.", [(label, stats.kv_blocks_free)])
@@ -67,4 +73,10 @@ def render(state: ServerState) -> str:
             responses={200: {"description": "Prometheus text exposition format",
                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(request: Request) -> PlainTextResponse:
-    return PlainTextResponse(render(request.app.state.infer), media_type="text/plain; version=0.0.4")
+    state: ServerState = request.app.state.infer
+    try:
+        stats, num_waiting, snapshots = await state.engine.call("metrics", state.engine.metrics.snapshot())
+    except CoreGoneError as exc:
+        raise APIError(503, str(exc)) from exc
+    return PlainTextResponse(render(state, stats, num_waiting, ServingMetrics.merged(snapshots)),
+                             media_type="text/plain; version=0.0.4")

@@ -1,4 +1,4 @@
-"""What every route needs: the loaded model and tokenizer, the async engine, the served model name,
+"""What every route needs: the served model's tokenizer and config, the engine client, the served model name,
 and the checks that turn a bad prompt into a 4xx before anything is decoded or queued."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from infer.engine.async_engine import AsyncEngine
-from infer.engine.builder import BuiltEngine
+from infer.engine.builder import ServedModel
+from infer.engine.client import EngineClient
 from infer.models.chat_template import template_source
 from infer.server.errors import APIError
 from infer.structured import GrammarCompiler
@@ -16,13 +16,16 @@ from infer.structured import GrammarCompiler
 
 @dataclass
 class ServerState:
-    built: BuiltEngine
-    engine: AsyncEngine
+    built: ServedModel
+    engine: EngineClient
     model_name: str
+    api_server_index: int = 0  # which of `--api-server-count` processes this is
     created: int = field(default_factory=lambda: int(time.time()))  # the model card's creation time
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
+        # this process's own compiler: a constraint is checked here (400) before the core compiles it again
+        self.grammars = GrammarCompiler(self.built.tokenizer, self.vocab_size)
 
     def _token_text(self, token_id: int) -> str:
         return self.built.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -38,12 +41,7 @@ class ServerState:
 
     @property
     def vocab_size(self) -> int:
-        return self.built.engine.runner.vocab_size
-
-    @property
-    def grammars(self) -> GrammarCompiler:
-        """Structured-output grammars compiled against the served tokenizer (cached, shared with the engine)."""
-        return self.built.engine.grammars
+        return self.engine.info.vocab_size
 
     @property
     def chat_template(self) -> str | None:

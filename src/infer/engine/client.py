@@ -1,0 +1,254 @@
+"""EngineClient: the API server's side of the engine core, on the server's event loop.
+
+Requests go to the core (core_process.py) as token ids over a ZMQ DEALER socket, batched per event-loop turn;
+each step's outputs come back as arrays and are turned into text here (text.py: detokenization, stop
+strings), then delivered to per-request asyncio queues. A stop string found here is sent back to the core
+as an abort with reason "stop". The client sends a heartbeat with its serving metrics every second (the core
+aborts the requests of a silent API server and sums every server's metrics for /metrics). When the core's
+connection drops or it reports a crash, every live request fails at once and `on_core_gone` is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import pickle
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from infer.engine import messages as m
+from infer.engine.core import validate_prompt
+from infer.engine.core_process import CoreInfo
+from infer.engine.metrics import ServingMetrics
+from infer.engine.request import StepOutput
+from infer.engine.text import TextProcessor
+from infer.loader.tokenizer import Tokenizer
+from infer.sampling.params import SamplingParams
+from omniscience import ProbeLayout
+
+log = logging.getLogger("infer.server")
+
+HEARTBEAT_S = 1.0
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue holds max_waiting_requests requests already (the server answers 503)."""
+
+
+class CoreGoneError(RuntimeError):
+    """The engine core has exited or crashed (the server answers 503 and shuts down)."""
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request submitted here and not finished yet."""
+
+    queue: asyncio.Queue[StepOutput]
+    submitted: float = field(default_factory=time.monotonic)
+    last_token: float | None = None
+
+
+class RequestStream:
+    """The outputs of one request, in order; leaving the iteration early aborts the request."""
+
+    def __init__(self, client: EngineClient, request_id: str, live: _Live) -> None:
+        self._client = client
+        self.request_id = request_id
+        self._live = live
+        self.finished = False
+
+    async def __aiter__(self) -> AsyncIterator[StepOutput]:
+        try:
+            while not self.finished:
+                out = await self._live.queue.get()
+                self.finished = out.finished
+                yield out
+        finally:
+            if not self.finished:
+                self._client.abort(self.request_id)
+
+
+class EngineClient:
+    def __init__(self, info: CoreInfo, tokenizer: Tokenizer, max_waiting_requests: int,
+                 on_core_gone: Callable[[str], None] | None = None) -> None:
+        self.info = info
+        self.max_waiting_requests = max_waiting_requests
+        self.metrics = ServingMetrics()
+        self.probe_layout: ProbeLayout | None = info.probe_layout
+        self.on_core_gone = on_core_gone
+        self.gone_reason: str | None = None
+        self.text = TextProcessor(tokenizer)
+        self._live: dict[str, _Live] = {}
+        self._adds: list[m.CoreRequest] = []
+        self._aborts: list[str] = []
+        self._flush_scheduled = False
+        self._core_waiting = 0  # the core's waiting queue as last reported
+        self._unreported = 0  # requests sent since that report
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # lifetime ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._ctx = zmq.asyncio.Context()
+        self._socket = self._ctx.socket(zmq.DEALER)
+        for option, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
+            self._socket.setsockopt(option, value)
+        monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._socket.connect(self.info.address)
+        self._send(m.Heartbeat(self.metrics.snapshot()))  # the core knows us from now on
+        self._tasks = [asyncio.create_task(coro) for coro in (self._read(), self._heartbeat(), self._watch(monitor))]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._socket.close(linger=0)
+        self._ctx.term()
+
+    @property
+    def alive(self) -> bool:
+        return self.gone_reason is None
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting in the core (as last reported) plus those sent since."""
+        return self._core_waiting + self._unreported
+
+    # requests ----------------------------------------------------------------------------------
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+               probe_names: tuple[str, ...] = ()) -> RequestStream:
+        """Queue a request; ValueError for a prompt the engine cannot run, QueueFullError when full, CoreGoneError
+        once the core has gone."""
+        if self.gone_reason is not None:
+            raise CoreGoneError(self.gone_reason)
+        validate_prompt(prompt_token_ids, self.info.config.max_seq_len, self.info.vocab_size)
+        if self.num_waiting >= self.max_waiting_requests:
+            raise QueueFullError(f"the waiting queue is full ({self.max_waiting_requests} requests); retry later")
+        live = self._live[request_id] = _Live(asyncio.Queue())
+        self.text.add(request_id, prompt_token_ids, params, probe_names)
+        self._adds.append(m.CoreRequest(request_id, list(prompt_token_ids), params))
+        self._unreported += 1
+        self._schedule_flush()
+        return RequestStream(self, request_id, live)
+
+    def abort(self, request_id: str) -> None:
+        """End a request early (its client left); its final output still counts in the metrics."""
+        if request_id in self._live and self.gone_reason is None:
+            self._aborts.append(request_id)
+            self._schedule_flush()
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Run a utility call in the core between two steps; its result, or RuntimeError with its error."""
+        if self.gone_reason is not None:
+            raise CoreGoneError(self.gone_reason)
+        call_id = next(self._call_ids)
+        future = self._calls[call_id] = self._loop.create_future()
+        self._send(m.Call(call_id, method, list(args)))
+        return await future
+
+    # the wire ----------------------------------------------------------------------------------
+
+    def _send(self, msg: m.ToCore) -> None:
+        self._socket.send(m.encode(msg), copy=False)  # never blocks: no high-water mark
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """What this event-loop turn submitted and aborted, as one message each."""
+        self._flush_scheduled = False
+        if self.gone_reason is not None:
+            return
+        if self._adds:
+            self._send(m.Add(self._adds))
+            self._adds = []
+        if self._aborts:
+            self._send(m.Abort(self._aborts))
+            self._aborts = []
+
+    async def _read(self) -> None:
+        while True:
+            msg = m.decode_from_core(await self._socket.recv())
+            if isinstance(msg, m.Outputs):
+                self._deliver(msg.step)
+            elif isinstance(msg, m.Reply):
+                self._reply(msg)
+            elif isinstance(msg, m.Shutdown):
+                self._gone(f"the engine core failed: {msg.reason}")
+
+    def _deliver(self, step: m.CoreOutputs) -> None:
+        self._core_waiting, self._unreported = step.num_waiting, 0
+        now = time.monotonic()
+        process, live_of, observe = self.text.process, self._live, self.metrics.observe
+        for core_out in step.outputs:
+            out = process(core_out)
+            if out is None:
+                continue
+            live = live_of.get(out.request_id)
+            if live is None:
+                continue
+            observe(out, now, live.submitted, live.last_token)
+            if out.token_id is not None:
+                live.last_token = now
+            if out.finished:
+                del live_of[out.request_id]
+            live.queue.put_nowait(out)
+        stopped = self.text.take_stopped()
+        if stopped:
+            self._send(m.Abort(stopped, "stop"))
+
+    def _reply(self, msg: m.Reply) -> None:
+        if msg.call_id == -1:  # a probe reload through any API server: names are checked against the new set
+            self.probe_layout = pickle.loads(msg.result)
+            return
+        future = self._calls.pop(msg.call_id, None)
+        if future is None or future.done():
+            return
+        if msg.error is not None:
+            future.set_exception(RuntimeError(msg.error))
+        else:
+            future.set_result(pickle.loads(msg.result))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            self._send(m.Heartbeat(self.metrics.snapshot()))
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """The core's connection dropping means its process has ended."""
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._gone(f"the engine core process (pid {self.info.pid}) exited")
+                return
+
+    def _gone(self, reason: str) -> None:
+        """Fail every live request and call, once."""
+        if self.gone_reason is not None:
+            return
+        self.gone_reason = reason
+        log.error("%s; failing %d live request(s)", reason, len(self._live))
+        for request_id, live in list(self._live.items()):
+            out = self.text.finish(request_id, reason)
+            if out is not None:
+                live.queue.put_nowait(out)
+        self._live.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(CoreGoneError(reason))
+        self._calls.clear()
+        if self.on_core_gone is not None:
+            self.on_core_gone(reason)

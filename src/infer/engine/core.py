@@ -1,0 +1,294 @@
+"""EngineCore.step_core(): resolve the step in flight, schedule, launch, emit the core's outputs.
+
+The scheduler (scheduler.py) decides what runs and owns every request's state and KV blocks; the
+output processor (outputs.py) turns sampled ids into CoreOutputs (finish reasons, logprobs, probe
+scores; never text); the overlap of steps (overlap.py) is the one mechanism that lets step N+1 launch
+before step N is read. Aborts are queued (any thread may call `abort`) and applied at the start of the
+next step. step_core() does no I/O and, for a fixed seed and queue, is deterministic. The core runs in
+its own process under `infer serve` (core_process.py) and in the caller's for offline use (engine.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from infer.engine.config import EngineConfig
+from infer.engine.outputs import OutputProcessor
+from infer.engine.overlap import InFlight
+from infer.engine.messages import CoreOutput
+from infer.engine.request import Request
+from infer.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
+from infer.kv.kv_manager import KVCacheManager
+from infer.loader.tokenizer import Tokenizer
+from infer.runners.base import Runner
+from infer.runners.step import StepInput, StepKind
+from infer.sampling.params import SamplingParams
+from infer.sampling.slots import SlotState
+from infer.structured.compiler import GrammarCompiler
+from infer.structured.masks import BitmaskFiller, Grammar, advance, has_open
+from omniscience import ProbeLayout, ProbeSet
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for metrics: running requests, KV blocks, preemptions, prefix-cache tokens, speculation."""
+
+    num_running: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    spec_drafted: int = 0  # speculation: draft tokens verified
+    spec_accepted: int = 0  # of which accepted
+    spec_verified_rows: int = 0  # request-steps that verified drafts (accepted / rows + 1 = mean tokens per such step)
+
+
+class EngineCore:
+    """The scheduler and the runner: requests of token ids in, one CoreOutput per request and token out."""
+
+    def __init__(self, config: EngineConfig, runner: Runner, kv: KVCacheManager, tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.runner = runner
+        self.kv = kv
+        self.tokenizer = tokenizer
+        self.scheduler = Scheduler(config, kv)
+        self.outputs = OutputProcessor(tokenizer.eos_token_ids, self.scheduler, config.max_seq_len)
+        self.grammars = GrammarCompiler(tokenizer, runner.vocab_size)
+        self.masks = BitmaskFiller(config.max_batch_size, runner.vocab_size)
+        self._rng = random.Random(config.seed)
+        self._ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._aborts: deque[tuple[str, str]] = deque()  # appends and pops are atomic, so other threads may abort
+        self._in_flight = InFlight()
+        self._resolved_in_launch: list[CoreOutput] = []  # outputs of the step resolved by `_bitmask`
+
+    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raise ValueError for a prompt the engine cannot run (checked before anything is queued)."""
+        validate_prompt(prompt_token_ids, self.config.max_seq_len, self.runner.vocab_size)
+
+    @property
+    def probe_layout(self) -> ProbeLayout | None:
+        """The loaded probe set (names, layers, columns, version), or None when the engine has none."""
+        return self.runner.probes.layout if self.runner.probes is not None else None
+
+    def check_probes(self, params: SamplingParams) -> tuple[str, ...]:
+        """The probe names a request's outputs will carry; ValueError (naming the field) for ones not loaded."""
+        return check_probes(params, self.probe_layout)
+
+    def swap_probes(self, probe_set: ProbeSet) -> ProbeLayout:
+        """Write a new probe set's weights into the runner's probe buffers (call between steps: the steps already
+        launched keep the old scores, every later one reads the new). Raises ProbeError if it does not fit."""
+        if self.runner.probes is None:
+            raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
+        return self.runner.probes.load(probe_set)
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Request:
+        self.validate_prompt(prompt_token_ids)
+        probe_names = self.outputs.shared_names(self.check_probes(params))
+        request_id = request_id or f"req-{next(self._ids)}"
+        if self._find(request_id):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=params,
+            seed=params.seed if params.seed is not None else self._rng.randrange(2**63),
+            arrival_index=next(self._arrivals),
+            grammar=Grammar(self.grammars.matcher(params.structured)) if params.structured is not None else None,
+            probe_names=probe_names,
+        )
+        self.scheduler.add(request)
+        return request
+
+    def _find(self, request_id: str) -> list[Request]:
+        return [r for r in (*self.scheduler.waiting, *self.scheduler.running) if r.request_id == request_id]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            kv_blocks_total=self.kv.allocator.num_blocks,
+            kv_blocks_free=self.kv.num_free_blocks,
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.kv.prefix_queries,
+            prefix_cache_hits=self.kv.prefix_hits,
+            spec_drafted=self.scheduler.num_drafted,
+            spec_accepted=self.scheduler.num_accepted,
+            spec_verified_rows=self.scheduler.num_verified_rows,
+        )
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Ask for a request to end (reason "stop": its text hit a stop string); the next step frees its blocks
+        and emits its final output."""
+        self._aborts.append((request_id, reason))
+
+    def step_core(self) -> list[CoreOutput]:
+        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history, self.scheduler.proposer is not None)
+        outputs = [] if ahead else self._resolve()
+        outputs += self.apply_aborts()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            was_in_flight = self._in_flight.step is not None  # a preempted request may wait for its token
+            outputs += self._resolve()
+            if not was_in_flight and not self.scheduler.running and self.scheduler.waiting:  # kv_layout sized
+                raise RuntimeError(f"cannot admit {self.scheduler.waiting[0].request_id!r} into an idle KV cache")
+            return outputs
+        now = time.monotonic()
+        for request in batch.requests:
+            request.first_scheduled_time = request.first_scheduled_time or now
+        try:
+            launched = self.runner.launch(self._step_input(batch))
+        except Exception as exc:  # the batch fails, the engine keeps serving everyone else
+            outputs += self._take_resolved_in_launch() + self._resolve()
+            return outputs + [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
+        self.scheduler.launched(batch)
+        outputs += self._take_resolved_in_launch() + self._resolve()
+        self._in_flight.step = (batch, launched)
+        return outputs
+
+    def _resolve(self, on_advanced: Callable[[], None] | None = None) -> list[CoreOutput]:
+        """Read the in-flight step's tokens (the step boundary) and turn them into outputs. The grammars take
+        their tokens first; `on_advanced` runs then, before the outputs are processed."""
+        step = self._in_flight.take()
+        if step is None:
+            return []
+        batch, launched = step
+        for row in batch.rows:
+            if row.samples:
+                self.scheduler.resolved(row.request)
+        try:
+            result = launched.result()
+        except Exception as exc:
+            return [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
+        self.outputs.collect_prompt_probes(batch.rows, result)
+        # a request ended while this step was in flight (stop found in the step before, abort) drops its token
+        rows = [(i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
+        advance([(r.grammar, result.token_ids[i]) for i, r in rows if r.grammar and r.sampling_params.max_tokens])
+        if on_advanced is not None:
+            on_advanced()
+        if result.extra_tokens is not None:  # speculation: roll back what was not accepted before the outputs end anyone
+            for i, r in rows:
+                if batch.rows[i].drafts:
+                    self.scheduler.speculated(batch.rows[i], 1 + len(result.extra_tokens[i]))
+        return [out for i, r in rows for out in self.outputs.process(r, result, i)]
+
+    def _bitmask(self, batch: ScheduledBatch) -> torch.Tensor:
+        """StepInput.token_bitmask, called inside the launch of `batch` once its forward is queued. With a step
+        in flight (the overlap) the masks need its tokens: it is resolved here, its outputs kept for step_core(), and
+        the masks are filled on the mask thread while this thread processes those outputs."""
+        fills = []
+
+        def start_fill() -> None:
+            grammars = [r.request.grammar if r.samples and not r.request.finished else None for r in batch.rows]
+            fills.append(self.masks.fill(grammars))
+
+        if self._in_flight.step is not None:
+            self._resolved_in_launch += self._resolve(on_advanced=start_fill)
+        if not fills:  # nothing was in flight, or its result failed
+            start_fill()
+        return fills[0].result()
+
+    def _take_resolved_in_launch(self) -> list[CoreOutput]:
+        outputs, self._resolved_in_launch = self._resolved_in_launch, []
+        return outputs
+
+    def fail_all(self, error: str) -> list[CoreOutput]:
+        """Fail every queued and running request (after an unexpected error outside the runner)."""
+        return [self.outputs.fail(r, error) for r in [*self.scheduler.waiting, *self.scheduler.running]]
+
+    def apply_aborts(self) -> list[CoreOutput]:
+        """End every request whose abort was asked for: free its blocks, return its final outputs."""
+        outputs = []
+        while self._aborts:
+            request_id, reason = self._aborts.popleft()
+            outputs += [self.outputs.abort(r, reason) for r in self._find(request_id)]
+        return outputs
+
+    def _step_input(self, batch: ScheduledBatch) -> StepInput:
+        """The runner's step descriptor: the scheduler's rows, their sampling slots and the sampling state of
+        requests that joined (one pass per field: this runs for every request in every step)."""
+        rows, requests = batch.rows, batch.requests
+        step = StepInput(StepKind.DECODE if batch.is_decode else StepKind.PREFILL)
+        step.prev_rows = self._in_flight.prev_rows(batch)
+        if batch.is_decode and not batch.has_drafts:
+            step.token_ids = [r.request.tokens_at(r.start, 1)[0] for r in rows]
+            step.positions = [r.start for r in rows]
+            step.query_lens = [1] * len(rows)
+            step.slot_mapping = [r.slots[0] for r in rows]
+        else:
+            step.token_ids = [t for r in rows for t in (*r.request.tokens_at(r.start, r.num_new - len(r.drafts)), *r.drafts)]
+            step.positions = [p for r in rows for p in range(r.start, r.start + r.num_new)]
+            step.query_lens = [r.num_new for r in rows]
+            step.slot_mapping = [s for r in rows for s in r.slots]
+            if batch.has_drafts:
+                step.drafts = [r.drafts for r in rows]
+                if self.config.speculative_method == "draft":
+                    step.drafter_tokens = [r.request.token_ids[r.request.num_drafter_tokens : r.start + 1] if r.drafts
+                                           else [] for r in rows]
+        if not batch.is_decode:
+            step.prompt_logprobs = [r.prompt_logprobs for r in rows]
+            if self.scheduler.wants_probes:
+                step.probe_prompt = [_prompt_rows(r) for r in rows]
+        samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
+        step.samples = None if all(samples) else samples
+        step.context_lens = [r.start + r.num_new for r in rows]
+        step.block_tables = [r.block_table for r in rows]
+        step.sampling_slots = [r.sampling_slot for r in requests]
+        step.joined = [SlotState(r.sampling_slot, r.sampling_params, r.seed, len(r.output_token_ids)) for r in batch.joined]
+        step.probes = self.scheduler.wants_probes
+        if self.scheduler.wants_logprobs:
+            step.logprobs = [r.request.sampling_params.logprobs if r.samples else None for r in rows]
+        if self.scheduler.needs_history:
+            step.history = [r.token_ids for r in requests]
+        if has_open([r.grammar for r in requests]):
+            step.token_bitmask = partial(self._bitmask, batch)
+        return step
+
+
+def _prompt_rows(row: ScheduledRow) -> int:
+    """How many of the row's new positions are prompt positions whose scores its request still needs."""
+    request = row.request
+    if not request.needs_prompt_probes:
+        return 0
+    return max(0, min(row.start + row.num_new, len(request.prompt_token_ids)) - row.start)
+
+
+def validate_prompt(prompt_token_ids: list[int], max_seq_len: int, vocab_size: int) -> None:
+    """Raise ValueError for a prompt an engine of this context and vocabulary cannot run."""
+    if not prompt_token_ids:
+        raise ValueError("prompt is empty: at least one token is needed")
+    if len(prompt_token_ids) >= max_seq_len:
+        raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; max_seq_len={max_seq_len} leaves no room to generate")
+    bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_probes(params: SamplingParams, layout: ProbeLayout | None) -> tuple[str, ...]:
+    """The probe names a request's outputs will carry under `layout`; ValueError (naming the field) for ones
+    not loaded."""
+    if params.probe_prompt and params.probes is None:
+        raise ValueError("probe_prompt: needs probes (true or a list of names); it adds their prompt-token scores")
+    if params.probes is None and params.probe_stop is None:
+        return ()
+    if layout is None:
+        field = "probes" if params.probes is not None else "probe_stop"
+        raise ValueError(f"{field}: no probe set is loaded (start the engine with a probe set: --probes FILE)")
+    names = layout.names if params.probes is True else tuple(params.probes or ())
+    unknown = [n for n in names if n not in layout.columns]
+    if unknown:
+        raise ValueError(f"probes: unknown probe(s) {', '.join(map(repr, unknown))}; loaded: {', '.join(layout.names)}")
+    if params.probe_stop is not None and params.probe_stop.name not in layout.columns:
+        raise ValueError(f"probe_stop: unknown probe {params.probe_stop.name!r}; loaded: {', '.join(layout.names)}")
+    return names

@@ -1,0 +1,270 @@
+"""The engine-core process of `infer serve`: the scheduler and the runner in a busy loop, nothing else.
+
+API server processes (client.py) connect to one ROUTER socket over ZMQ (ipc): requests come in as token
+ids, every step's outputs go back to the API server that sent each request, as arrays of token ids and
+finish reasons (messages.py). The core never detokenizes or formats. Between two steps it drains what
+arrived (requests, aborts, utility calls, heartbeats); while nothing runs it waits on the socket.
+An API server silent for CLIENT_TIMEOUT_S has its requests aborted, so the others lose nothing when one dies;
+a crash of the core itself is told to every API server (`Shutdown`) before the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from infer.engine import messages as m
+from infer.engine.builder import BuiltEngine, build_engine, read_probe_set
+from infer.engine.config import EngineConfig, EngineConfigError
+from infer.engine.core import EngineCore
+from infer.engine.warmup import warm_up
+from infer.models.config import ModelConfig
+from omniscience import ProbeLayout
+
+log = logging.getLogger("infer.core")
+
+CLIENT_TIMEOUT_S = 10.0  # an API server silent this long is gone: its requests are aborted
+IDLE_POLL_MS = 1000
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What an API server needs of the core, sent once it is ready."""
+
+    address: str  # the ZMQ endpoint to connect to
+    config: EngineConfig  # as built: max_seq_len bounded by the model, defaults resolved
+    model_config: ModelConfig
+    model_path: str
+    vocab_size: int
+    probe_layout: ProbeLayout | None
+    load_seconds: float
+    warmup_seconds: float
+    pid: int
+
+
+class CoreStartError(RuntimeError):
+    """The core could not start; `config_error` when the cause is a bad setting (the CLI exits 2)."""
+
+    def __init__(self, message: str, config_error: bool) -> None:
+        super().__init__(message)
+        self.config_error = config_error
+
+
+class CoreProcess:
+    """A started engine-core process and the facts it reported when ready."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, info: CoreInfo) -> None:
+        self.process = process
+        self.info = info
+
+    @classmethod
+    def start(cls, config: EngineConfig, timeout_s: float | None = None) -> CoreProcess:
+        """Spawn the core, wait until it has loaded, warmed up and bound its socket; CoreStartError if it failed."""
+        address = f"ipc://{tempfile.mkdtemp(prefix='infer-')}/core.sock"  # a private (0700) folder
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe with CUDA and with threads
+        ours, theirs = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=run_core, args=(config, address, theirs), name="infer-core", daemon=False)
+        process.start()
+        theirs.close()
+        if not ours.poll(timeout_s):
+            process.kill()
+            raise CoreStartError(f"the engine core did not start within {timeout_s:.0f} s", config_error=False)
+        try:
+            kind, payload = ours.recv()
+        except EOFError:
+            process.join(5)
+            raise CoreStartError(f"the engine core exited while starting (exit code {process.exitcode})",
+                                 config_error=False) from None
+        if kind == "error":
+            message, config_error = payload
+            process.join(10)
+            raise CoreStartError(message, config_error)
+        return cls(process, payload)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the core to exit (SIGTERM), killing it if it does not within the timeout."""
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout_s)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+
+
+def run_core(config: EngineConfig, address: str, ready: Connection) -> None:
+    """The core process's main: build and warm the engine, report to the parent, then serve until stopped."""
+    logging.basicConfig(level=logging.INFO, format="[infer core] %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
+    try:
+        built = build_engine(config, core_only=True)
+        warmup_s = warm_up(built.engine)
+    except (EngineConfigError, ValueError, OSError) as exc:
+        ready.send(("error", (str(exc), isinstance(exc, (EngineConfigError, ValueError)))))
+        raise SystemExit(2) from None
+    except BaseException as exc:
+        ready.send(("error", (f"{type(exc).__name__}: {exc}", False)))
+        raise
+    loop = CoreLoop(built, address)
+    ready.send(("ready", CoreInfo(address, built.config, built.model_config, str(built.path),
+                                  built.engine.runner.vocab_size, built.engine.probe_layout, built.load_seconds,
+                                  warmup_s, os.getpid())))
+    ready.close()
+    signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+    loop.run()
+
+
+class CoreLoop:
+    """Drain messages, step, send each API server its outputs; repeat."""
+
+    def __init__(self, built: BuiltEngine, address: str) -> None:
+        self.built = built
+        self.engine: EngineCore = built.engine
+        self._ctx = zmq.Context()
+        self.socket = self._ctx.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.SNDHWM, 0)  # never drop an output
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.bind(address)
+        self._owner: dict[str, bytes] = {}  # request id -> the API server that sent it
+        self._last_seen: dict[bytes, float] = {}
+        self._metrics: dict[bytes, dict[str, Any]] = {}  # each API server's serving metrics (its last heartbeat)
+        self._stopping = False
+        self._next_check = 0.0
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain(block=not self.engine.has_unfinished())
+                self._check_clients()
+                if self.engine.has_unfinished():
+                    self._step()
+        except BaseException as exc:  # a bug in the core: tell every API server why, then exit non-zero
+            log.exception("engine core failed")
+            self._broadcast(m.Shutdown(f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            self.socket.close()
+            self._ctx.term()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step_core()
+        except Exception as exc:  # fail what is in flight, keep serving
+            log.exception("engine step failed")
+            outputs = self.engine.fail_all(f"{type(exc).__name__}: {exc}")
+        self._send(outputs)
+
+    def _send(self, outputs: list[m.CoreOutput]) -> None:
+        if not outputs:
+            return
+        by_owner: dict[bytes, list[m.CoreOutput]] = defaultdict(list)
+        owners = self._owner
+        for out in outputs:
+            owner = owners.pop(out.request_id, None) if out.finish_reason is not None else owners.get(out.request_id)
+            if owner is not None:
+                by_owner[owner].append(out)
+        scheduler = self.engine.scheduler
+        waiting, running = len(scheduler.waiting), len(scheduler.running)
+        for owner, outs in by_owner.items():
+            self.socket.send_multipart([owner, m.encode(m.Outputs(m.CoreOutputs(outs, waiting, running)))], copy=False)
+
+    def _drain(self, block: bool) -> None:
+        """Handle every message that has arrived; with `block`, wait up to IDLE_POLL_MS for the first."""
+        if block and not self.socket.poll(IDLE_POLL_MS):
+            return
+        while True:
+            try:
+                identity, data = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_seen[identity] = time.monotonic()
+            self._handle(identity, m.decode_to_core(data))
+
+    def _handle(self, identity: bytes, msg: m.ToCore) -> None:
+        if isinstance(msg, m.Add):
+            for req in msg.requests:
+                try:
+                    self.engine.add_request(req.prompt_token_ids, req.params, req.request_id)
+                except ValueError as exc:
+                    self._send_to(identity, [m.CoreOutput(req.request_id, None, "error", str(exc), True)])
+                    continue
+                self._owner[req.request_id] = identity
+        elif isinstance(msg, m.Abort):
+            for request_id in msg.request_ids:
+                self.engine.abort(request_id, msg.reason)
+        elif isinstance(msg, m.Heartbeat):
+            self._metrics[identity] = msg.metrics
+        elif isinstance(msg, m.Call):
+            try:
+                result, error = pickle.dumps(self._call(identity, msg.method, msg.args)), None
+            except Exception as exc:  # the caller decides; the core keeps serving
+                result, error = None, f"{type(exc).__name__}: {exc}"
+            self.socket.send_multipart([identity, m.encode(m.Reply(msg.call_id, result, error))])
+
+    def _send_to(self, identity: bytes, outputs: list[m.CoreOutput]) -> None:
+        scheduler = self.engine.scheduler
+        step = m.CoreOutputs(outputs, len(scheduler.waiting), len(scheduler.running))
+        self.socket.send_multipart([identity, m.encode(m.Outputs(step))])
+
+    def _call(self, identity: bytes, method: str, args: list[Any]) -> Any:
+        """Utility calls, run between two steps."""
+        engine = self.engine
+        if method == "metrics":  # the caller's metrics now, and every API server's last
+            self._metrics[identity] = args[0]
+            return engine.stats(), len(engine.scheduler.waiting), list(self._metrics.values())
+        if method == "audit_blocks":
+            return engine.kv.audit_blocks()
+        if method == "idle":
+            return not engine.has_unfinished()
+        if method == "reload_probes":
+            if self.built.config.probes is None:
+                raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
+            layout = engine.swap_probes(read_probe_set(self.built.config.probes, self.built.model_config))
+            self._broadcast(m.Reply(-1, pickle.dumps(layout)))  # every API server checks names against it now
+            return layout
+        raise ValueError(f"unknown core call {method!r}")
+
+    def _check_clients(self) -> None:
+        """Abort the requests of API servers that stopped sending heartbeats (crashed or killed)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + 1.0
+        gone = {identity for identity, seen in self._last_seen.items() if now - seen > CLIENT_TIMEOUT_S}
+        if not gone:
+            return
+        orphans = [rid for rid, owner in self._owner.items() if owner in gone]
+        for request_id in orphans:
+            self.engine.abort(request_id)
+            del self._owner[request_id]
+        for identity in gone:
+            del self._last_seen[identity]
+            self._metrics.pop(identity, None)
+        log.warning("%d API server(s) went silent; aborted their %d request(s)", len(gone), len(orphans))
+
+    def _broadcast(self, msg: m.FromCore) -> None:
+        data = m.encode(msg)
+        for identity in list(self._last_seen):
+            try:
+                self.socket.send_multipart([identity, data], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+
+def core_config_for_children(config: EngineConfig) -> EngineConfig:
+    """The config as the core resolved it (what API servers size their checks by)."""
+    return replace(config)

@@ -1,0 +1,118 @@
+"""What crosses between the API server and the engine core: typed messages, msgpack on the wire (msgspec).
+
+The hot path is two messages: a request going in (`CoreRequest`) and one step's outputs coming out
+(`CoreOutputs`: per output the request id, the sampled token, and a finish reason, logprobs or probe
+scores only when there are some). Everything else (aborts, utility calls, heartbeats, the core's
+start-up facts) is small and rare. docs/engine.md draws the two processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from infer.sampling.logprobs import TokenLogprob
+from infer.sampling.params import SamplingParams
+
+
+class CoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    """A tokenized, validated request for the core to schedule."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One step's token for one request (or its end without a token: abort, error, prompt scoring only).
+
+    The core never formats text: detokenization, stop strings and the OpenAI shapes happen beside the
+    API (infer/engine/text.py)."""
+
+    request_id: str
+    token_id: int | None
+    finish_reason: str | None = None
+    error: str | None = None
+    client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    queue_seconds: float | None = None  # arrival to first scheduling, on the first output
+    logprob: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output, when asked
+    probes: list[float] | None = None  # the token's score per asked probe (NaN: a reload removed it)
+    prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, with probe_prompt
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class CoreOutputs(msgspec.Struct, array_like=True, gc=False):
+    """One step's outputs for one API server, with the core's queue lengths (admission control, /metrics)."""
+
+    outputs: list[CoreOutput]
+    num_waiting: int
+    num_running: int
+
+
+class Abort(msgspec.Struct, array_like=True, tag=True):
+    """End requests: the client left (reason "abort"), or a stop string was found in their text ("stop")."""
+
+    request_ids: list[str]
+    reason: str = "abort"
+
+
+class Add(msgspec.Struct, array_like=True, tag=True):
+    requests: list[CoreRequest]
+
+
+class Call(msgspec.Struct, array_like=True, tag=True):
+    """A utility call run between two steps (stats, audits, a probe reload); answered by `Reply` with its id."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+class Heartbeat(msgspec.Struct, array_like=True, tag=True):
+    """An API server is alive; it carries its serving metrics so any server's /metrics can count them all."""
+
+    metrics: dict[str, Any] = {}
+
+
+class Reply(msgspec.Struct, array_like=True, tag=True):
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class Outputs(msgspec.Struct, array_like=True, tag=True):
+    step: CoreOutputs
+
+
+class Shutdown(msgspec.Struct, array_like=True, tag=True):
+    """The core is going away (a crash, with its reason, or a stop)."""
+
+    reason: str
+
+
+ToCore = Add | Abort | Call | Heartbeat
+FromCore = Outputs | Reply | Shutdown
+
+_encoder = msgspec.msgpack.Encoder()
+_to_core = msgspec.msgpack.Decoder(ToCore)
+_from_core = msgspec.msgpack.Decoder(FromCore)
+
+
+def encode(message: ToCore | FromCore) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_to_core(data: bytes) -> ToCore:
+    return _to_core.decode(data)
+
+
+def decode_from_core(data: bytes) -> FromCore:
+    return _from_core.decode(data)

@@ -1,0 +1,99 @@
+"""The text side of output processing: the core's tokens into text deltas, stop strings, StepOutputs.
+
+It runs where the caller is, never in the engine core: in the API server process (infer/engine/client.py) and,
+for offline use, beside the in-process engine (infer/engine/engine.py). One implementation serves both.
+A stop string ends a request here first; the caller then tells the core to end it (`take_stopped`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from infer.engine.messages import CoreOutput
+from infer.engine.request import StepOutput
+from infer.loader.detokenizer import IncrementalDetokenizer
+from infer.loader.tokenizer import Tokenizer
+from infer.sampling.params import SamplingParams
+from infer.sampling.stop import StopChecker
+
+
+@dataclass(slots=True)
+class TextState:
+    """One request's text so far: its detokenizer, stop strings and what has been emitted."""
+
+    detokenizer: IncrementalDetokenizer
+    stop_checker: StopChecker
+    ignore_eos: bool
+    probe_names: tuple[str, ...]
+    text: str = ""  # output text, cut at a stop string once one is hit
+    emitted_chars: int = 0
+    finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)  # generated ids up to its end (a stop string's token included)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class TextProcessor:
+    """Per request a TextState; `process` turns one CoreOutput into the caller's StepOutput."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._eos = tokenizer.eos_token_ids
+        self.states: dict[str, TextState] = {}
+        self._stopped: list[str] = []  # ended by a stop string here, still running in the core
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            probe_names: tuple[str, ...] = ()) -> TextState:
+        state = TextState(IncrementalDetokenizer(self.tokenizer, prompt_token_ids), StopChecker(params.stop),
+                          params.ignore_eos, probe_names)
+        self.states[request_id] = state
+        return state
+
+    def take_stopped(self) -> list[str]:
+        """Requests that a stop string ended since the last call: the core must end them too (reason "stop")."""
+        stopped, self._stopped = self._stopped, []
+        return stopped
+
+    def finish(self, request_id: str, error: str) -> StepOutput | None:
+        """End a request from this side (its core is gone): its final, failed output; None if already ended."""
+        return self.process(CoreOutput(request_id, None, "error", error))
+
+    def process(self, out: CoreOutput) -> StepOutput | None:
+        """The caller's output for one core output; None for a request unknown here or already ended (the
+        tokens the core sampled after a stop string, before it heard of the stop)."""
+        state = self.states.get(out.request_id)
+        if state is None or state.finished:
+            return None
+        token, reason = out.token_id, out.finish_reason
+        text = state.text
+        if token is not None:
+            state.token_ids.append(token)
+            if state.ignore_eos or token not in self._eos:
+                detokenizer = state.detokenizer
+                detokenizer.push(token)
+                if reason is not None:
+                    detokenizer.flush()
+                text = detokenizer.text
+        stops = state.stop_checker
+        stop_at = stops.check(text, len(state.text)) if stops.stops else None
+        if stop_at is not None:
+            text = text[:stop_at]
+            if reason is None:
+                self._stopped.append(out.request_id)
+            reason = "stop"
+        state.text = text
+        visible = len(text) if reason or not stops.stops else len(text) - stops.holdback(text)
+        delta = text[state.emitted_chars : max(visible, state.emitted_chars)]
+        state.emitted_chars += len(delta)
+        if reason is not None:
+            state.finish_reason = reason
+            del self.states[out.request_id]
+        probes = None
+        if out.probes is not None:
+            probes = {name: None if math.isnan(v) else v for name, v in zip(state.probe_names, out.probes)}
+        return StepOutput(out.request_id, token, delta, reason is not None, reason, out.error, out.prompt_tokens,
+                          out.completion_tokens, out.logprob, out.prompt_logprobs, out.queue_seconds,
+                          out.cached_tokens, out.client_error, probes, out.prompt_probes)

@@ -1,0 +1,40 @@
+"""Start-up warm-up: run the step shapes serving will meet once, so the first real batch runs at steady speed.
+
+On CUDA the first prefill of each shape compiles Triton kernels and makes layerzero's selections; decode
+buckets are captured as graphs when the runner is built, but prefill chunks, mixed steps and the sampler's
+variants are not. The warm-up admits a few requests of random token ids whose prompts span the prefill chunk
+sizes (a full chunk, a short remainder, a single token) and decodes a few steps with them, then leaves the
+engine as it found it: no request, an empty prefix cache, zeroed counters.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from infer.engine.core import EngineCore
+from infer.sampling.params import SamplingParams
+
+WARMUP_DECODE_TOKENS = 4
+
+
+def warm_up(engine: EngineCore) -> float:
+    """Warm the engine's kernels and shapes; the seconds it took."""
+    started = time.perf_counter()
+    config = engine.config
+    rng = random.Random(0)
+    chunk = min(config.prefill_chunk_size, config.max_seq_len - WARMUP_DECODE_TOKENS - 1)
+    if engine.runner.device.type == "cuda":
+        lengths = [chunk + chunk // 2, chunk, 17, 1] + [rng.randrange(2, 64) for _ in range(min(config.max_batch_size, 64) - 4)]
+    else:  # the CPU's steps are compute-bound from the first: warm the code paths, not every shape
+        lengths = [min(chunk, 24), 3]
+    lengths = [max(1, min(n, config.max_seq_len - WARMUP_DECODE_TOKENS - 1)) for n in lengths]
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=WARMUP_DECODE_TOKENS, ignore_eos=True, seed=0)
+    vocab = engine.runner.vocab_size
+    for i, n in enumerate(lengths):
+        EngineCore.add_request(engine, [rng.randrange(vocab) for _ in range(n)], params, f"warmup-{i}")
+    while engine.has_unfinished():
+        engine.step_core()
+    engine.kv.reset_prefix_cache()
+    engine.scheduler.num_preemptions = 0
+    return time.perf_counter() - started

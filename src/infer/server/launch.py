@@ -1,0 +1,144 @@
+"""`infer serve`: start the engine-core process, then serve HTTP from this process or from N API server processes.
+
+With one API server (the default) this process is it. With `--api-server-count N` it spawns N API server
+processes that each bind the port with SO_REUSEPORT (the kernel spreads connections over them), all talking to
+the one core, and supervises: the core's exit ends everything with a non-zero code (each API server answers 503
+and exits with the reason first); an API server's exit leaves the others serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import multiprocessing.connection
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from infer.engine.builder import ServedModel
+from infer.engine.client import EngineClient
+from infer.engine.config import EngineConfig
+from infer.engine.core_process import CoreInfo, CoreProcess, CoreStartError
+from infer.loader.tokenizer import Tokenizer
+
+SHUTDOWN_GRACE_S = 0.5  # after the core is gone: the in-flight requests get their 503 before the server stops
+BUNDLED_NAME = "SmolLM2-135M-Instruct"
+
+
+def _say(message: str) -> None:
+    print(f"[infer] {message}", file=sys.stderr, flush=True)
+
+
+def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, log_level: str,
+          api_server_count: int = 1) -> int:
+    """Run `infer serve` until interrupted or until the core exits; the process's exit code."""
+    _say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
+    _check_port(host, port, api_server_count > 1)  # before the minutes of loading: a taken port fails at once
+    try:
+        core = CoreProcess.start(config)
+    except CoreStartError as exc:
+        if exc.config_error:
+            raise ValueError(str(exc)) from None  # the CLI prints it and exits 2
+        _say(f"error: {exc}")
+        return 1
+    info = core.info
+    name = served_model_name or (BUNDLED_NAME if config.model is None else Path(info.model_path).stem)
+    _say(f"loaded {Path(info.model_path).name} in {info.load_seconds:.1f}s, warmed up in {info.warmup_seconds:.1f}s "
+         f"(engine core pid {info.pid}); serving {name!r} on http://{host}:{port} from {api_server_count} API "
+         f"server process(es)")
+    try:
+        if api_server_count == 1:
+            return run_api_server(info, name, host, port, log_level)
+        return _supervise(core, name, host, port, log_level, api_server_count)
+    finally:
+        core.stop()
+
+
+def served_model(info: CoreInfo) -> ServedModel:
+    """The API server's view of the model: the core's resolved config and the tokenizer, no weights."""
+    return ServedModel(info.config, info.model_config, Tokenizer.from_path(Path(info.model_path)), Path(info.model_path))
+
+
+def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: str, index: int = 0,
+                   reuse_port: bool = False) -> int:
+    """One API server on the port until it is stopped (0) or the core is gone (1, after answering 503s)."""
+    from infer.server.app import create_app
+    from infer.server.state import ServerState
+
+    served = served_model(info)
+    server: uvicorn.Server | None = None
+
+    def core_gone(reason: str) -> None:
+        _say(f"error: {reason}; answering 503 and stopping")
+        asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S, lambda: setattr(server, "should_exit", True))
+
+    client = EngineClient(info, served.tokenizer, info.config.max_waiting_requests, core_gone)
+    state = ServerState(served, client, name, index)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=log_level, timeout_graceful_shutdown=5))
+    server.run(sockets=[_bind(host, port, reuse_port)])
+    if client.gone_reason is not None:
+        _say(f"exiting: {client.gone_reason}")
+        return 1
+    return 0
+
+
+def _api_server_main(info: CoreInfo, name: str, host: str, port: int, log_level: str, index: int) -> None:
+    sys.exit(run_api_server(info, name, host, port, log_level, index, reuse_port=True))
+
+
+def _supervise(core: CoreProcess, name: str, host: str, port: int, log_level: str, count: int) -> int:
+    ctx = multiprocessing.get_context("spawn")
+    servers = [ctx.Process(target=_api_server_main, args=(core.info, name, host, port, log_level, i),
+                           name=f"infer-api-{i}") for i in range(count)]
+    for p in servers:
+        p.start()
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = 0
+    live = list(servers)
+    while live and not stopping:
+        ready = multiprocessing.connection.wait([core.process.sentinel, *(p.sentinel for p in live)], timeout=0.5)
+        if core.process.sentinel in ready:
+            _say(f"error: the engine core exited with code {core.process.exitcode}; stopping the API servers")
+            code = 1
+            break
+        for p in [p for p in live if p.sentinel in ready]:
+            live.remove(p)
+            _say(f"API server {p.name} exited with code {p.exitcode}; {len(live)} still serving")
+            code = max(code, 1 if p.exitcode else 0)
+    for p in live:  # stopped, or the core is gone (they exit by themselves then, with their 503s answered)
+        if stopping:
+            p.terminate()
+    for p in live:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return code
+
+
+def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _check_port(host: str, port: int, reuse_port: bool) -> None:
+    """ValueError naming the flag when the port cannot be bound (bound without listening: it takes no connection)."""
+    try:
+        _bind(host, port, reuse_port).close()
+    except OSError as exc:
+        raise ValueError(f"--port={port}: cannot listen on {host}:{port}: {exc.strerror}") from None
