@@ -11,6 +11,7 @@ import hashlib
 import itertools
 
 from infer.engine.config import EngineConfig
+from infer.engine.core import EngineCore
 from infer.engine.engine import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.runners.step import StepInput, StepKind, StepResult
@@ -81,11 +82,13 @@ class FakeRunner:
         return token
 
 
-def fake_engine(num_blocks: int = 64, block_size: int = 4, **options: object) -> tuple[Engine, FakeRunner]:
+def fake_engine(num_blocks: int = 64, block_size: int = 4, core_only: bool = False,
+                **options: object) -> tuple[Engine, FakeRunner]:
+    """An Engine (or with `core_only` the bare EngineCore a core process runs) on the fake runner."""
     config = EngineConfig(max_seq_len=options.pop("max_seq_len", 256), **options)  # type: ignore[arg-type]
     runner = FakeRunner(block_size)
     kv = KVCacheManager(num_blocks, block_size, prefix_caching=bool(config.use_prefix_caching))
-    return Engine(config, runner, kv, FakeTokenizer()), runner  # type: ignore[arg-type]
+    return (EngineCore if core_only else Engine)(config, runner, kv, FakeTokenizer()), runner  # type: ignore[arg-type,return-value]
 
 
 def run_all(engine: Engine, max_steps: int = 10_000) -> dict[str, list]:

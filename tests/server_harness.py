@@ -96,9 +96,21 @@ def running_server(model: object, **engine_options: Any) -> Iterator[RunningServ
         core.stop()
 
 
+@dataclass
+class ServeProcess:
+    """`infer serve` running in a subprocess."""
+
+    base_url: str
+    proc: subprocess.Popen
+
+    def output(self) -> str:
+        """Everything it printed (after it has exited)."""
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
 @contextmanager
-def serve_process(*flags: str, timeout: float = 120) -> Iterator[str]:
-    """`infer serve` as a user starts it, in its own process on a free port; yields the base URL."""
+def serve_process(*flags: str, timeout: float = 120) -> Iterator[ServeProcess]:
+    """`infer serve` as a user starts it, in its own process on a free port."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "infer.cli", "serve", "--port", str(port), *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -110,7 +122,8 @@ def serve_process(*flags: str, timeout: float = 120) -> Iterator[str]:
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, timeout=timeout, still_starting=still_running)
-        yield base
+        yield ServeProcess(base, proc)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)

@@ -80,7 +80,8 @@ def test_serve_answers_a_chat_request():
 
     from server_harness import serve_process
 
-    with serve_process("--max-seq-len", "512") as base:
+    with serve_process("--max-seq-len", "512") as served:
+        base = served.base_url
         body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 16,
                 "messages": [{"role": "user", "content": "What is the capital of France?"}]}
         reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()

@@ -131,7 +131,8 @@ def test_n_choices_differ_and_are_indexed(client):
 def test_models_health_metrics_and_tokenizer_endpoints(server):
     base = server.base_url
     assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == MODEL
-    assert httpx.get(f"{base}/health").json() == {"status": "ok", "api_server": 0, "pid": os.getpid()}
+    health = httpx.get(f"{base}/health").json()
+    assert health == {"status": "ok", "api_server": 0, "pid": os.getpid(), "core_pid": server.core.process.pid}
     info = httpx.get(f"{base}/tokenizer_info").json()
     assert info["eos_token"] == "<|im_end|>"
     assert httpx.post(f"{base}/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()["tokens"] == [2]

@@ -103,15 +103,17 @@ class EngineClient:
         self._socket = self._ctx.socket(zmq.DEALER)
         for option, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
             self._socket.setsockopt(option, value)
-        monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._socket.connect(self.info.address)
         self._send(m.Heartbeat(self.metrics.snapshot()))  # the core knows us from now on
-        self._tasks = [asyncio.create_task(coro) for coro in (self._read(), self._heartbeat(), self._watch(monitor))]
+        self._tasks = [asyncio.create_task(c) for c in (self._read(), self._heartbeat(), self._watch(self._monitor))]
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close(linger=0)
         self._ctx.term()
 

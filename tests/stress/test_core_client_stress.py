@@ -1,4 +1,5 @@
-"""Stress: hundreds of requests through the AsyncEngine thread with random arrivals, aborts and preemption.
+"""Stress: hundreds of requests through the engine client and the core loop over ZMQ, with random arrivals,
+aborts and preemption (the core loop on the fake runner, in a thread here instead of its own process).
 
 Bounded in count and time. Checks no deadlock (everything ends within a timeout), exactly one
 terminal output per request, the same tokens as an uncontended run, no starvation (the fairness
@@ -8,12 +9,17 @@ rule holds for every decoding sequence) and no leaked KV blocks.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import tempfile
+import threading
+from types import SimpleNamespace
 
 import pytest
 
-from engine_fakes import fake_engine, run_all
-from infer.engine.async_engine import AsyncEngine
+from engine_fakes import VOCAB, FakeTokenizer, fake_engine, run_all
+from infer.engine.client import EngineClient
+from infer.engine.core_process import CoreInfo, CoreLoop
 from infer.runners.step import StepKind
 from infer.sampling.params import SamplingParams
 
@@ -39,32 +45,43 @@ def test_random_load_finishes_fairly_with_the_same_tokens(policy: str):
     expected = {rid: [o.token_id for o in outs if o.token_id is not None] for rid, outs in run_all(reference).items()}
 
     engine, runner = fake_engine(num_blocks=24, max_seq_len=64, scheduler_policy=policy, fairness_steps=FAIRNESS,
-                                 max_batch_size=12, max_waiting_requests=NUM_REQUESTS)
-    async_engine = AsyncEngine(engine, NUM_REQUESTS)
+                                 max_batch_size=12, max_waiting_requests=NUM_REQUESTS, core_only=True)
+    address = f"ipc://{tempfile.mkdtemp()}/core.sock"
+    core = CoreLoop(SimpleNamespace(engine=engine, config=engine.config, model_config=None), address)  # type: ignore[arg-type]
+    info = CoreInfo(address, engine.config, None, "", VOCAB, None, 0.0, 0.0, os.getpid())  # type: ignore[arg-type]
+    engine_client = EngineClient(info, FakeTokenizer(), NUM_REQUESTS)  # type: ignore[arg-type]
 
     async def client(rid: str, ids: list[int], params: SamplingParams, abort: bool, delay: float) -> tuple[str, list]:
         await asyncio.sleep(delay)
         outs = []
-        async for out in async_engine.submit(rid, ids, params):
+        async for out in engine_client.submit(rid, ids, params):
             outs.append(out)
             if abort and len(outs) == 2:
                 break  # leaving the stream aborts the request
         return rid, outs
 
     async def main() -> dict[str, list]:
-        rng = random.Random(2)
-        tasks = [client(*w, delay=rng.random() * 0.05) for w in work]
-        return dict(await asyncio.wait_for(asyncio.gather(*tasks), timeout=120))
+        await engine_client.start()
+        try:
+            rng = random.Random(2)
+            tasks = [client(*w, delay=rng.random() * 0.05) for w in work]
+            results = dict(await asyncio.wait_for(asyncio.gather(*tasks), timeout=120))
+            for _ in range(200):  # aborts of left streams land at the core's next steps
+                if await engine_client.call("idle"):
+                    break
+                await asyncio.sleep(0.05)
+            assert await engine_client.call("audit_blocks") == {}
+            return results
+        finally:
+            await engine_client.close()
 
-    async_engine.start()
+    thread = threading.Thread(target=core.run)
+    thread.start()
     try:
         results = asyncio.run(main())
-        deadline = 200
-        while engine.has_unfinished() and deadline:  # aborts of left streams land at the next steps
-            deadline -= 1
-            asyncio.run(asyncio.sleep(0.05))
     finally:
-        async_engine.shutdown()
+        core.stop()
+        thread.join(timeout=10)
     assert engine.kv.audit_blocks() == {} and not engine.has_unfinished()
     for rid, ids, params, abort in work:
         outs = results[rid]
