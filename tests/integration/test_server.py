@@ -100,6 +100,19 @@ def test_concurrent_greedy_requests_equal_one_by_one(server, client):
     assert asyncio.run(run()) == one_by_one
 
 
+def test_prompt_logprobs_cover_every_position_on_a_warm_prefix_cache(client):
+    """A prompt in the prefix cache is still computed whole for a request that asks for its prompt logprobs."""
+    prompt = "Rivers carry sediment from the mountains to the sea, shaping deltas over centuries. " * 3
+    cold = client.completions.create(prompt=prompt, echo=True, logprobs=1, max_tokens=1, **_greedy())
+    plain = client.completions.create(prompt=prompt, max_tokens=1, **_greedy())
+    assert plain.usage.prompt_tokens_details.cached_tokens > 0  # the cache is warm
+    warm = client.completions.create(prompt=prompt, echo=True, logprobs=1, max_tokens=1, **_greedy())
+    assert warm.usage.prompt_tokens_details.cached_tokens == 0
+    cold_lps, warm_lps = cold.choices[0].logprobs.token_logprobs, warm.choices[0].logprobs.token_logprobs
+    assert len(warm_lps) == warm.usage.prompt_tokens + 1 and warm_lps[0] is None
+    assert warm_lps[1:] == pytest.approx(cold_lps[1:], abs=1e-4)
+
+
 def test_echo_logprobs_as_lm_eval_reads_them(client, server):
     ids = httpx.post(f"{server.base_url}/tokenize", json={"prompt": "The capital of France is Paris"}).json()["tokens"]
     out = client.completions.create(prompt=[ids], echo=True, logprobs=1, max_tokens=1, **_greedy())

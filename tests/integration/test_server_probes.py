@@ -46,6 +46,23 @@ def test_completion_carries_a_score_per_completion_token(probe_client):
     assert all(0 <= s <= 1 for s in choice["probes"]["mood"]) and all(-1 <= s <= 1 for s in choice["probes"]["topic.p0"])
 
 
+def test_prompt_scores_cover_every_position_on_a_warm_prefix_cache(probe_client):
+    """Prefix caching is on by default: a prompt seen before is read from the cache, except by a request that asks
+    for its prompt positions' scores, which computes them all (and gets the same scores as on a cold cache)."""
+    prompt = "The committee met on a grey Tuesday to weigh the merits of the proposal, " * 3
+    cold = probe_client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
+                                           **_extra(probe_prompt=True))
+    plain = probe_client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    assert plain.usage.prompt_tokens_details.cached_tokens > 0  # the cache is warm
+    warm = probe_client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
+                                           **_extra(probe_prompt=True))
+    assert warm.usage.prompt_tokens_details.cached_tokens == 0
+    for name in NAMES:
+        scores = warm.choices[0].model_extra["prompt_probes"][name]
+        assert len(scores) == warm.usage.prompt_tokens
+        assert scores == pytest.approx(cold.choices[0].model_extra["prompt_probes"][name], abs=1e-5)
+
+
 @pytest.mark.parametrize("route", ["completions", "chat"])
 def test_streamed_chunks_concatenate_to_the_whole(probe_client, route):
     """Stop strings, logprobs and n = 2 beside the probes; every completion token scored once, in order."""

@@ -51,8 +51,11 @@ def test_compatible_but_unbuilt_features_are_refused_clearly(options: dict, fiel
 def test_defaults_are_valid_and_continuous():
     config = EngineConfig()
     assert config.batching_mode == "continuous" and config.scheduler_policy == "fcfs"
-    assert config.use_chunked_prefill and not config.use_prefix_caching
-    assert not EngineConfig(batching_mode="static").use_chunked_prefill
+    assert config.use_chunked_prefill and config.use_prefix_caching and config.max_batch_size == 32  # (the CPU)
+    static = EngineConfig(batching_mode="static")
+    assert not static.use_chunked_prefill and not static.use_prefix_caching
+    assert not EngineConfig(kv_cache_backend="contiguous").use_prefix_caching
+    assert EngineConfig(device="cuda").max_batch_size == 256 and EngineConfig(device="cuda", max_batch_size=8).max_batch_size == 8
     assert config.max_num_batched_tokens == max(8192, config.max_seq_len)
 
 
