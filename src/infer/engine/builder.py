@@ -16,6 +16,7 @@ import torch
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.engine.engine import Engine
+from infer.engine.warmup import warm_up
 from infer.kv.kv_manager import KVCacheManager
 from infer.kv.sizing import kv_bytes_per_token, kv_layout
 from infer.loader.gguf_loader import bundled_smollm2
@@ -81,7 +82,8 @@ class BuiltEngine(ServedModel):
     """An engine and what its callers need beside it."""
 
     engine: EngineCore  # an Engine (text included) unless built with core_only
-    load_seconds: float  # weights loaded, cache allocated, graphs captured
+    load_seconds: float  # weights loaded, cache allocated, graphs captured, warmed up
+    warmup_seconds: float = 0.0  # of which the warm-up's (engine/warmup.py)
 
 
 def read_probe_set(self) -> ProbeSet:
@@ -145,7 +147,8 @@ def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
 
 def build_engine(config: EngineConfig, core_only: bool = False) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine:
-    an Engine that detokenizes (offline use), or with `core_only` the bare EngineCore a core process runs."""
+    an Engine that detokenizes (offline use), or with `core_only` the bare EngineCore a core process runs.
+    On CUDA, and for a core process on any device, the engine is warmed up before it is returned."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
     loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format,
@@ -168,10 +171,11 @@ def build_engine(config: EngineConfig, core_only: bool = False) -> BuiltEngine:
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)
+    warmup_seconds = warm_up(engine) if core_only or runner.device.type == "cuda" else 0.0
     if not gc.get_freeze_count():  # the process's first engine (a server, the CLI, a benchmark: the only one)
         # What is alive now (modules, the model's Python objects) lives as long as the process: frozen out of
         # the garbage collector, a full collection while serving walks only what serving made (~0.3 s -> ~0.02 s
         # on the CPU; the prefix cache's growing tree triggers them often). See docs/engine.md, host cost.
         gc.collect()
         gc.freeze()
-    return BuiltEngine(config, loaded.config, tokenizer, path, engine, time.perf_counter() - started)
+    return BuiltEngine(config, loaded.config, tokenizer, path, engine, time.perf_counter() - started, warmup_seconds)

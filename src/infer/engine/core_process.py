@@ -18,7 +18,7 @@ import signal
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -28,7 +28,6 @@ from infer.engine import messages as m
 from infer.engine.builder import BuiltEngine, build_engine, read_probe_set
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
-from infer.engine.warmup import warm_up
 from infer.models.config import ModelConfig
 from omniscience import ProbeLayout
 
@@ -108,7 +107,6 @@ def run_core(config: EngineConfig, address: str, ready: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
     try:
         built = build_engine(config, core_only=True)
-        warmup_s = warm_up(built.engine)
     except (EngineConfigError, ValueError, OSError) as exc:
         ready.send(("error", (str(exc), isinstance(exc, (EngineConfigError, ValueError)))))
         raise SystemExit(2) from None
@@ -118,7 +116,7 @@ def run_core(config: EngineConfig, address: str, ready: Connection) -> None:
     loop = CoreLoop(built, address)
     ready.send(("ready", CoreInfo(address, built.config, built.model_config, str(built.path),
                                   built.engine.runner.vocab_size, built.engine.probe_layout, built.load_seconds,
-                                  warmup_s, os.getpid())))
+                                  built.warmup_seconds, os.getpid())))
     ready.close()
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())
     loop.run()
@@ -264,7 +262,3 @@ class CoreLoop:
             except zmq.ZMQError:
                 pass
 
-
-def core_config_for_children(config: EngineConfig) -> EngineConfig:
-    """The config as the core resolved it (what API servers size their checks by)."""
-    return replace(config)

@@ -46,7 +46,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
         return 1
     info = core.info
     name = served_model_name or (BUNDLED_NAME if config.model is None else Path(info.model_path).stem)
-    _say(f"loaded {Path(info.model_path).name} in {info.load_seconds:.1f}s, warmed up in {info.warmup_seconds:.1f}s "
+    _say(f"loaded {Path(info.model_path).name} in {info.load_seconds:.1f}s (of which warming up {info.warmup_seconds:.1f}s) "
          f"(engine core pid {info.pid}); serving {name!r} on http://{host}:{port} from {api_server_count} API "
          f"server process(es)")
     try:

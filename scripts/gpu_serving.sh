@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Serving at engine speed on the lent GPU: the engine's GPU tests under INFER_STRICT_SYNC=1, then `infer serve`
+# against the offline engine (serve_vs_offline), nano-vllm's offline workload with prefix caching on and off and the
+# first run after start, and where a decode step's time goes (reports under $OUT).
+# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_serving.sh [tests|bench|serve]
+set -uo pipefail
+source scripts/gpu_env.sh
+mode="${1:-all}"
+if [[ "$mode" == all || "$mode" == tests ]]; then
+  INFER_STRICT_SYNC=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu tests/unit/test_engine_overlap.py \
+    tests/unit/engine tests/stress tests/integration/test_chunked_prefill.py tests/integration/test_structured_tiny.py \
+    2>&1 | tail -30 > "$out/gpu_tests.log"
+  tail -5 "$out/gpu_tests.log"
+fi
+if [[ "$mode" == all || "$mode" == serve ]]; then
+  OUT_DIR="$out" timeout 400 python3 benchmarks/serve_vs_offline.py 2>&1 | tail -20
+fi
+if [[ "$mode" == all || "$mode" == bench ]]; then
+  OUT_DIR="$out" timeout 300 python3 benchmarks/offline_throughput.py --skip-transformers 2>&1 | tail -25
+  timeout 120 python3 benchmarks/step_profile.py --batch 256 --top 25 > "$out/step_profile_256.txt" 2>&1
+  head -3 "$out/step_profile_256.txt"
+fi
