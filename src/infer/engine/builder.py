@@ -86,13 +86,6 @@ class BuiltEngine(ServedModel):
     warmup_seconds: float = 0.0  # of which the warm-up's (engine/warmup.py)
 
 
-def read_probe_set(self) -> ProbeSet:
-        """Re-read the configured probe-set file against this model (a reload; ProbeError when it is invalid)."""
-        if self.config.probes is None:
-            raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
-        return read_probe_set(self.config.probes, self.model_config)
-
-
 def read_probe_set(path: str, model_config: ModelConfig) -> ProbeSet:
     """A probe-set file validated against the model's hidden size and layer count."""
     return load_probe_set(path, model_config.hidden_size, model_config.num_hidden_layers)

@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 from infer.engine import messages as m
-from infer.engine.builder import BuiltEngine, build_engine, read_probe_set
+from infer.engine.builder import BuiltEngine, build_engine
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.models.config import ModelConfig
@@ -175,10 +175,8 @@ class CoreLoop:
             owner = owners.pop(out.request_id, None) if out.finish_reason is not None else owners.get(out.request_id)
             if owner is not None:
                 by_owner[owner].append(out)
-        scheduler = self.engine.scheduler
-        waiting, running = len(scheduler.waiting), len(scheduler.running)
         for owner, outs in by_owner.items():
-            self.socket.send_multipart([owner, m.encode(m.Outputs(m.CoreOutputs(outs, waiting, running)))], copy=False)
+            self._send_to(owner, outs)
 
     def _drain(self, block: bool) -> None:
         """Handle every message that has arrived; with `block`, wait up to IDLE_POLL_MS for the first."""
@@ -216,7 +214,7 @@ class CoreLoop:
     def _send_to(self, identity: bytes, outputs: list[m.CoreOutput]) -> None:
         scheduler = self.engine.scheduler
         step = m.CoreOutputs(outputs, len(scheduler.waiting), len(scheduler.running))
-        self.socket.send_multipart([identity, m.encode(m.Outputs(step))])
+        self.socket.send_multipart([identity, m.encode(m.Outputs(step))], copy=False)
 
     def _call(self, identity: bytes, method: str, args: list[Any]) -> Any:
         """Utility calls, run between two steps."""
@@ -229,9 +227,7 @@ class CoreLoop:
         if method == "idle":
             return not engine.has_unfinished()
         if method == "reload_probes":
-            if self.built.config.probes is None:
-                raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
-            layout = engine.swap_probes(read_probe_set(self.built.config.probes, self.built.model_config))
+            layout = engine.swap_probes(self.built.read_probe_set())
             self._broadcast(m.Reply(-1, pickle.dumps(layout)))  # every API server checks names against it now
             return layout
         raise ValueError(f"unknown core call {method!r}")

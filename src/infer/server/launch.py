@@ -132,7 +132,6 @@ def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.set_inheritable(True)
     return sock
 
 
