@@ -6,25 +6,26 @@ Per concurrency level C: C requests of random token-id prompts (128-512 tokens),
 EOS ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
 vocabulary, so any id decodes). Offline: `LLM.generate_ids` of the C prompts at once (the in-process engine). Server:
 `infer serve` as a user starts it (its own engine-core process, warmed up at start), C concurrent streamed
-completions through httpx spread over client processes (one event loop each, so the client is not the
-bottleneck), every SSE chunk read and parsed; tok/s is generated tokens over the wall time from the first request
-sent to the last [DONE]; ITL is the gap between a stream's chunks. Median of --repeats runs per level (fresh
-prompts each run, so the prefix cache never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR
+completions through httpx from up to 8 client processes (sse_client.py: one event loop each, started and connected
+before the clock starts, so neither the client nor its start-up is measured), every SSE chunk read and parsed;
+tok/s is generated tokens over the wall time from releasing the clients to the last stream's end; ITL is the gap
+between a stream's chunks. Per level one first run (reported, not timed into the median), then the median of
+--repeats runs (fresh prompts each run, so the prefix cache never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR
 (default benchmarks/reports). GPU run: `bash scripts/gpu_serving.sh`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
-import multiprocessing
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,14 +51,14 @@ def run_offline(path: Path, vocab: int, levels: list[int], repeats: int) -> dict
     out: dict[int, dict[str, float]] = {}
     for level in levels:
         runs = []
-        for repeat in range(repeats):
+        for repeat in range(-1, repeats):  # repeat -1: the level's first run, reported beside the timed ones
             prompts = prompts_for(vocab, level, seed=1000 * level + repeat)
             torch.cuda.synchronize()
             started = time.perf_counter()
             results = llm.generate_ids(prompts, params)
             seconds = time.perf_counter() - started
             runs.append(sum(len(r.token_ids) for r in results) / seconds)
-        out[level] = {"tok_s": statistics.median(runs), "runs": runs}
+        out[level] = {"tok_s": statistics.median(runs[1:]), "runs": runs[1:], "first": runs[0]}
         print(f"offline C={level}: {out[level]['tok_s']:.0f} tok/s", flush=True)
     del llm
     gc.collect()
@@ -65,54 +66,34 @@ def run_offline(path: Path, vocab: int, levels: list[int], repeats: int) -> dict
     return out
 
 
-async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> tuple[int, list[float]]:
-    """One streamed completion: its generated tokens (usage) and the arrival time of each text chunk."""
-    times: list[float] = []
-    tokens = 0
-    async with http.stream("POST", url, json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                times.append(time.perf_counter())
-    return tokens, times
-
-
-def _client(url: str, bodies: list[dict], start_at: float, queue: multiprocessing.Queue) -> None:
-    async def main() -> list[tuple[int, list[float]]]:
-        limits = httpx.Limits(max_connections=len(bodies) + 4, max_keepalive_connections=len(bodies) + 4)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-            await asyncio.sleep(max(0.0, start_at - time.time()))
-            return await asyncio.gather(*(_stream(http, url, b) for b in bodies))
-
-    started = time.perf_counter()
-    results = asyncio.run(main())
-    queue.put((started, time.perf_counter(), time.time(), results))
-
-
 def run_server_level(url: str, model: str, prompts: list[list[int]], clients: int) -> dict[str, float]:
+    """C concurrent streams from `clients` processes of sse_client.py, released together once all are connected."""
     bodies = [{"model": model, "prompt": p, "max_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0,
                "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
-    ctx = multiprocessing.get_context("spawn")
-    queue: multiprocessing.Queue = ctx.Queue()
-    shares = [bodies[i::clients] for i in range(min(clients, len(bodies)))]
-    start_at = time.time() + 2.0  # every client process up and connected first
-    procs = [ctx.Process(target=_client, args=(url, share, start_at, queue)) for share in shares]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=900) for _ in procs]
-    for p in procs:
-        p.join()
-    # wall: from the synchronized start to the last stream's end, on the wall clock every process shares
-    end = max(wall_end for _, _, wall_end, _ in results)
-    tokens = sum(t for *_, rs in results for t, _ in rs)
-    gaps = [b - a for *_, rs in results for _, times in rs for a, b in zip(times, times[1:])]
-    gaps.sort()
-    return {"tok_s": tokens / (end - start_at), "tokens": tokens, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
+    work = Path(tempfile.mkdtemp(prefix="sse-"))
+    procs = []
+    for i in range(min(clients, len(bodies))):
+        (work / f"bodies{i}.json").write_text(json.dumps(bodies[i::clients]))
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("sse_client.py")), url,
+                                       str(work / f"bodies{i}.json"), str(work / f"result{i}.json")],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    for proc in procs:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("a benchmark client failed to start")
+    start = time.time()
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    for proc in procs:
+        if proc.wait(900):
+            raise RuntimeError(f"a benchmark client exited with {proc.returncode}")
+    results = [json.loads((work / f"result{i}.json").read_text()) for i in range(len(procs))]
+    shutil.rmtree(work)
+    end = max(r["end"] for r in results)
+    streams = [s for r in results for s in r["streams"]]
+    tokens = sum(s["tokens"] for s in streams)
+    gaps = sorted(b - a for s in streams for a, b in zip(s["chunk_times"], s["chunk_times"][1:]))
+    return {"tok_s": tokens / (end - start), "tokens": tokens, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
             "itl_p99_ms": 1e3 * gaps[int(len(gaps) * 0.99)]}
 
 
@@ -140,9 +121,9 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
         for level in levels:
             runs = [run_server_level(f"{base}/v1/completions", model,
                                      prompts_for(vocab, level, seed=1000 * level + repeat), clients=min(8, level))
-                    for repeat in range(repeats)]
-            best = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
-            out[level] = best | {"runs": [r["tok_s"] for r in runs]}
+                    for repeat in range(-1, repeats)]
+            best = sorted(runs[1:], key=lambda r: r["tok_s"])[repeats // 2]
+            out[level] = best | {"runs": [r["tok_s"] for r in runs[1:]], "first": runs[0]["tok_s"]}
             print(f"server C={level}: {best['tok_s']:.0f} tok/s, ITL p50 {best['itl_p50_ms']:.1f} ms", flush=True)
         return out
     finally:
@@ -179,14 +160,14 @@ def write(r: dict) -> None:
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "
              f"token-id prompts of 128-512 tokens, {r['new_tokens']} new tokens each, greedy, EOS ignored; the server "
              f"with {r['api_server_count']} API server process(es), every SSE chunk read by httpx clients in up to 8 "
-             f"processes. Medians of 3 runs. Server start to healthy (load, CUDA graphs, warm-up): "
+             f"processes. Medians of 3 runs after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "
-             "| server ITL p50 / p99 |", "|---:|---:|---:|---:|---:|"]
+             "| server ITL p50 / p99 | first run offline / server |", "|---:|---:|---:|---:|---:|---:|"]
     for level, row in r["levels"].items():
         s = row["server"]
         lines.append(f"| {level} | {row['offline']['tok_s']:,.0f} | {s['tok_s']:,.0f} | {row['ratio']:.2f} | "
-                     f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} ms |")
+                     f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} ms | {row['offline']['first']:,.0f} / {s['first']:,.0f} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

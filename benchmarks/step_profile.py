@@ -2,17 +2,22 @@
 
     python benchmarks/step_profile.py [--shape llama-3.2-1b] [--batch 256] [--steps 100] [--top 25]
 
-B requests with prompts of 128 random tokens decode until every one runs; then `--steps` engine steps are
-timed. Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the
-step. Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded).
-With the overlap, a step costs max(host, device): the smaller one is hidden. A cProfile of the same steps
-follows (it slows the host, so its times are only proportions). Random weights, bf16, on CUDA.
+B requests with prompts of 128 random tokens decode until every one runs; then `--steps` steps of the engine
+core are timed (`EngineCore.step_core`, what the serving core process runs; text is processed beside the API).
+Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the step.
+Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded).
+With the overlap, a step costs max(host, device): the smaller one is hidden. Memory bound = the bytes a step
+must read (weights once, every row's KV at its context) over the device's copy bandwidth; the step's fraction
+of it is bound / step. A cProfile of the same steps follows (it slows the host, so its times are only
+proportions). Random weights, bf16, on CUDA. Writes step_profile_<gpu>_b<B>.json under OUT_DIR when set.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
 import random
 import statistics
@@ -51,6 +56,14 @@ class WaitClock:
         Readback.read = self._read  # type: ignore[method-assign]
 
 
+def copy_bandwidth_gbs() -> float:
+    """Device copy bandwidth (bytes read + written per second over a 1 GiB copy): the memory roofline."""
+    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    us = statistics.median(measure(lambda: dst.copy_(src), device="cuda", iters=20))
+    return 2 * src.numel() * 2 / (us * 1e-6) / 1e9
+
+
 def device_ms(llm: LLM, batch: int, reps: int = 50) -> float:
     graphs = llm.runner.graphs
     if graphs is None or graphs.bucket(batch) != batch:
@@ -72,23 +85,36 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 64, ignore_eos=True)
     requests = [engine.add_request([rng.randrange(vocab) for _ in range(128)], params) for _ in range(args.batch)]
     while not all(r.output_token_ids for r in requests):
-        engine.step()
+        engine.step_core()
     for _ in range(10):
-        engine.step()
+        engine.step_core()
     torch.cuda.synchronize()
     with WaitClock() as wait:
         started = time.perf_counter()
         for _ in range(args.steps):
-            engine.step()
+            engine.step_core()
         seconds = time.perf_counter() - started
     step_ms, wait_ms = 1e3 * seconds / args.steps, 1e3 * wait.seconds / args.steps
-    print(f"{args.shape}, batch {args.batch}, {torch.cuda.get_device_name()}: step {step_ms:.2f} ms "
-          f"(host {step_ms - wait_ms:.2f}, waiting {wait_ms:.2f}); device forward {device_ms(llm, args.batch):.2f} ms; "
-          f"{args.batch / seconds * args.steps:.0f} tok/s")
+    cfg = ms.model_config(args.shape)
+    contexts = [r.num_tokens for r in requests]
+    step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
+    bound_ms = 1e3 * step_bytes / (copy_bandwidth_gbs() * 1e9)
+    forward_ms = device_ms(llm, args.batch)
+    report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "step_ms": step_ms,
+              "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "device_forward_ms": forward_ms,
+              "memory_bound_ms": bound_ms, "fraction_of_bound": bound_ms / step_ms,
+              "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps}
+    print(f"{args.shape}, batch {args.batch}, {report['gpu']}: step {step_ms:.2f} ms (host {step_ms - wait_ms:.2f}, "
+          f"waiting {wait_ms:.2f}); device forward {forward_ms:.2f} ms; memory bound {bound_ms:.2f} ms "
+          f"(mean context {report['mean_context']:.0f}) -> {report['fraction_of_bound']:.2f} of it; "
+          f"{report['tok_s']:.0f} tok/s")
+    if os.environ.get("OUT_DIR"):
+        gpu = report["gpu"].lower().replace("nvidia", "").split()[0]
+        Path(os.environ["OUT_DIR"], f"step_profile_{gpu}_b{args.batch}.json").write_text(json.dumps(report, indent=2))
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(args.steps):
-        engine.step()
+        engine.step_core()
     profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 

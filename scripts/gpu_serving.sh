@@ -17,6 +17,8 @@ if [[ "$mode" == all || "$mode" == serve ]]; then
 fi
 if [[ "$mode" == all || "$mode" == bench ]]; then
   OUT_DIR="$out" timeout 300 python3 benchmarks/offline_throughput.py --skip-transformers 2>&1 | tail -25
-  timeout 120 python3 benchmarks/step_profile.py --batch 256 --top 25 > "$out/step_profile_256.txt" 2>&1
-  head -3 "$out/step_profile_256.txt"
+  for b in 64 256; do
+    OUT_DIR="$out" timeout 120 python3 benchmarks/step_profile.py --batch $b --top 30 > "$out/step_profile_$b.txt" 2>&1
+    head -3 "$out/step_profile_$b.txt"
+  done
 fi

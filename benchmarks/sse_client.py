@@ -1,0 +1,51 @@
+"""A load-generating client for serving benchmarks: streams completions and records when each SSE chunk arrives.
+
+    python benchmarks/sse_client.py URL BODIES.json RESULT.json
+
+Imports only httpx (start-up stays out of the measured time). Prints "ready" once its connection pool exists,
+waits for a line on stdin (the parent releases every client at once), sends all bodies concurrently, reads every
+chunk of every stream, and writes [{"tokens", "chunk_times"}, ...] plus its end time (time.time()) to RESULT.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import httpx
+
+
+async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> dict:
+    """One streamed completion: its generated tokens (from usage) and the arrival time of each text chunk."""
+    times: list[float] = []
+    tokens = 0
+    async with http.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                times.append(time.time())
+    return {"tokens": tokens, "chunk_times": times}
+
+
+async def _main(url: str, bodies: list[dict]) -> list[dict]:
+    limits = httpx.Limits(max_connections=len(bodies) + 4, max_keepalive_connections=len(bodies) + 4)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as http:
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        return await asyncio.gather(*(_stream(http, url, b) for b in bodies))
+
+
+if __name__ == "__main__":
+    url, bodies_path, result_path = sys.argv[1:4]
+    with open(bodies_path) as f:
+        bodies = json.load(f)
+    streams = asyncio.run(_main(url, bodies))
+    with open(result_path, "w") as f:
+        json.dump({"end": time.time(), "streams": streams}, f)
