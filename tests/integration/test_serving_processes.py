@@ -1,4 +1,5 @@
-"""`infer serve` as processes: a killed engine core gives 503s and a non-zero exit with the reason;
+"""`infer serve` as processes: a killed engine core gives 503s and a non-zero exit with the reason; the core
+never outlives the server (SIGTERM stops both, a killed server's core exits by itself);
 `--api-server-count 2` serves from both API server processes, /metrics counts across them, and a killed
 API server leaves the other serving."""
 
@@ -47,6 +48,33 @@ def test_a_killed_core_gives_503s_and_a_non_zero_exit_with_the_reason():
         assert served.proc.wait(timeout=30) == 1
         out = served.output()
         assert f"engine core process (pid {core_pid}) exited" in out and "Traceback" not in out
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_stops_the_server_and_its_core():
+    with serve_process("--max-seq-len", "256") as served:
+        core_pid = _health(served.base_url)["core_pid"]
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=30) == 0
+        assert _gone(core_pid, within_s=15)
+
+
+def test_a_killed_server_does_not_leave_its_core_running():
+    with serve_process("--max-seq-len", "256") as served:
+        core_pid = _health(served.base_url)["core_pid"]
+        served.proc.kill()
+        served.proc.wait(timeout=10)
+        assert _gone(core_pid, within_s=15)  # the core notices its parent is gone (checked once a second)
 
 
 def test_two_api_servers_share_the_port_and_count_metrics_together():

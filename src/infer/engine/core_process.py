@@ -139,6 +139,7 @@ class CoreLoop:
         self._metrics: dict[bytes, dict[str, Any]] = {}  # each API server's serving metrics (its last heartbeat)
         self._stopping = False
         self._next_check = 0.0
+        self._parent = os.getppid()  # the process that started the core: its death ends the core too
 
     def stop(self) -> None:
         self._stopping = True
@@ -238,6 +239,9 @@ class CoreLoop:
         if now < self._next_check:
             return
         self._next_check = now + 1.0
+        if os.getppid() != self._parent:
+            log.warning("the process that started the engine core is gone; exiting")
+            self._stopping = True
         gone = {identity for identity, seen in self._last_seen.items() if now - seen > CLIENT_TIMEOUT_S}
         if not gone:
             return

@@ -14,6 +14,7 @@ import multiprocessing.connection
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -78,6 +79,10 @@ def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: s
     client = EngineClient(info, served.tokenizer, info.config.max_waiting_requests, core_gone)
     state = ServerState(served, client, name, index)
     server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=log_level, timeout_graceful_shutdown=5))
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the SIGTERM it handled once it has shut down; the default action would kill this
+        # process before the caller stops the engine core (an orphaned core keeps the GPU)
+        signal.signal(signal.SIGTERM, lambda *_: None)
     server.run(sockets=[_bind(host, port, reuse_port)])
     if client.gone_reason is not None:
         _say(f"exiting: {client.gone_reason}")
