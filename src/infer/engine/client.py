@@ -64,6 +64,11 @@ class RequestStream:
         self._live = live
         self.finished = False
 
+    @property
+    def queued(self) -> bool:
+        """Outputs have arrived that the iteration has not taken yet."""
+        return not self._live.queue.empty()
+
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
         try:
             while not self.finished:
@@ -149,6 +154,17 @@ class EngineClient:
         if request_id in self._live and self.gone_reason is None:
             self._aborts.append(request_id)
             self._schedule_flush()
+
+    @property
+    def num_live(self) -> int:
+        """Requests submitted through this client and not finished."""
+        return len(self._live)
+
+    def abort_all(self) -> int:
+        """End every live request (the server is stopping; finish_reason "abort"); how many there were."""
+        for request_id in list(self._live):
+            self.abort(request_id)
+        return len(self._live)
 
     async def call(self, method: str, *args: Any) -> Any:
         """Run a utility call in the core between two steps; its result, or RuntimeError with its error."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from infer.server.errors import APIError
-from infer.server.generation import Choice, Generation, chunk_probes, client_gone, expand, probe_fields
+from infer.server.generation import Choice, Generation, chunk_probes, client_gone, event_stream, expand, probe_fields
 from infer.server.openapi import GENERATION_RESPONSES
 from infer.server.protocol import ChatCompletionRequest, ChatMessage
 from infer.server.responses import chat_logprobs, envelope, sse, stream_error, usage
@@ -53,7 +53,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes)
     view = _ChatView(state, body, len(ids), gen, probes)
     if body.stream:
-        return StreamingResponse(view.stream(), media_type="text/event-stream")
+        return event_stream(view.stream(), gen)
     choices = await gen.collect(request)
     return JSONResponse(view.response(choices)) if choices is not None else client_gone(gen)
 

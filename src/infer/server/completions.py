@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from infer.sampling.logprobs import TokenLogprob
 from infer.server.errors import APIError
-from infer.server.generation import Choice, Generation, chunk_probes, client_gone, expand, probe_fields
+from infer.server.generation import Choice, Generation, chunk_probes, client_gone, event_stream, expand, probe_fields
 from infer.server.openapi import GENERATION_RESPONSES
 from infer.server.protocol import CompletionRequest
 from infer.server.responses import completion_logprobs, envelope, sse, stream_error, usage
@@ -60,7 +60,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl", probes)
     view = _CompletionView(state, body, prompts, echoes, gen, probes)
     if body.stream:
-        return StreamingResponse(view.stream(), media_type="text/event-stream")
+        return event_stream(view.stream(), gen)
     choices = await gen.collect(request)
     return JSONResponse(view.response(choices)) if choices is not None else client_gone(gen)
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
 
 from infer.engine.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
 from infer.engine.request import StepOutput
@@ -86,6 +87,7 @@ class Generation:
         self.engine = engine
         self.jobs = jobs
         self.streams: list[RequestStream] = []
+        self._merged: asyncio.Queue[tuple[int, StepOutput]] | None = None  # n > 1: every choice's outputs, in order
         try:
             for i, job in enumerate(jobs):
                 self.streams.append(engine.submit(f"{self.id}-{i}", job.prompt_ids, job.params, probes))
@@ -100,8 +102,20 @@ class Generation:
         for stream in self.streams:
             engine.abort(stream.request_id)
 
+    def has_queued(self) -> bool:
+        """Outputs have arrived that `events()` has not yielded yet."""
+        return self._merged is not None and not self._merged.empty() or len(self.streams) == 1 and self.streams[0].queued
+
     async def events(self) -> AsyncIterator[tuple[int, StepOutput]]:
-        merged: asyncio.Queue[tuple[int, StepOutput]] = asyncio.Queue()
+        if len(self.streams) == 1:  # one choice: no merging task between its stream and the response
+            outputs = self.streams[0].__aiter__()
+            try:
+                async for out in outputs:
+                    yield 0, out
+            finally:
+                await outputs.aclose()  # leaving early aborts the request
+            return
+        merged = self._merged = asyncio.Queue()
 
         async def pump(index: int, stream: RequestStream) -> None:
             async for out in stream:
@@ -141,6 +155,28 @@ class Generation:
             status = 400 if failed.client_error else 500 if self.engine.alive else 503
             raise APIError(status, f"generation failed: {failed.error}")
         return choices
+
+
+def event_stream(chunks: AsyncIterator[str], gen: Generation) -> StreamingResponse:
+    """The SSE response of a streamed generation. While more outputs have already arrived, their events join the
+    same write: under load one write (and one wake-up of the response) carries several steps' events, each
+    still its own SSE event."""
+
+    async def coalesced() -> AsyncIterator[str]:
+        it = chunks.__aiter__()
+        try:
+            async for chunk in it:
+                parts = [chunk]
+                while gen.has_queued():
+                    try:
+                        parts.append(await anext(it))
+                    except StopAsyncIteration:
+                        break
+                yield "".join(parts)
+        finally:
+            await it.aclose()
+
+    return StreamingResponse(coalesced(), media_type="text/event-stream")
 
 
 def client_gone(gen: Generation) -> Response:
