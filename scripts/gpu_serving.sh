@@ -2,7 +2,7 @@
 # Serving at engine speed on the lent GPU: the engine's GPU tests under INFER_STRICT_SYNC=1, then `infer serve`
 # against the offline engine (serve_vs_offline), nano-vllm's offline workload with prefix caching on and off and the
 # first run after start, and where a decode step's time goes (reports under $OUT).
-# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_serving.sh [tests|bench|serve]
+# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_serving.sh [tests|bench|serve|variance]
 set -uo pipefail
 source scripts/gpu_env.sh
 mode="${1:-all}"
@@ -13,7 +13,14 @@ if [[ "$mode" == all || "$mode" == tests ]]; then
   tail -5 "$out/gpu_tests.log"
 fi
 if [[ "$mode" == all || "$mode" == serve ]]; then
-  OUT_DIR="$out" timeout 400 python3 benchmarks/serve_vs_offline.py 2>&1 | tail -20
+  # API_SERVERS=N: --api-server-count N; LEVELS: the concurrency levels
+  OUT_DIR="$out" timeout 500 python3 benchmarks/serve_vs_offline.py --api-server-count "${API_SERVERS:-1}" \
+    --levels "${LEVELS:-1,16,64,256}" > "$out/serve_vs_offline_api${API_SERVERS:-1}.log" 2>&1
+  tail -8 "$out/serve_vs_offline_api${API_SERVERS:-1}.log"
+fi
+if [[ "$mode" == variance ]]; then
+  timeout 300 python3 benchmarks/run_variance.py > "$out/run_variance.log" 2>&1
+  tail -8 "$out/run_variance.log"
 fi
 if [[ "$mode" == all || "$mode" == bench ]]; then
   OUT_DIR="$out" timeout 300 python3 benchmarks/offline_throughput.py --skip-transformers 2>&1 | tail -25
