@@ -297,3 +297,39 @@ def test_paged_prefill_attention(dtype, heads, kv_heads, head_dim, window):
     expected = _attention_expected(attn_ref.paged_prefill_attention, dtype, q, kc, vc, tables, bounds, ctx_lens,
                                    scale, window)
     _close(out, expected)
+
+
+
+def test_attention_compiles_once_whatever_the_block_table_width():
+    """A batch's block-table width (its longest context in blocks) and the decode split count change from step to
+    step: neither may compile a new binary in the middle of serving, and every width still computes right."""
+    from triton import knobs
+
+    compiled: list[str] = []
+    hook = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(str(kw.get("repr", "?")).split("[")[0])
+    try:
+        heads, kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16
+        after_width: list[int] = []
+        for width in (1, 16, 17, 33, 48, 5):
+            ctx_len = width * block_size - 3
+            kc = torch.randn(width * 2, block_size, kv_heads, head_dim, device="cuda", dtype=dtype)
+            vc = torch.randn_like(kc)
+            tables = torch.randperm(width * 2, device="cuda").to(torch.int32).view(2, width)
+            ctx = torch.tensor([ctx_len, 2], dtype=torch.int32, device="cuda")
+            q = torch.randn(2, heads, head_dim, device="cuda", dtype=dtype)
+            expected = _attention_expected(attn_ref.paged_attention, dtype, q, kc, vc, tables, ctx, 0.125, None,
+                                           ctx_len)
+            for splits in (1, 2, 16, 3):
+                _close(paged_attention.paged_attention(q, kc, vc, block_tables=tables, context_lens=ctx, scale=0.125,
+                                                       sliding_window=None, max_context_len=ctx_len,
+                                                       num_splits=splits), expected)
+            cu = torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda")
+            _close(varlen_attention.paged_prefill_attention(q, kc, vc, block_tables=tables, cu_seqlens_q=cu,
+                                                            context_lens=ctx, max_seqlen_q=1, max_context_len=ctx_len,
+                                                            scale=0.125, sliding_window=None), expected)
+            after_width.append(len(compiled))
+    finally:
+        knobs.runtime.jit_post_compile_hook = hook
+    assert after_width[1:] == after_width[:1] * (len(after_width) - 1), \
+        f"binaries compiled by the end of each width: {after_width} ({compiled})"

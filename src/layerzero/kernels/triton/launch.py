@@ -69,6 +69,14 @@ def _fact(arg: Any) -> Any:
     return kind, arg  # a bool, or anything else: keyed on its value
 
 
+def _plain_fact(arg: Any) -> Any:
+    """The fact of an argument in the kernel's `do_not_specialize`: an int only by its width (Triton compiles one
+    binary for every value), anything else as `_fact`."""
+    if arg.__class__ is int:
+        return -(2**31) <= arg < 2**31
+    return _fact(arg)
+
+
 class Launcher:
     """Launches a jitted kernel through the compiled binary of its specialization, kept here.
 
@@ -84,13 +92,15 @@ class Launcher:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.names: list[str] = list(kernel.arg_names)
+        plain = {p.num for p in getattr(kernel, "params", ()) if p.do_not_specialize}
+        self.facts = [_plain_fact if i in plain else _fact for i in range(len(self.names))]
         self.compiled: dict[tuple, tuple[Any, list[Any]]] = {}  # key -> (binary, constexpr values in order)
 
     def __call__(self, grid: tuple[int, ...], *args: Any, **keywords: Any) -> None:
         if interpreting():
             self.kernel[grid](*args, **keywords)
             return
-        key = (args[0].get_device(), tuple(map(_fact, args)), tuple(keywords.items()))
+        key = (args[0].get_device(), tuple(f(a) for f, a in zip(self.facts, args)), tuple(keywords.items()))
         entry = self.compiled.get(key)
         if entry is None:
             binary = self.kernel[grid](*args, **keywords)

@@ -36,7 +36,9 @@ _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
 
 
-@triton.jit
+# the block-table row length and the split count follow the batch: one binary for all of them (a new
+# specialization would compile in the middle of serving)
+@triton.jit(do_not_specialize=["bt_sb", "num_splits"])
 def _paged_decode_kernel(
     q_ptr,
     kc_ptr,
@@ -135,7 +137,7 @@ def _paged_decode_kernel(
 _PAGED_DECODE = Launcher(_paged_decode_kernel)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
     acc_ptr,
     max_ptr,
