@@ -14,6 +14,9 @@ def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return host.pin_memory().to(device, non_blocking=True)
 
 
+ALIGN = 16
+
+
 class StagedUpload:
     """Several host arrays to the device in one asynchronous copy through pinned staging memory.
 
@@ -33,7 +36,9 @@ class StagedUpload:
         offsets, end = [], 0
         for a in arrays:
             offsets.append(end)
-            end += -(-a.nbytes // 8) * 8  # every array starts 8-byte aligned
+            # every array starts 16-byte aligned: Triton specializes a pointer on it, so a misaligned view would
+            # compile a kernel anew in the middle of serving (and lose its vector loads)
+            end += -(-a.nbytes // ALIGN) * ALIGN
         staging = self._staging[self._next]
         if staging.numel() < end:
             staging = torch.empty(max(end, 2 * staging.numel()), dtype=torch.uint8, pin_memory=self._pinned)

@@ -29,5 +29,6 @@ def test_each_call_returns_its_arrays(calls) -> None:
         for a, t in zip(host, got):
             assert t.dtype == torch.from_numpy(a).dtype and tuple(t.shape) == a.shape
             assert np.array_equal(t.numpy(), a)
+            assert (t.data_ptr() - got[0].data_ptr()) % 16 == 0  # views keep the 16-byte alignment kernels key on
     for host, got in kept:  # earlier results are not overwritten by later calls (staging is reused)
         assert all(np.array_equal(t.numpy(), a) for a, t in zip(host, got))
