@@ -245,7 +245,7 @@ class EngineCore:
         step.context_lens = [r.start + r.num_new for r in rows]
         step.block_tables = [r.block_table for r in rows]
         step.sampling_slots = [r.sampling_slot for r in requests]
-        step.joined = [SlotState(r.sampling_slot, r.sampling_params, r.seed, len(r.output_token_ids)) for r in batch.joined]
+        step.joined = [self._slot_state(r) for r in batch.joined]
         step.probes = self.scheduler.wants_probes
         if self.scheduler.wants_logprobs:
             step.logprobs = [r.request.sampling_params.logprobs if r.samples else None for r in rows]
@@ -254,6 +254,14 @@ class EngineCore:
         if has_open([r.grammar for r in requests]):
             step.token_bitmask = partial(self._bitmask, batch)
         return step
+
+    def _slot_state(self, request: Request) -> SlotState:
+        """What the runner writes into a joining request's sampling slot (its generated tokens only when a
+        penalty counts them, the end-of-sequence ids only while min_tokens holds them back)."""
+        p = request.sampling_params
+        return SlotState(request.sampling_slot, p, request.seed, len(request.output_token_ids),
+                         tuple(request.output_token_ids) if p.counts_output else (),
+                         tuple(sorted(self.tokenizer.eos_token_ids)) if p.min_tokens and not p.ignore_eos else ())
 
 
 def _prompt_rows(row: ScheduledRow) -> int:

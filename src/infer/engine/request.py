@@ -86,10 +86,10 @@ class Request:
     @property
     def may_speculate(self) -> bool:
         """Whether drafts may be verified for it: not with features that need each token's own step (logprobs,
-        a repetition penalty, probe scores or probe_stop, an output grammar)."""
+        a repetition, presence or frequency penalty, probe scores or probe_stop, an output grammar)."""
         p = self.sampling_params
-        return (p.logprobs is None and not p.needs_history and not self.probe_names and p.probe_stop is None
-                and self.grammar is None)
+        return (p.logprobs is None and not p.needs_history and not p.counts_output and not self.probe_names
+                and p.probe_stop is None and self.grammar is None)
 
     @property
     def needs_prompt_probes(self) -> bool:

@@ -164,6 +164,7 @@ class TorchRunner:
             seen = self._seen_mask(step, logits.shape[-1])
             if verifying is None:
                 token_ids = sample(logits, tensors, seen)
+                self.sampling_slots.record(slots, step.sampling_slots, token_ids, samples=step.samples)
                 self.last_tokens[: step.num_seqs].copy_(token_ids)
                 sent = token_ids
             else:
@@ -172,6 +173,7 @@ class TorchRunner:
                 tokens, counts = verify(logits, verifying.drafts, verifying.num_drafts, tensors,
                                         draft_probs=None if drafted is None else drafted.probs, seen=seen)
                 self.sampling_slots.advance(slots, counts * verifying.counting)
+                self.sampling_slots.record(slots, step.sampling_slots, tokens, counts * verifying.counting)
                 token_ids = tokens[:, 0]
                 self.last_tokens[: step.num_seqs].copy_(tokens.gather(1, (counts - 1)[:, None]).squeeze(1))
                 sent = pack(tokens, counts)

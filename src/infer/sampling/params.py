@@ -12,6 +12,8 @@ SEED_LIMIT = 2**63
 # Below this, logits / temperature overflows float32; such temperatures decode greedily (as vLLM does).
 GREEDY_BELOW = 1e-5
 _TOP_K_DISABLED = (None, 0, -1)
+PENALTY_LIMIT = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]; -100 bans the token
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int | None = None  # None, 0 or -1: disabled (stored as None)
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from the logit of every token generated so far
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per occurrence among the tokens generated so far
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit; -100 bans it
+    min_tokens: int = 0  # vLLM's: EOS is held back until this many tokens have been generated
     max_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -73,6 +79,7 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}")
         if not _is_int(self.max_tokens) or self.max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
+        self._check_logit_adjustments()
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
@@ -83,6 +90,27 @@ class SamplingParams:
         self._check_probes()
         if self.structured is not None and not isinstance(self.structured, Constraint):
             raise ValueError(f"structured must be an infer.structured.Constraint, got {type(self.structured).__name__}")
+
+    def _check_logit_adjustments(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _real(name, getattr(self, name))
+            if not (math.isfinite(value) and -PENALTY_LIMIT <= value <= PENALTY_LIMIT):
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+            setattr(self, name, value)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+            bias: dict[int, float] = {}
+            for token, value in self.logit_bias.items():
+                if not _is_int(token) or token < 0:
+                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+                value = _real("logit_bias", value)
+                if not (math.isfinite(value) and -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT):
+                    raise ValueError(f"logit_bias values must be in [-100, 100], got {value} for token {token}")
+                bias[token] = value
+            self.logit_bias = bias or None
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
 
     def _check_probes(self) -> None:
         if self.probes is False:
@@ -107,6 +135,11 @@ class SamplingParams:
     def needs_history(self) -> bool:
         """The repetition penalty reads every earlier token on the host each step."""
         return self.repetition_penalty != 1.0
+
+    @property
+    def counts_output(self) -> bool:
+        """A presence or frequency penalty: the row's generated-token counts are kept on the device."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 def _is_int(value: object) -> bool:

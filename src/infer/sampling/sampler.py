@@ -1,6 +1,7 @@
 """Batched token sampling with per-row parameters held as tensors: one pass serves greedy and sampled rows.
 
-Order of operations follows transformers: repetition penalty, then (sampled rows) temperature, top-k,
+Order of operations follows transformers: repetition penalty, then OpenAI's logit_bias and presence /
+frequency penalties and vLLM's min_tokens (sampling/adjust.py), then (sampled rows) temperature, top-k,
 top-p, then a Gumbel-max draw whose noise comes from `random.uniform`, indexed by vocabulary id, so a
 row's token depends only on its logits, its parameters, its seed and its step.
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infer.sampling.adjust import LogitAdjustments
 from infer.sampling.params import SamplingParams
 from infer.sampling.random import uniform
 from infer.transfer import upload
@@ -38,6 +40,7 @@ class SamplingTensors:
     all_greedy: bool
     any_top_k_or_p: bool  # some sampled row filters its vocabulary
     any_penalty: bool  # some row has repetition_penalty != 1
+    adjust: LogitAdjustments | None = None  # logit_bias, presence / frequency penalties, min_tokens (if any row has one)
 
     def per_position(self, width: int) -> SamplingTensors:
         """Each row repeated for `width` consecutive token positions (row-major), its step counter advanced by
@@ -47,7 +50,8 @@ class SamplingTensors:
 
         steps = (self.steps[:, None] + torch.arange(width, device=self.steps.device)).reshape(-1)
         return SamplingTensors(rows(self.temperature), rows(self.top_k), rows(self.top_p), rows(self.repetition_penalty),
-                               rows(self.seeds), steps, self.all_greedy, self.any_top_k_or_p, self.any_penalty)
+                               rows(self.seeds), steps, self.all_greedy, self.any_top_k_or_p, self.any_penalty,
+                               None if self.adjust is None else self.adjust.per_position(width))
 
     @classmethod
     def from_params(
@@ -123,12 +127,13 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def penalized(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None) -> torch.Tensor:
-    """The logits with the rows' repetition penalties applied (unchanged when no row has one)."""
-    if not t.any_penalty:
-        return logits
-    if seen is None:
-        raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
-    return apply_repetition_penalty(logits, seen, t.repetition_penalty)
+    """The logits with the rows' repetition penalties, then their logit adjustments applied (unchanged when
+    no row has either)."""
+    if t.any_penalty:
+        if seen is None:
+            raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
+        logits = apply_repetition_penalty(logits, seen, t.repetition_penalty)
+    return logits if t.adjust is None else t.adjust.apply(logits, t.steps)
 
 
 def scaled_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:

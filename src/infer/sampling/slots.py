@@ -5,6 +5,10 @@ names its rows' slots; their parameters come from the slot tensors with two gath
 packed from Python objects for every row of every step. A slot's step counter (tokens generated so
 far, which picks the sampling noise) advances on the device when its row samples, so a seeded row
 draws the same noise as it would alone, with no per-step host work.
+
+logit_bias, presence / frequency penalties and min_tokens (sampling/adjust.py) keep their state here too:
+the bias and the generated-token counts as [slots, vocab] tensors made the first time a request needs
+them, the counts updated on the device by `record` after each sampling.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from infer.sampling.adjust import MAX_HELD_IDS, LogitAdjustments, bias_row, held_row
 from infer.sampling.params import SamplingParams
 from infer.sampling.sampler import SamplingTensors, filters_vocabulary
 from infer.transfer import upload
@@ -26,18 +31,27 @@ class SlotState(NamedTuple):
     params: SamplingParams
     seed: int
     steps: int  # tokens the request has generated so far
+    generated: tuple[int, ...] = ()  # those tokens, when a presence / frequency penalty counts them
+    held_ids: tuple[int, ...] = ()  # the ids min_tokens holds back (end of sequence), when min_tokens > 0
 
 
 class SamplingSlots:
     def __init__(self, num_slots: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size, self.device = vocab_size, device
-        self._floats = torch.zeros(3, num_slots, dtype=torch.float32, device=device)  # temperature, top_p, penalty
-        self._ints = torch.zeros(3, num_slots, dtype=torch.int64, device=device)  # top_k, seed, steps
+        # temperature, top_p, repetition penalty, presence penalty, frequency penalty
+        self._floats = torch.zeros(5, num_slots, dtype=torch.float32, device=device)
+        self._ints = torch.zeros(4, num_slots, dtype=torch.int64, device=device)  # top_k, seed, steps, min_tokens
+        self._bias: torch.Tensor | None = None  # [slots, vocab] float32, made when a request first has a logit_bias
+        self._counts: torch.Tensor | None = None  # [slots, vocab] float32, made with the first presence/frequency penalty
+        self._held = torch.zeros(num_slots, MAX_HELD_IDS, dtype=torch.int64, device=device)
         self._ones = torch.ones(num_slots, dtype=torch.int64, device=device)
         # host copies of what decides which sampling work a step needs (SamplingTensors' flags)
         self._sampled = np.zeros(num_slots, dtype=bool)
         self._filters = np.zeros(num_slots, dtype=bool)
         self._penalty = np.zeros(num_slots, dtype=bool)
+        self._biased = np.zeros(num_slots, dtype=bool)
+        self._counting = np.zeros(num_slots, dtype=bool)
+        self._holding = np.zeros(num_slots, dtype=bool)
 
     def join(self, joined: list[SlotState]) -> None:
         """Write the joining requests' parameters into their slots (asynchronous copies, no sync)."""
@@ -47,13 +61,52 @@ class SamplingSlots:
             [s.params for s in joined], [s.seed for s in joined], [s.steps for s in joined], self.vocab_size, self.device
         )
         index = upload([s.slot for s in joined], torch.int64, self.device)
-        self._floats.index_copy_(1, index, torch.stack([packed.temperature, packed.top_p, packed.repetition_penalty]))
-        self._ints.index_copy_(1, index, torch.stack([packed.top_k, packed.seeds, packed.steps]))
+        extra_floats = upload([[s.params.presence_penalty for s in joined], [s.params.frequency_penalty for s in joined]],
+                              torch.float32, self.device)
+        self._floats.index_copy_(1, index, torch.cat([torch.stack([packed.temperature, packed.top_p,
+                                                                   packed.repetition_penalty]), extra_floats]))
+        min_tokens = upload([[s.params.min_tokens for s in joined]], torch.int64, self.device)
+        self._ints.index_copy_(1, index, torch.cat([torch.stack([packed.top_k, packed.seeds, packed.steps]), min_tokens]))
         for s in joined:
             p = s.params
             self._sampled[s.slot] = not p.greedy
             self._filters[s.slot] = filters_vocabulary(p, self.vocab_size)
             self._penalty[s.slot] = p.repetition_penalty != 1
+        self._join_adjustments(joined, index)
+
+    def _join_adjustments(self, joined: list[SlotState], index: torch.Tensor) -> None:
+        """The joining slots' bias rows, generated-token counts and held ids (each written only where needed)."""
+        biased = [(s.slot, *bias_row(s.params.logit_bias, self.vocab_size)) for s in joined if s.params.logit_bias]
+        counting = [s for s in joined if s.params.counts_output]
+        held = [(s.slot, held_row(s.held_ids, self.vocab_size)) for s in joined if s.params.min_tokens > 0]
+        held = [(slot, ids) for slot, ids in held if ids is not None]
+        for s in joined:
+            self._biased[s.slot] = bool(s.params.logit_bias)
+            self._counting[s.slot] = s.params.counts_output
+            self._holding[s.slot] = False
+        if biased and self._bias is None:
+            self._bias = torch.zeros(self._sampled.shape[0], self.vocab_size, dtype=torch.float32, device=self.device)
+        if self._bias is not None:
+            self._bias.index_fill_(0, index, 0.0)
+            self._scatter(self._bias, [(slot, t, v) for slot, ids, values in biased for t, v in zip(ids, values)])
+        if counting and self._counts is None:
+            self._counts = torch.zeros(self._sampled.shape[0], self.vocab_size, dtype=torch.float32, device=self.device)
+        if self._counts is not None:
+            self._counts.index_fill_(0, index, 0.0)
+            self._scatter(self._counts, [(s.slot, t, 1.0) for s in counting for t in s.generated if t < self.vocab_size],
+                          accumulate=True)
+        if held:
+            rows = upload([slot for slot, _ in held], torch.int64, self.device)
+            self._held.index_copy_(0, rows, upload([ids for _, ids in held], torch.int64, self.device))
+            for slot, _ in held:
+                self._holding[slot] = True
+
+    def _scatter(self, table: torch.Tensor, entries: list[tuple[int, int, float]], accumulate: bool = False) -> None:
+        if not entries:
+            return
+        where = upload([[e[0] for e in entries], [e[1] for e in entries]], torch.int64, self.device)
+        values = upload([[e[2] for e in entries]], torch.float32, self.device)[0]
+        table.index_put_((where[0], where[1]), values, accumulate=accumulate)
 
     def gather(self, slots: torch.Tensor, slots_host: list[int]) -> SamplingTensors:
         """The sampling tensors of a step whose rows hold `slots` (the same ids on the device and the host)."""
@@ -65,7 +118,37 @@ class SamplingSlots:
             all_greedy=not sampled.any(),
             any_top_k_or_p=bool(self._filters[slots_host].any()),
             any_penalty=bool(self._penalty[slots_host].any()),
+            adjust=self._adjustments(slots, slots_host, floats, ints),
         )
+
+    def _adjustments(self, slots: torch.Tensor, slots_host: list[int], floats: torch.Tensor,
+                     ints: torch.Tensor) -> LogitAdjustments | None:
+        biased, counting = bool(self._biased[slots_host].any()), bool(self._counting[slots_host].any())
+        holding = bool(self._holding[slots_host].any())
+        if not (biased or counting or holding):
+            return None
+        return LogitAdjustments(
+            presence=floats[3], frequency=floats[4], min_tokens=ints[3],
+            bias=self._bias[slots] if biased and self._bias is not None else None,
+            counts=self._counts[slots] if counting and self._counts is not None else None,
+            held=self._held[slots] if holding else None,
+        )
+
+    def record(self, slots: torch.Tensor, slots_host: list[int], tokens: torch.Tensor,
+               counts: torch.Tensor | None = None, samples: list[int] | None = None) -> None:
+        """Count sampled tokens into their slots' generated-token counts (only while some row of the step keeps
+        counts). tokens [rows] (one each; `samples` marks the rows whose token counts, None: all), or
+        [rows, width] with `counts` [rows]: row b emitted tokens[b, :counts[b]]."""
+        if self._counts is None or not self._counting[slots_host].any():
+            return
+        if tokens.dim() == 1:
+            tokens = tokens[:, None]
+            counts = (torch.ones(tokens.shape[0], dtype=torch.int64, device=self.device) if samples is None
+                      else upload([[int(bool(c)) for c in samples]], torch.int64, self.device)[0])
+        assert counts is not None
+        width = tokens.shape[1]
+        kept = (torch.arange(width, device=self.device)[None, :] < counts[:, None]).to(torch.float32)
+        self._counts.index_put_((slots[:, None].expand(-1, width), tokens), kept, accumulate=True)
 
     def advance(self, slots: torch.Tensor, by: torch.Tensor | None = None) -> None:
         """The rows holding `slots` sampled tokens that count (one each, or `by` [rows] int64 with speculation):

@@ -48,7 +48,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state.check_context(len(ids), limit, "messages")
     max_tokens = state.max_seq_len - len(ids) if limit is None else limit  # no limit: the rest of the context
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs=logprobs, structured=requested_constraint(state, body))
+    params = sampling_params(body, max_tokens, logprobs=logprobs, structured=requested_constraint(state, body),
+                             vocab_size=state.vocab_size)
     probes = requested_probes(state, params)
     gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes)
     view = _ChatView(state, body, len(ids), gen, probes)

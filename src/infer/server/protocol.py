@@ -79,11 +79,12 @@ class SamplingFields(_Body):
     ignore_eos: bool = Field(False, description="vLLM extension")
     n: int = Field(1, ge=1, le=MAX_N)
     user: str | None = Field(None, description="an end-user identifier; accepted, has no effect on generation")
+    presence_penalty: float = Field(0.0, allow_inf_nan=False, description="in [-2, 2]; over generated tokens")
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False, description="in [-2, 2]; over generated tokens")
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]; -100 bans it")
+    min_tokens: int = Field(0, description="vLLM extension: no end of sequence before this many tokens")
     # OpenAI fields infer refuses (400) unless they leave generation unchanged; see infer/server/sampling.py.
     best_of: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
     # Structured output (infer/server/structured.py): OpenAI's response_format, vLLM's structured_outputs
     # and its older guided_* fields all become one constraint.
     response_format: ResponseFormat | None = None

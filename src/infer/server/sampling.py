@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infer.sampling.params import ProbeStop, SamplingParams
+from infer.sampling.params import LOGIT_BIAS_LIMIT, PENALTY_LIMIT, ProbeStop, SamplingParams
 from infer.server.errors import APIError
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from infer.structured import Constraint
@@ -16,11 +16,6 @@ def check_supported(body: SamplingFields) -> None:
     """Refuse what infer cannot honour; a value that leaves generation unchanged (the default, 'text') passes."""
     if body.best_of is not None and body.best_of != 1:
         raise _unsupported("best_of", "only best_of=1 is supported (use n for several choices)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name) != 0:
-            raise _unsupported(name, "is not supported; use repetition_penalty")
-    if body.logit_bias:
-        raise _unsupported("logit_bias", "is not supported")
     if body.stream_options is not None and not body.stream:
         raise APIError(422, "stream_options is only allowed with stream=true", "stream_options")
     if isinstance(body, CompletionRequest) and body.suffix:
@@ -39,18 +34,41 @@ def _check_tools(body: ChatCompletionRequest) -> None:
             raise _unsupported(name, "tool and function calling are not supported")
 
 
+def logit_adjustments(body: SamplingFields, max_tokens: int, vocab_size: int | None) -> dict[str, object]:
+    """OpenAI's logit_bias, presence_penalty, frequency_penalty and vLLM's min_tokens, checked: out of range is a
+    400 naming the field (logit_bias keys are token ids as strings, inside the vocabulary)."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+            raise APIError(400, f"{name} must be in [-2, 2], got {value}", name)
+    bias: dict[int, float] = {}
+    for key, value in (body.logit_bias or {}).items():
+        token = int(key) if key.strip().isdigit() else None
+        if token is None or (vocab_size is not None and token >= vocab_size):
+            raise APIError(400, f"logit_bias key {key!r} is not a token id in [0, {vocab_size})", "logit_bias")
+        if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
+            raise APIError(400, f"logit_bias value {value} for token {key} is outside [-100, 100]", "logit_bias")
+        bias[token] = value
+    if not 0 <= body.min_tokens <= max_tokens:
+        raise APIError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got {body.min_tokens}", "min_tokens")
+    return {"presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
+            "logit_bias": bias or None, "min_tokens": body.min_tokens}
+
+
 def sampling_params(
     body: SamplingFields, max_tokens: int, logprobs: int | None = None, prompt_logprobs: int | None = None,
-    structured: Constraint | None = None,
+    structured: Constraint | None = None, vocab_size: int | None = None,
 ) -> SamplingParams:
     try:
         probe_stop = ProbeStop(**body.probe_stop.model_dump()) if body.probe_stop is not None else None
     except ValueError as exc:
         raise APIError(400, str(exc), "probe_stop") from exc
+    adjustments = logit_adjustments(body, max_tokens, vocab_size)
     try:
         return SamplingParams(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             repetition_penalty=body.repetition_penalty, max_tokens=max_tokens, stop=body.stop,  # type: ignore[arg-type]
+            **adjustments,  # type: ignore[arg-type]
             seed=body.seed, ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             structured=structured, probes=body.probes, probe_prompt=body.probe_prompt,
             probe_stop=probe_stop,
