@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -255,7 +256,10 @@ def test_unknown_template_names_the_folder_and_choices(name: str) -> None:
         ((msg("user", "hi"),), "non-empty list"),
         ([msg("user", "hi"), "hello"], "message 1 is a str"),
         ([msg("user", "hi"), {"content": "no role"}], "message 1 has role None"),
-        ([msg("user", "hi"), msg("tool", "42")], "message 1 has role 'tool'"),
+        ([msg("user", "hi"), msg("ipython", "42")], "message 1 has role 'ipython'"),
+        ([msg("user", "hi"), msg("user", "x") | {"tool_calls": []}], r"message 1 \(user\): tool_calls belong"),
+        ([msg("user", "hi"), msg("assistant", "") | {"tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}],
+         "tool_calls belong to assistant messages"),
         ([msg("user", "hi"), {"role": "assistant", "content": None}], r"message 1 \(assistant\) needs str content"),
         ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "message 0 .* got list"),
     ],
@@ -309,3 +313,80 @@ def test_smollm2_fixture_is_the_template_in_the_bundled_gguf() -> None:
 
     reader = GGUFReader(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
     assert reader.fields["tokenizer.chat_template"].contents() == fixture(REFERENCE["chatml"][0])
+
+
+# --- tools --------------------------------------------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def call(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def calls(content: str, *tool_calls: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, "tool_calls": list(tool_calls)}
+
+
+def result(content: str, call_id: str = "call_1") -> dict[str, Any]:
+    return {"role": "tool", "content": content, "tool_call_id": call_id}
+
+
+TOOL_CONVERSATIONS = {
+    "ask": [msg("user", "Weather in Paris?")],
+    "system_ask": [msg("system", "Be brief."), msg("user", "Weather in Paris?")],
+    "call_result_answer": [
+        msg("user", "Weather in Paris?"), calls("", call("get_weather", {"city": "Paris"})),
+        result('{"temp": 21}'), msg("assistant", "It is 21 °C."), msg("user", "And Rome?"),
+    ],
+    "call_with_text": [
+        msg("system", "s"), msg("user", "Weather?"), calls("Let me look.", call("get_weather", {"city": "Oslo"})),
+        result("sunny"),
+    ],
+}
+PARALLEL = [
+    msg("user", "Weather and time in Paris?"),
+    calls("", call("get_weather", {"city": "Paris", "unit": "C"}), call("get_time", {}, "call_2")),
+    result("21"), result("12:00", "call_2"),
+]
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("conversation", sorted(TOOL_CONVERSATIONS))
+@pytest.mark.parametrize("name", ["llama3", "qwen3"])
+def test_tool_conversations_match_official(name: str, conversation: str, add_generation_prompt: bool) -> None:
+    assert_matches(name, TOOL_CONVERSATIONS[conversation], add_generation_prompt, tools=[WEATHER, TIME])
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_qwen3_parallel_calls_and_grouped_results_match_official(enable_thinking: bool) -> None:
+    assert_matches("qwen3", PARALLEL, True, tools=[WEATHER, TIME], enable_thinking=enable_thinking)
+
+
+def test_llama3_parallel_calls_join_with_semicolons() -> None:
+    text = render_chat("llama3", PARALLEL, tools=[WEATHER, TIME])
+    assert ('{"name": "get_weather", "parameters": {"city": "Paris", "unit": "C"}}; '
+            '{"name": "get_time", "parameters": {}}<|eot_id|>') in text
+    assert text.count("<|start_header_id|>ipython<|end_header_id|>\n\n") == 2
+
+
+@pytest.mark.parametrize("name", ["chatml", "gemma3"])
+def test_our_tool_convention_for_families_without_one(name: str) -> None:
+    text = render_chat(name, PARALLEL, tools=[WEATHER, TIME])
+    assert "<tools>\n" + json.dumps(WEATHER) + "\n" + json.dumps(TIME) + "\n</tools>" in text
+    assert ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>') in text
+    assert "<tool_response>\n21\n</tool_response>\n<tool_response>\n12:00\n</tool_response>" in text
+    turn = "<start_of_turn>user\n" if name == "gemma3" else "<|im_start|>user\n"
+    assert text.count(turn) == 2  # the question, then both results in one user turn
+    assert render_chat(name, PARALLEL[:1]) == render_chat(name, PARALLEL[:1], tools=[])
+
+
+def test_gemma3_tools_fold_into_the_first_user_turn_with_the_system_text() -> None:
+    text = render_chat("gemma3", [msg("system", "Be brief."), msg("user", "Weather?")], tools=[WEATHER])
+    assert text.startswith("<start_of_turn>user\nBe brief.\n\n# Tools\n")
+    assert text.endswith("</tool_call>\n\nWeather?<end_of_turn>\n<start_of_turn>model\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any, NoReturn
@@ -10,7 +11,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
-ROLES = ("system", "user", "assistant")  # every bundled template handles exactly these (no tool turns)
+ROLES = ("system", "user", "assistant", "tool")  # every bundled template handles exactly these
 
 
 class ChatTemplateError(ValueError):
@@ -20,6 +21,11 @@ class ChatTemplateError(ValueError):
 def available_templates() -> list[str]:
     """Names of the bundled templates (the `.jinja` files in TEMPLATE_DIR), sorted, for errors and CLI choices."""
     return sorted(path.stem for path in TEMPLATE_DIR.glob("*.jinja"))
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    """JSON as transformers' chat templates write it (no HTML escaping, non-ASCII kept, `, ` and `: `)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -38,6 +44,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
         autoescape=False,
     )
     env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = _tojson
     return env
 
 
@@ -58,8 +65,9 @@ def template_source(name: str) -> str:
     return (TEMPLATE_DIR / f"{name}.jinja").read_text()
 
 
-def _validate(messages: list[dict[str, str]]) -> None:
-    """Accept only a non-empty list of dicts with a supported `role` and a str `content`; name the bad index."""
+def _validate(messages: list[dict[str, Any]]) -> None:
+    """Accept only a non-empty list of dicts with a supported `role` and a str `content`; an assistant turn may
+    carry `tool_calls` ({"function": {"name": str, "arguments": dict}}); name the bad index."""
     if not isinstance(messages, list) or not messages:
         raise ChatTemplateError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     for index, message in enumerate(messages):
@@ -71,18 +79,31 @@ def _validate(messages: list[dict[str, str]]) -> None:
         content = message.get("content")
         if not isinstance(content, str):
             raise ChatTemplateError(f"message {index} ({role}) needs str content, got {type(content).__name__}")
+        calls = message.get("tool_calls")
+        if calls is not None and (role != "assistant" or not all(_is_call(c) for c in calls)):
+            raise ChatTemplateError(f"message {index} ({role}): tool_calls belong to assistant messages, each "
+                                    "{'function': {'name': str, 'arguments': dict}}")
+
+
+def _is_call(call: object) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str) and isinstance(function.get("arguments"), dict)
 
 
 def render_chat(
     name: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     bos_token: str = "",
+    tools: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> str:
-    """Render `messages` into template `name`'s prompt text; `extra` reaches the template (date_string, ...)."""
+    """Render `messages` into template `name`'s prompt text; `tools` are OpenAI tool definitions
+    ({"type": "function", "function": {...}}); `extra` reaches the template (date_string, enable_thinking, ...)."""
     template = load_template(name)
     _validate(messages)
+    if tools:
+        extra["tools"] = tools
     return template.render(
         messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, **extra
     )
