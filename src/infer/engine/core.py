@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from infer.engine.config import EngineConfig
@@ -164,23 +165,24 @@ class EngineCore:
         if step is None:
             return []
         batch, launched = step
-        for row in batch.rows:
-            if row.samples:
-                self.scheduler.resolved(row.request)
+        self.scheduler.resolved(batch)
         try:
             result = launched.result()
         except Exception as exc:
             return [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
-        self.outputs.collect_prompt_probes(batch.rows, result)
+        first = batch.num_decode  # the decode table's rows come first, then batch.rows
+        if result.prompt_probe_scores is not None:
+            self.outputs.collect_prompt_probes(batch.rows, result.probe_layout, result.prompt_probe_scores[first:])
         # a request ended while this step was in flight (stop found in the step before, abort) drops its token
-        rows = [(i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
+        rows = [(i, r) for i, r in enumerate(batch.requests[:first]) if not r.finished]
+        rows += [(first + i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
         advance([(r.grammar, result.token_ids[i]) for i, r in rows if r.grammar and r.sampling_params.max_tokens])
         if on_advanced is not None:
             on_advanced()
         if result.extra_tokens is not None:  # speculation: roll back what was not accepted before the outputs end anyone
             for i, r in rows:
-                if batch.rows[i].drafts:
-                    self.scheduler.speculated(batch.rows[i], 1 + len(result.extra_tokens[i]))
+                if batch.rows[i - first].drafts:
+                    self.scheduler.speculated(batch.rows[i - first], 1 + len(result.extra_tokens[i]))
         return [out for i, r in rows for out in self.outputs.process(r, result, i)]
 
     def _bitmask(self, batch: ScheduledBatch) -> torch.Tensor:
@@ -190,7 +192,8 @@ class EngineCore:
         fills = []
 
         def start_fill() -> None:
-            grammars = [r.request.grammar if r.samples and not r.request.finished else None for r in batch.rows]
+            grammars = [r.grammar if not r.finished else None for r in batch.requests[: batch.num_decode]]
+            grammars += [r.request.grammar if r.samples and not r.request.finished else None for r in batch.rows]
             fills.append(self.masks.fill(grammars))
 
         if self._in_flight.step is not None:
@@ -216,44 +219,67 @@ class EngineCore:
         return outputs
 
     def _step_input(self, batch: ScheduledBatch) -> StepInput:
-        """The runner's step descriptor: the scheduler's rows, their sampling slots and the sampling state of
-        requests that joined (one pass per field: this runs for every request in every step)."""
-        rows, requests = batch.rows, batch.requests
+        """The runner's step descriptor: the decode table's rows (arrays), then the scheduler's other rows, their
+        sampling slots and the sampling state of requests that joined (one pass per field: this runs every step)."""
+        rows, requests, d = batch.rows, batch.requests, batch.decode
         step = StepInput(StepKind.DECODE if batch.is_decode else StepKind.PREFILL)
         step.prev_rows = self._in_flight.prev_rows(batch)
+        if d is not None:  # read off the table: no loop over the requests but for their last token ids
+            step.token_ids = [r.token_ids[-1] for r in d.requests]  # a pending token's row takes it on the device
+            step.positions, step.slot_mapping, step.context_lens = d.positions, d.slot_mapping, d.context_lens
+            step.block_tables, step.sampling_slots = d.block_tables, d.sampling_slots
+            step.query_lens = [1] * len(d.requests)
+        if rows:
+            self._add_rows(step, batch)
+        step.joined = [self._slot_state(r) for r in batch.joined]
+        step.probes = self.scheduler.wants_probes
+        if self.scheduler.wants_logprobs:
+            step.logprobs = [r.sampling_params.logprobs for r in requests[: batch.num_decode]]
+            step.logprobs += [r.request.sampling_params.logprobs if r.samples else None for r in rows]
+        if self.scheduler.needs_history:
+            step.history = [r.token_ids for r in requests]
+        if has_open([r.grammar for r in requests]):
+            step.token_bitmask = partial(self._bitmask, batch)
+        return step
+
+    def _add_rows(self, step: StepInput, batch: ScheduledBatch) -> None:
+        """Pack the batch's rows (prefill chunks, or decodes with drafts) after the decode table's rows."""
+        rows, n = batch.rows, batch.num_decode
         if batch.is_decode and not batch.has_drafts:
-            step.token_ids = [r.request.tokens_at(r.start, 1)[0] for r in rows]
-            step.positions = [r.start for r in rows]
-            step.query_lens = [1] * len(rows)
-            step.slot_mapping = [r.slots[0] for r in rows]
+            token_ids = [r.request.tokens_at(r.start, 1)[0] for r in rows]
+            positions = [r.start for r in rows]
+            slot_mapping = [r.slots[0] for r in rows]
         else:
-            step.token_ids = [t for r in rows for t in (*r.request.tokens_at(r.start, r.num_new - len(r.drafts)), *r.drafts)]
-            step.positions = [p for r in rows for p in range(r.start, r.start + r.num_new)]
-            step.query_lens = [r.num_new for r in rows]
-            step.slot_mapping = [s for r in rows for s in r.slots]
+            token_ids = [t for r in rows for t in (*r.request.tokens_at(r.start, r.num_new - len(r.drafts)), *r.drafts)]
+            positions = [p for r in rows for p in range(r.start, r.start + r.num_new)]
+            slot_mapping = [s for r in rows for s in r.slots]
             if batch.has_drafts:
                 step.drafts = [r.drafts for r in rows]
                 if self.config.speculative_method == "draft":
                     step.drafter_tokens = [r.request.token_ids[r.request.num_drafter_tokens : r.start + 1] if r.drafts
                                            else [] for r in rows]
         if not batch.is_decode:
-            step.prompt_logprobs = [r.prompt_logprobs for r in rows]
+            step.prompt_logprobs = [None] * n + [r.prompt_logprobs for r in rows]
             if self.scheduler.wants_probes:
-                step.probe_prompt = [_prompt_rows(r) for r in rows]
+                step.probe_prompt = [0] * n + [_prompt_rows(r) for r in rows]
         samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
-        step.samples = None if all(samples) else samples
-        step.context_lens = [r.start + r.num_new for r in rows]
-        step.block_tables = [r.block_table for r in rows]
-        step.sampling_slots = [r.sampling_slot for r in requests]
-        step.joined = [self._slot_state(r) for r in batch.joined]
-        step.probes = self.scheduler.wants_probes
-        if self.scheduler.wants_logprobs:
-            step.logprobs = [r.request.sampling_params.logprobs if r.samples else None for r in rows]
-        if self.scheduler.needs_history:
-            step.history = [r.token_ids for r in requests]
-        if has_open([r.grammar for r in requests]):
-            step.token_bitmask = partial(self._bitmask, batch)
-        return step
+        step.samples = None if all(samples) else [True] * n + samples
+        step.token_ids = step.token_ids + token_ids
+        step.positions = _listed(step.positions) + positions
+        step.slot_mapping = _listed(step.slot_mapping) + slot_mapping
+        step.query_lens = step.query_lens + [r.num_new for r in rows]
+        step.context_lens = _listed(step.context_lens) + [r.start + r.num_new for r in rows]
+        step.sampling_slots = _listed(step.sampling_slots) + [r.request.sampling_slot for r in rows]
+        tables = [r.block_table for r in rows]
+        if n:  # one padded array: the table's rows, then these
+            width = max(step.block_tables.shape[1], max(map(len, tables)))
+            padded = np.zeros((n + len(rows), width), dtype=np.int32)
+            padded[:n, : step.block_tables.shape[1]] = step.block_tables
+            for i, table in enumerate(tables):
+                padded[n + i, : len(table)] = table
+            step.block_tables = padded
+        else:
+            step.block_tables = tables
 
     def _slot_state(self, request: Request) -> SlotState:
         """What the runner writes into a joining request's sampling slot (its generated tokens only when a
@@ -262,6 +288,10 @@ class EngineCore:
         return SlotState(request.sampling_slot, p, request.seed, len(request.output_token_ids),
                          tuple(request.output_token_ids) if p.counts_output else (),
                          tuple(sorted(self.tokenizer.eos_token_ids)) if p.min_tokens and not p.ignore_eos else ())
+
+
+def _listed(values: list[int] | np.ndarray) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 def _prompt_rows(row: ScheduledRow) -> int:

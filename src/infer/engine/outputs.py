@@ -12,6 +12,7 @@ from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledRow, Scheduler
 from infer.runners.step import StepResult
 from infer.sampling.logprobs import TokenLogprob
+from omniscience import ProbeLayout
 
 
 class OutputProcessor:
@@ -98,10 +99,10 @@ class OutputProcessor:
         return view
 
     @staticmethod
-    def collect_prompt_probes(rows: list[ScheduledRow], result: StepResult) -> None:
-        """Keep the prompt-position scores a step read back; positions a recomputation repeats are skipped."""
-        layout, chunks = result.probe_layout, result.prompt_probe_scores
-        if layout is None or chunks is None:
+    def collect_prompt_probes(rows: list[ScheduledRow], layout: ProbeLayout | None, chunks: list[np.ndarray]) -> None:
+        """Keep the prompt-position scores a step read back for `rows` (one chunk each); positions a recomputation
+        repeats are skipped."""
+        if layout is None:
             return
         for row, chunk in zip(rows, chunks):
             request = row.request

@@ -33,7 +33,7 @@ class InFlight:
         if self.step is None:
             return None
         rows = {id(r): i for i, r in enumerate(self.step[0].requests)}
-        out = [rows[id(row.request)] if row.request.pending_tokens else -1 for row in batch.rows]
+        out = [rows[id(r)] if r.pending_tokens else -1 for r in batch.requests]
         return out if any(i >= 0 for i in out) else None
 
     def take(self) -> tuple[ScheduledBatch, LaunchedStep] | None:

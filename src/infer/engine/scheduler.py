@@ -5,8 +5,10 @@ A step is a list of rows (request, new tokens) within `max_num_batched_tokens`. 
 `prefill_chunk_size` tokens fill what is left of the budget: a long prompt runs over many steps
 beside the decodes instead of stalling them. Without it a step is either whole prompts or decodes,
 as the policy picks. When the KV cache runs out of blocks (cached prefixes are evicted first) the
-most recently admitted request is preempted and later recomputed from its tokens. The scheduler is
-the only owner of `Request.state` and of the KV manager's accounting (docs/engine.md).
+most recently admitted request is preempted and later recomputed from its tokens. The decoding
+requests' rows live in persistent arrays (decode_table.py): a decode step reads them off with vector
+operations, and only the few requests that need a new block go through Python. The scheduler is the
+only owner of `Request.state`, of the decode table and of the KV manager's accounting (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from infer.engine.config import EngineConfig
+from infer.engine.decode_table import DecodeRows, DecodeTable
 from infer.engine.request import Request, RequestState
-from infer.kv.kv_manager import KVCacheManager
+from infer.kv.kv_manager import KVCacheManager, blocks_needed
 from infer.speculative import DraftModelProposer, NgramProposer
 
 
@@ -36,17 +39,26 @@ class ScheduledRow(NamedTuple):  # a tuple: built for every request in every ste
 
 @dataclass
 class ScheduledBatch:
+    """A step: the decode table's rows first (`decode`), then `rows` (prefill chunks, or decodes with drafts)."""
+
     rows: list[ScheduledRow]
     joined: list[Request] = field(default_factory=list)  # requests that took a sampling slot for this step
-    requests: list[Request] = field(init=False)
+    decode: DecodeRows | None = None
+    requests: list[Request] = field(init=False)  # every row's request, in step order
     # one known token per row (and its drafts): the decode fast path (fixed buffers, graphs)
     is_decode: bool = field(init=False)
     has_drafts: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.requests = [row.request for row in self.rows]
+        decoding = self.decode.requests if self.decode is not None else []
+        self.requests = decoding + [row.request for row in self.rows]
         self.has_drafts = any(row.drafts for row in self.rows)
         self.is_decode = all(row.num_new == 1 + len(row.drafts) for row in self.rows)
+
+    @property
+    def num_decode(self) -> int:
+        """Rows read off the decode table (they come first)."""
+        return len(self.decode.requests) if self.decode is not None else 0
 
 
 class Scheduler:
@@ -65,6 +77,9 @@ class Scheduler:
         self.num_accepted = 0  # of which accepted
         self.num_verified_rows = 0  # rows (request-steps) that verified drafts
         self.waiting: deque[Request] = deque()
+        # speculation drafts per request, so its decodes are rows of their own; otherwise the table holds them
+        self.table = None if self.proposer is not None else DecodeTable(
+            config.max_batch_size, blocks_needed(config.max_seq_len, kv.block_size), kv.block_size, config.max_seq_len)
         self.running: list[Request] = []  # in admission order: preemption takes from the end
         self.step_index = 0
         self.num_preemptions = 0
@@ -100,20 +115,23 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         """Pick the next step's rows, or None when there is nothing to run."""
-        rows = self._pick()
-        if not rows:
+        decode, rows = self._pick()
+        if decode is None and not rows:
             return None
         self.step_index += 1
         self._last_had_prefill = any(r.request.state is RequestState.PREFILL for r in rows)
-        for row in rows:
-            row.request.last_step = self.step_index
-        batch = ScheduledBatch(rows, self._joined)
+        batch = ScheduledBatch(rows, self._joined, decode)
+        for request in batch.requests:
+            request.last_step = self.step_index
         self._joined = []
         return batch
 
     def launched(self, batch: ScheduledBatch) -> None:
         """The batch is queued on the device: its positions count as computed, sampling rows owe a token,
-        a request whose prompt is now computed decodes, and its full blocks join the prefix cache."""
+        a request whose prompt is now computed decodes (it joins the decode table), and its full blocks join the
+        prefix cache."""
+        if batch.decode is not None:
+            self._launched_decodes(batch.decode)
         for row in batch.rows:
             request = row.request
             request.num_computed_tokens = row.start + row.num_new
@@ -121,10 +139,27 @@ class Scheduler:
                 request.pending_tokens += 1
                 if request.state is RequestState.PREFILL:
                     request.state = RequestState.DECODE
-            if self._caching and not request.finished:  # (structured output may finish it during the launch)
-                known = min(request.num_computed_tokens, request.num_tokens)  # a pending token is not known yet
-                if self.kv.publishable(request.request_id, known):
-                    self.kv.publish(request.request_id, request.token_ids, known)
+                    if self.table is not None and not request.finished:
+                        self.table.join(request, self.kv.block_table(request.request_id))
+            self._publish(request)
+
+    def _launched_decodes(self, rows: DecodeRows) -> None:
+        assert self.table is not None
+        self.table.advanced(rows)
+        for request in rows.requests:
+            request.num_computed_tokens += 1
+            request.pending_tokens += 1
+        if self._caching:  # a block fills when the known tokens (the last may be pending) reach its end
+            bs = self.kv.block_size
+            for i in ((rows.positions + 1) % bs <= 1).nonzero()[0]:
+                self._publish(rows.requests[i])
+
+    def _publish(self, request: Request) -> None:
+        """Cache the request's newly full blocks of known tokens."""
+        if self._caching and not request.finished:  # (structured output may finish it during the launch)
+            known = min(request.num_computed_tokens, request.num_tokens)  # a pending token is not known yet
+            if self.kv.publishable(request.request_id, known):
+                self.kv.publish(request.request_id, request.token_ids, known)
 
     def speculated(self, row: ScheduledRow, emitted: int) -> None:
         """A row with drafts was read: `emitted` tokens came out (accepted drafts + the target's own). The
@@ -141,9 +176,13 @@ class Scheduler:
         self.num_accepted += emitted - 1
         self.num_verified_rows += 1
 
-    def resolved(self, request: Request) -> None:
-        """One of the request's pending tokens has been read (appended to its outputs, or dropped)."""
-        request.pending_tokens -= 1
+    def resolved(self, batch: ScheduledBatch) -> None:
+        """The batch's sampled tokens have been read (appended to their requests' outputs, or dropped)."""
+        for request in batch.requests[: batch.num_decode]:
+            request.pending_tokens -= 1
+        for row in batch.rows:
+            if row.samples:
+                row.request.pending_tokens -= 1
 
     def finish(self, request: Request, reason: str, failed: bool = False) -> None:
         """End a request: out of the queues, its blocks freed, its final state set."""
@@ -157,17 +196,20 @@ class Scheduler:
 
     # what runs -------------------------------------------------------------------------------
 
-    def _pick(self) -> list[ScheduledRow]:
+    def _pick(self) -> tuple[DecodeRows | None, list[ScheduledRow]]:
         if self.config.batching_mode == "static":
-            return self._admit(self.config.max_num_batched_tokens) if not self.running else self._decodes()
+            return (None, self._admit(self.config.max_num_batched_tokens)) if not self.running else self._decodes()
         if self._chunked:
-            rows = self._decodes()
-            if self.config.scheduler_policy == "decode_round_robin" and rows and self._last_had_prefill:
-                return rows  # prefill chunks every other step while requests decode
-            return rows + self._chunks(rows, self.config.max_num_batched_tokens - sum(r.num_new for r in rows))
+            decode, rows = self._decodes()
+            decoding = decode.requests if decode is not None else []
+            if self.config.scheduler_policy == "decode_round_robin" and (decoding or rows) and self._last_had_prefill:
+                return decode, rows  # prefill chunks every other step while requests decode
+            budget = self.config.max_num_batched_tokens - len(decoding) - sum(r.num_new for r in rows)
+            return decode, rows + self._chunks(decoding + [r.request for r in rows], budget)
         if self.running and (self._overdue() or self._decode_turn()):
             return self._decodes()
-        return self._admit(self.config.max_num_batched_tokens) or self._decodes()
+        admitted = self._admit(self.config.max_num_batched_tokens)
+        return (None, admitted) if admitted else self._decodes()
 
     def _overdue(self) -> bool:
         """The fairness rule: some decoding sequence has waited fairness_steps steps."""
@@ -177,11 +219,29 @@ class Scheduler:
     def _decode_turn(self) -> bool:
         return self.config.scheduler_policy == "decode_round_robin" and self._last_had_prefill
 
-    def _decodes(self) -> list[ScheduledRow]:
+    def _decodes(self) -> tuple[DecodeRows | None, list[ScheduledRow]]:
         """A row for every decoding request's next token; preempt from the back when blocks run out.
 
-        A request whose pending (not yet read) tokens already end it sits this step out.
+        A request whose pending (not yet read) tokens already end it sits this step out. The decode table gives
+        the rows; only a request short of a block is looked at one by one. With speculation each request's
+        drafts make its row, one request at a time.
         """
+        if self.table is None:
+            return None, self._drafted_decodes()
+        granted: list[Request] = []
+        waits: set[int] = set()
+        for request in self.table.short_of_blocks():
+            if request not in self.table:
+                continue  # preempted earlier in this loop
+            if self._grow(request, request.num_scheduled_tokens, granted):
+                self.table.set_blocks(request, self.kv.block_table(request.request_id))
+                granted.append(request)
+            elif request in self.table:  # no block for it and nobody left to preempt: it waits a step
+                waits.add(id(request))
+        rows = self.table.rows(waits)
+        return (rows if rows.requests else None), []
+
+    def _drafted_decodes(self) -> list[ScheduledRow]:
         rows: list[ScheduledRow] = []
         for request in list(self.running):
             if request.state is not RequestState.DECODE:
@@ -189,7 +249,7 @@ class Scheduler:
             if request.budget_reached(self.config.max_seq_len):
                 continue
             drafts = self._drafts(request)
-            if self._grow(request, request.num_scheduled_tokens + len(drafts), rows):
+            if self._grow(request, request.num_scheduled_tokens + len(drafts), [r.request for r in rows]):
                 rows.append(self._row(request, 1 + len(drafts), drafts=drafts))
         return rows
 
@@ -205,7 +265,7 @@ class Scheduler:
             return ()  # drafts never preempt anyone
         return tuple(drafts)
 
-    def _chunks(self, decodes: list[ScheduledRow], budget: int) -> list[ScheduledRow]:
+    def _chunks(self, decoding: list[Request], budget: int) -> list[ScheduledRow]:
         """Prefill chunks: requests part-way through their prompt first, then admissions, within the budget."""
         rows: list[ScheduledRow] = []
         limit = self.config.max_prefill_chunks_per_step or self.config.max_batch_size
@@ -214,7 +274,7 @@ class Scheduler:
                 return rows
             if request.state is RequestState.PREFILL:  # not preempted earlier in this loop
                 n = min(request.num_uncomputed, self.config.prefill_chunk_size, budget)
-                if self._grow(request, request.num_computed_tokens + n, decodes + rows):
+                if self._grow(request, request.num_computed_tokens + n, decoding + [r.request for r in rows]):
                     rows.append(self._row(request, n))
                     budget -= n
         return rows + self._admit(budget, limit - len(rows))
@@ -282,13 +342,13 @@ class Scheduler:
         return any(r.state is RequestState.PREFILL and r.num_computed_tokens < end <= r.num_tokens
                    and r.token_ids[:end] == head for r in self.running)
 
-    def _grow(self, request: Request, num_tokens: int, scheduled: list[ScheduledRow]) -> bool:
+    def _grow(self, request: Request, num_tokens: int, scheduled: list[Request]) -> bool:
         """Blocks for num_tokens positions, preempting from the back of the running set (never a request that
         already has a row in this step: its slots would be freed under it). False: preempted, or must wait."""
         if not self.kv.blocks_for(request.request_id, num_tokens):
             return True
         while not self.kv.can_allocate(request.request_id, num_tokens):
-            taken = {id(row.request) for row in scheduled}
+            taken = set(map(id, scheduled))
             victim = next((r for r in reversed(self.running) if id(r) not in taken), None)
             if victim is None:
                 return False
@@ -320,6 +380,8 @@ class Scheduler:
 
     def _leave(self, request: Request) -> None:
         self.running.remove(request)
+        if self.table is not None and request in self.table:
+            self.table.leave(request)
         self._free_slots.append(request.sampling_slot)
         if request in self._joined:  # left before the step it joined for was built (failed, aborted)
             self._joined.remove(request)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from infer.models.forward_batch import ForwardBatch, KVCache
-from infer.runners.step import StepInput
+from infer.runners.step import Ints, StepInput
 
 _INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows", "sampling_slots")
 # A padding row: token 0 at position 0, KV slot -1 (the KV store skips it), prev_rows -1 (take token_ids),
@@ -28,13 +28,13 @@ _PADDING = np.array([[0], [0], [-1], [-1], [0]], dtype=np.int64)
 class DecodeRows(NamedTuple):
     """The per-row inputs of a decode forward, one row per query token (a verify step has k + 1 per sequence)."""
 
-    token_ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int]
-    prev_rows: list[int]  # per row: the previous step's row whose sampled id is its token, or -1
-    sampling_slots: list[int]
-    context_lens: list[int]
-    block_tables: list[list[int]]
+    token_ids: Ints
+    positions: Ints
+    slot_mapping: Ints
+    prev_rows: Ints  # per row: the previous step's row whose sampled id is its token, or -1
+    sampling_slots: Ints
+    context_lens: Ints
+    block_tables: list[list[int]] | np.ndarray  # an array: [rows, width], zero-padded
 
     @classmethod
     def of(cls, step: StepInput) -> DecodeRows:
@@ -126,6 +126,14 @@ class DecodeBuffers:
         ints[3, :n] = step.prev_rows
         ints[4, :n] = step.sampling_slots
         ctx[:n] = step.context_lens
+        if isinstance(step.block_tables, np.ndarray):  # the engine's decode table: one copy of the whole block
+            width = step.block_tables.shape[1]
+            if width > self.max_blocks:
+                raise ValueError(f"a row has {width} blocks; the buffers hold {self.max_blocks}")
+            tables[:n, :width] = step.block_tables
+            written.clear()  # what this buffer holds no longer matches the lists below
+            self._copy(staging, rows)
+            return
         # A row's table is rewritten only when it differs from what this buffer holds there (tables grow one
         # block in block_size steps); entries past a sequence's context are never read, so need no clearing.
         written += [[]] * (n - len(written))
@@ -136,5 +144,8 @@ class DecodeBuffers:
                 raise ValueError(f"row {i} has {len(table)} blocks; the buffers hold {self.max_blocks}")
             tables[i, : len(table)] = table
             written[i] = table
+        self._copy(staging, rows)
+
+    def _copy(self, staging: torch.Tensor, rows: int) -> None:
         used = self._int64_bytes + self._ctx_bytes + rows * self.max_blocks * 4
         self._device_bytes[:used].copy_(staging[:used], non_blocking=self.device.type == "cuda")

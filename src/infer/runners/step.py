@@ -14,6 +14,9 @@ from infer.sampling.slots import SlotState
 from omniscience import ProbeLayout
 
 
+Ints = list[int] | np.ndarray  # one int per row or token
+
+
 class StepKind(str, Enum):
     PREFILL = "prefill"
     DECODE = "decode"
@@ -21,16 +24,18 @@ class StepKind(str, Enum):
 
 @dataclass
 class StepInput:
-    """Host-side description of one step; tokens of all sequences packed in order."""
+    """Host-side description of one step; tokens of all sequences packed in order. A decode step read off the
+    engine's decode table carries numpy arrays where the lists are typed `Ints` (block tables: [seqs, width],
+    zero-padded), so the runner copies them whole."""
 
     step_kind: StepKind
     token_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
+    positions: Ints = field(default_factory=list)
     query_lens: list[int] = field(default_factory=list)  # new tokens per sequence (a prompt chunk, or 1)
-    context_lens: list[int] = field(default_factory=list)  # tokens in cache per sequence after this step
-    slot_mapping: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)
-    sampling_slots: list[int] = field(default_factory=list)  # per sequence: its slot of sampling state
+    context_lens: Ints = field(default_factory=list)  # tokens in cache per sequence after this step
+    slot_mapping: Ints = field(default_factory=list)
+    block_tables: list[list[int]] | np.ndarray = field(default_factory=list)
+    sampling_slots: Ints = field(default_factory=list)  # per sequence: its slot of sampling state
     joined: list[SlotState] = field(default_factory=list)  # slots taken since the step before (written first)
     samples: list[bool] | None = None  # per sequence: whether its sampled token counts (None: every row's)
     prev_rows: list[int] | None = None  # per sequence: the previous step's row whose sampled id is its last input, or -1

@@ -204,7 +204,7 @@ class TorchRunner:
         if bucket is not None and self.graphs is not None:
             logits = self.graphs.replay(bucket)[: rows.num_rows]
         else:
-            logits = self._decode_logits(rows.num_rows, self._attention_bound(max(step.context_lens)))
+            logits = self._decode_logits(rows.num_rows, self._attention_bound(int(np.max(step.context_lens))))
         return (logits if step.drafts is None else logits.view(n, width, -1)), slots
 
     def _attention_bound(self, longest: int) -> int:
@@ -238,9 +238,11 @@ class TorchRunner:
         """(batch, input ids, the rows' sampling slots, the slots of rows whose token counts), uploaded in one
         copy. A row whose last input is still on the device (prev_rows) takes it from the previous step."""
         cu = cu_seqlens(step.query_lens)
-        tables = np.zeros((step.num_seqs, max(len(t) for t in step.block_tables)), dtype=np.int32)
-        for i, table in enumerate(step.block_tables):
-            tables[i, : len(table)] = table
+        tables = step.block_tables
+        if not isinstance(tables, np.ndarray):
+            tables = np.zeros((step.num_seqs, max(len(t) for t in step.block_tables)), dtype=np.int32)
+            for i, table in enumerate(step.block_tables):
+                tables[i, : len(table)] = table
         prev = [(cu[i + 1] - 1, row) for i, row in enumerate(step.prev_rows or []) if row >= 0]
         advancing = self._advancing(step)
         ids, positions, slot_mapping, prev_index, slots, advancing_slots, cu_dev, context_lens, block_tables = (
