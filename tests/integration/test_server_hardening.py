@@ -75,7 +75,6 @@ def test_prompt_that_fills_the_context_is_a_400(server):
 
 @pytest.mark.parametrize(("path", "extra", "param"), [
     ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),

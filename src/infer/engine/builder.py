@@ -10,6 +10,7 @@ import gc
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ from infer.runners.drafter import Drafter
 from infer.runners.torch_runner import TorchRunner
 from omniscience import ProbeBank, ProbeError, ProbeSet, load_probe_set
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 
 
 def resolve_model_path(model: str | None) -> Path:
@@ -62,13 +63,15 @@ class ServedModel:
     def chat_template_name(self) -> str:
         return chat_template_name(self.model_config.model_type, self.tokenizer)
 
-    def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> str:
+        """`template`: tools (OpenAI tool definitions) and keyword arguments of the template (enable_thinking)."""
         return render_chat(self.chat_template_name(), messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=self.tokenizer.bos_token or "")
+                           bos_token=self.tokenizer.bos_token or "", **template)
 
-    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> list[int]:
         # the template writes BOS itself, so the tokenizer must not add another
-        return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        text = self.render_chat(messages, add_generation_prompt, **template)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def read_probe_set(self) -> ProbeSet:
         """Re-read the configured probe-set file against this model (a reload; ProbeError when it is invalid)."""

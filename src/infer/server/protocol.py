@@ -122,10 +122,46 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str = Field(description="the call's arguments as a JSON object in a string")
+
+
+class ToolCall(_Body):
+    """A call an earlier assistant turn made, sent back with the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # developer: OpenAI's newer name for system
     content: str | list[ContentPart] | None = None
     type: Literal["text"] | None = Field(None, description="lm-eval sends 'text' on every message; no effect")
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant turn's calls")
+    tool_call_id: str | None = Field(None, description="a tool turn: the call it answers")
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="the arguments' JSON schema")
+    strict: bool | None = Field(None, description="accepted; every call is generated under its schema")
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -133,11 +169,13 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = Field(None, description="none, auto, required or a named function")
     functions: list[Any] | None = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vLLM extension: enable_thinking (Qwen3) reaches the chat template")
 
 
 class TokenizeRequest(_Body):

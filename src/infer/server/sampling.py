@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from infer.sampling.params import LOGIT_BIAS_LIMIT, PENALTY_LIMIT, ProbeStop, SamplingParams
 from infer.server.errors import APIError
-from infer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from infer.server.protocol import CompletionRequest, SamplingFields
 from infer.structured import Constraint
 
 
@@ -20,18 +20,6 @@ def check_supported(body: SamplingFields) -> None:
         raise APIError(422, "stream_options is only allowed with stream=true", "stream_options")
     if isinstance(body, CompletionRequest) and body.suffix:
         raise _unsupported("suffix", "is not supported (no fill-in-the-middle)")
-    if isinstance(body, ChatCompletionRequest):
-        _check_tools(body)
-
-
-def _check_tools(body: ChatCompletionRequest) -> None:
-    """No tool or function calling yet: any tool definition or choice other than 'none' is refused."""
-    for name in ("tools", "functions"):
-        if getattr(body, name):
-            raise _unsupported(name, "tool and function calling are not supported")
-    for name in ("tool_choice", "function_call"):
-        if getattr(body, name) not in (None, "none"):
-            raise _unsupported(name, "tool and function calling are not supported")
 
 
 def logit_adjustments(body: SamplingFields, max_tokens: int, vocab_size: int | None) -> dict[str, object]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from infer.engine.builder import ServedModel
 from infer.engine.client import EngineClient
@@ -57,11 +58,13 @@ class ServerState:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.built.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    template: dict[str, Any] | None = None) -> list[int]:
+        """`template`: the chat template's extra arguments (tools, enable_thinking)."""
         for i, m in enumerate(messages):
             check_text(m["content"], f"messages.{i}.content")
         try:
-            return self.built.encode_chat(messages, add_generation_prompt)
+            return self.built.encode_chat(messages, add_generation_prompt, **(template or {}))
         except Exception as exc:  # a template error is about the conversation the client sent
             raise APIError(422, f"cannot render the conversation with the chat template: {exc}", "messages") from exc
 
