@@ -9,7 +9,7 @@ vocabulary, so any id decodes). Offline: `LLM.generate_ids` of the C prompts at 
 completions through httpx from up to 8 client processes (sse_client.py: one event loop each, started and connected
 before the clock starts, so neither the client nor its start-up is measured), every SSE chunk read and parsed;
 tok/s is generated tokens over the wall time from releasing the clients to the last stream's end; ITL is the gap
-between a stream's chunks. Per level one first run (reported, not timed into the median), then the median of
+between a stream's chunks, TTFT from a request's send to its first text chunk. Per level one first run (reported, not timed into the median), then the median of
 --repeats runs (fresh prompts each run, so the prefix cache never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR
 (default benchmarks/reports). GPU run: `bash scripts/gpu_serving.sh`.
 """
@@ -89,12 +89,14 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
             raise RuntimeError(f"a benchmark client exited with {proc.returncode}")
     results = [json.loads((work / f"result{i}.json").read_text()) for i in range(len(procs))]
     shutil.rmtree(work)
-    end = max(r["end"] for r in results)
     streams = [s for r in results for s in r["streams"]]
+    end = max(s["done"] for s in streams)
     tokens = sum(s["tokens"] for s in streams)
     gaps = sorted(b - a for s in streams for a, b in zip(s["chunk_times"], s["chunk_times"][1:]))
+    ttft = sorted(s["chunk_times"][0] - s["sent"] for s in streams)
     return {"tok_s": tokens / (end - start), "tokens": tokens, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
-            "itl_p99_ms": 1e3 * gaps[int(len(gaps) * 0.99)]}
+            "itl_p99_ms": 1e3 * gaps[int(len(gaps) * 0.99)], "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2],
+            "release_to_first_send_ms": 1e3 * (min(s["sent"] for s in streams) - start)}
 
 
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int) -> dict[int, dict]:
@@ -124,7 +126,9 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
                     for repeat in range(-1, repeats)]
             best = sorted(runs[1:], key=lambda r: r["tok_s"])[repeats // 2]
             out[level] = best | {"runs": [r["tok_s"] for r in runs[1:]], "first": runs[0]["tok_s"]}
-            print(f"server C={level}: {best['tok_s']:.0f} tok/s, ITL p50 {best['itl_p50_ms']:.1f} ms", flush=True)
+            print(f"server C={level}: {best['tok_s']:.0f} tok/s, ITL p50 {best['itl_p50_ms']:.1f} ms, TTFT p50 "
+                  f"{best['ttft_p50_ms']:.0f} ms, release to first send {best['release_to_first_send_ms']:.0f} ms",
+                  flush=True)
         return out
     finally:
         proc.terminate()
@@ -163,11 +167,12 @@ def write(r: dict) -> None:
              f"processes. Medians of 3 runs after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "
-             "| server ITL p50 / p99 | first run offline / server |", "|---:|---:|---:|---:|---:|---:|"]
+             "| server ITL p50 / p99 | server TTFT p50 | first run offline / server |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for level, row in r["levels"].items():
         s = row["server"]
         lines.append(f"| {level} | {row['offline']['tok_s']:,.0f} | {s['tok_s']:,.0f} | {row['ratio']:.2f} | "
-                     f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} ms | {row['offline']['first']:,.0f} / {s['first']:,.0f} |")
+                     f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} ms | {s['ttft_p50_ms']:.0f} ms | "
+                     f"{row['offline']['first']:,.0f} / {s['first']:,.0f} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -4,7 +4,8 @@
 
 Imports only httpx (start-up stays out of the measured time). Prints "ready" once its connection pool exists,
 waits for a line on stdin (the parent releases every client at once), sends all bodies concurrently, reads every
-chunk of every stream, and writes [{"tokens", "chunk_times"}, ...] plus its end time (time.time()) to RESULT.json.
+chunk of every stream, and writes [{"tokens", "chunk_times", "sent", "done"}, ...] (times from time.time(): when
+the request went out, each text chunk arrived, the stream ended) to RESULT.json.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> dict:
     """One streamed completion: its generated tokens (from usage) and the arrival time of each text chunk."""
     times: list[float] = []
     tokens = 0
+    sent = time.time()
     async with http.stream("POST", url, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -31,7 +33,7 @@ async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> dict:
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 times.append(time.time())
-    return {"tokens": tokens, "chunk_times": times}
+    return {"tokens": tokens, "chunk_times": times, "sent": sent, "done": time.time()}
 
 
 async def _main(url: str, bodies: list[dict]) -> list[dict]:
@@ -48,4 +50,4 @@ if __name__ == "__main__":
         bodies = json.load(f)
     streams = asyncio.run(_main(url, bodies))
     with open(result_path, "w") as f:
-        json.dump({"end": time.time(), "streams": streams}, f)
+        json.dump({"streams": streams}, f)
