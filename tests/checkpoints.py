@@ -78,6 +78,30 @@ def save_tiny_with_tokenizer(family: str, path: Path, seed: int = 0) -> Path:
     return save_tiny(family, path, seed=seed, eos_token_id=bpe.token_to_id("</s>"), bos_token_id=None)
 
 
+QWEN3_SPECIAL = ["</s>", "<|im_start|>", "<|im_end|>"]
+QWEN3_MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # added, not special: they reach the text
+
+
+def save_tiny_qwen3_chat(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen 3 that `infer serve` renders with the Qwen 3 chat template: a byte-level BPE tokenizer with
+    ChatML's turn tokens (<|im_end|> ends a turn) and Qwen 3's <think> / <tool_call> markup as single tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = ["The cat sat on the mat.", '{"name": "get_weather", "arguments": {"city": "Paris"}}', "yes no"] * 20
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320 - len(QWEN3_MARKUP), special_tokens=QWEN3_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(corpus, trainer)
+    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_MARKUP])
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="</s>")
+    fast.save_pretrained(path)
+    return save_tiny("qwen3", path, seed=seed, eos_token_id=bpe.token_to_id("<|im_end|>"), bos_token_id=None,
+                     max_position_embeddings=2048)
+
+
 # quantized checkpoint formats the tests write: (weight dtype, scale strategy)
 W8_FORMATS = {"fp8_block": (torch.float8_e4m3fn, "block"), "int8_channel": (torch.int8, "channel"),
               "fp8_channel": (torch.float8_e4m3fn, "channel")}

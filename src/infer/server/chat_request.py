@@ -3,6 +3,7 @@ its answer (reasoning, tool calls) and the constraint its answer is generated un
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from infer.server.chat_output import ChatShape
@@ -10,7 +11,7 @@ from infer.server.errors import APIError
 from infer.server.protocol import ChatCompletionRequest
 from infer.server.state import ServerState
 from infer.server.tools.formats import tool_format
-from infer.server.tools.grammar import after_reasoning, compile_constraint, compile_tools
+from infer.server.tools.grammar import after_reasoning, compile_constraint, compile_tools, markup_tokens
 from infer.server.tools.request import ToolRequest
 from infer.structured import Constraint
 
@@ -53,7 +54,7 @@ async def answer_constraint(state: ServerState, body: ChatCompletionRequest, sha
         return await compile_tools(state, shape.fmt, shape.tools, think)
     if requested is None or not think:
         return requested
-    wrapped = after_reasoning(requested)
+    wrapped = after_reasoning(requested, await asyncio.to_thread(markup_tokens, state))
     if wrapped is None:
         return requested
     await compile_constraint(state, wrapped, "the output constraint after the reasoning block", "response_format")

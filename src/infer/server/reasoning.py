@@ -29,9 +29,12 @@ class ReasoningStream:
     def __init__(self) -> None:
         self._state = "start"  # then "thinking" or "answer"
         self._buffer = ""
+        self._strip = False  # drop the newlines that open the reasoning, or the answer after </think>
 
     def feed(self, text: str) -> list[tuple[str, str]]:
-        if self._state == "answer" and not self._buffer:
+        if self._state == "answer":
+            text = text.lstrip("\n") if self._strip else text
+            self._strip = self._strip and not text
             return [("content", text)] if text else []
         self._buffer += text
         out: list[tuple[str, str]] = []
@@ -44,8 +47,11 @@ class ReasoningStream:
                 out.append(("content", self._buffer))
                 self._buffer = ""
                 return out
-            self._state, self._buffer = "thinking", head[len(OPEN) :].lstrip("\n")
+            self._state, self._buffer, self._strip = "thinking", head[len(OPEN) :], True
         if self._state == "thinking":
+            if self._strip:  # the newlines after <think>
+                self._buffer = self._buffer.lstrip("\n")
+                self._strip = not self._buffer
             at = self._buffer.find(CLOSE)
             if at < 0:
                 ready = self._buffer[: len(self._buffer) - held_prefix(self._buffer, CLOSE)]
@@ -54,11 +60,9 @@ class ReasoningStream:
                 return [("reasoning", ready)] if ready else []
             reasoning = self._buffer[:at].rstrip("\n")
             out += [("reasoning", reasoning)] if reasoning else []
-            self._state, self._buffer = "answer", self._buffer[at + len(CLOSE) :]
-        content = self._buffer.lstrip("\n")
-        if content:  # the newlines after </think> are dropped once some content follows them
-            self._buffer = ""
-            out.append(("content", content))
+            self._state, self._strip = "answer", True
+            rest, self._buffer = self._buffer[at + len(CLOSE) :], ""
+            out += self.feed(rest)
         return out
 
     def close(self) -> list[tuple[str, str]]:

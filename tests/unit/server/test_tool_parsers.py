@@ -63,10 +63,17 @@ def test_whole_text(fmt: ToolFormat, case: tuple) -> None:
         json.loads(call.arguments)
 
 
+MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+
+
 def _stream(shape: ChatShape, text: str, seed: int) -> tuple[str, str, list[tuple[str, str]], int]:
-    """(content, reasoning, calls) as an openai client reassembles them from the deltas of a random chunking."""
+    """(content, reasoning, calls) as an openai client reassembles them from the deltas of a random chunking
+    (odd seeds also cut around every marker, as a tokenizer with the markers as tokens does)."""
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(0, 12)))) if len(text) > 1 else []
+    if seed % 2:
+        marks = {i + d for m in MARKERS for i in range(len(text)) if text.startswith(m, i) for d in (0, len(m))}
+        cuts = sorted({*cuts, *marks} - {0, len(text)})
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
     stream = shape.stream()
     deltas = [d for p in pieces for d in stream.feed(p)] + stream.close()

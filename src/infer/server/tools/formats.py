@@ -40,6 +40,17 @@ def _lark(text: str) -> str:
     return json.dumps(text)
 
 
+def markup(text: str, tokens: frozenset[str]) -> str:
+    """A Lark reference to markup text: the tokenizer's own token where it has one (llguidance matches an added
+    token only by name, and free text never contains one), else the literal string."""
+    return text if text in tokens else _lark(text)
+
+
+def _head(name: str, key: str, before: str = "") -> str:
+    """A call's JSON up to its arguments: `{"name": "<name>", "<key>": `."""
+    return before + "{" + json.dumps("name") + ": " + json.dumps(name) + ", " + json.dumps(key) + ": "
+
+
 def _arguments(tool: FunctionTool) -> str:
     schema: dict[str, Any] = {**tool.parameters, "x-guidance": COMPACT}
     return "%json " + json.dumps(schema)
@@ -56,8 +67,9 @@ class ToolFormat(ABC):
         """(content outside the calls, the calls); text with no well-formed call comes back unchanged."""
 
     @abstractmethod
-    def answer_grammar(self, request: ToolRequest) -> str:
-        """Lark rules whose `answer` is what the request allows: free text or calls (auto), or calls only."""
+    def answer_grammar(self, request: ToolRequest, tokens: frozenset[str] = frozenset()) -> str:
+        """Lark rules whose `answer` is what the request allows: free text or calls (auto), or calls only;
+        `tokens`: the markup the tokenizer has as single added tokens."""
 
 
 class HermesFormat(ToolFormat):
@@ -89,19 +101,21 @@ class HermesFormat(ToolFormat):
         except json.JSONDecodeError:
             return None
 
-    def answer_grammar(self, request: ToolRequest) -> str:
+    def answer_grammar(self, request: ToolRequest, tokens: frozenset[str] = frozenset()) -> str:
         tools = request.callable()
-        rules = [f"rest_{i}: {_lark(chr(10) + '{' + json.dumps('name') + ': ' + json.dumps(t.name) + ', ' + json.dumps('arguments') + ': ')} "
-                 f"args_{i} {_lark('}' + chr(10) + self.CLOSE)}\nargs_{i}: {_arguments(t)}" for i, t in enumerate(tools)]
-        rules.append("rest: " + " | ".join(f"rest_{i}" for i in range(len(tools))))
-        rules.append(f"call: {_lark(self.OPEN)} rest")
-        more = f'("\\n" call)*' if request.parallel else ""
-        if request.choice == "auto":
-            rules.append(f"answer: FREE | pre rest {more}")
-            rules.append(f"pre[suffix={_lark(self.OPEN)}]: /(.|\\n)*/")
-            rules.append(f"FREE: /(.|\\n)*/ & ~/(.|\\n)*{self.OPEN}(.|\\n)*/")
-        else:
+        rules = [f"body_{i}: {_lark(_head(t.name, 'arguments', chr(10)))} args_{i} {_lark('}' + chr(10))}\n"
+                 f"args_{i}: {_arguments(t)}" for i, t in enumerate(tools)]
+        rules.append("body: " + " | ".join(f"body_{i}" for i in range(len(tools))))
+        rules.append(f"call: {markup(self.OPEN, tokens)} body {markup(self.CLOSE, tokens)}")
+        more = '("\\n" call)*' if request.parallel else ""
+        if request.choice != "auto":
             rules.append(f"answer: call {more}")
+        elif self.OPEN in tokens:  # free text ends where the model emits the call's token
+            rules += [f"answer: FREE | FREE? call {more}", f"FREE: /(.|\\n)+/ & ~/(.|\\n)*{self.OPEN}(.|\\n)*/"]
+        else:  # free text that never spells the tag, or text up to the tag and the rest of a call
+            rules += [f"answer: FREE | pre body {markup(self.CLOSE, tokens)} {more}",
+                      f"pre[suffix={_lark(self.OPEN)}]: /(.|\\n)*/",
+                      f"FREE: /(.|\\n)*/ & ~/(.|\\n)*{self.OPEN}(.|\\n)*/"]
         return "\n".join(rules)
 
 
@@ -131,10 +145,10 @@ class LlamaJsonFormat(ToolFormat):
             return text, []
         return None, calls
 
-    def answer_grammar(self, request: ToolRequest) -> str:
+    def answer_grammar(self, request: ToolRequest, tokens: frozenset[str] = frozenset()) -> str:
         tools = request.callable()
-        rules = [f"call_{i}: {_lark('{' + json.dumps('name') + ': ' + json.dumps(t.name) + ', ' + json.dumps('parameters') + ': ')} "
-                 f"args_{i} \"}}\"\nargs_{i}: {_arguments(t)}" for i, t in enumerate(tools)]
+        rules = [f"call_{i}: {_lark(_head(t.name, 'parameters'))} args_{i} \"}}\"\nargs_{i}: {_arguments(t)}"
+                 for i, t in enumerate(tools)]
         rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
         calls = 'call ("; " call)*' if request.parallel else "call"
         if request.choice == "auto":

@@ -11,19 +11,34 @@ import json
 
 from infer.server.errors import APIError
 from infer.server.state import ServerState
-from infer.server.tools.formats import ToolFormat
+from infer.server.tools.formats import ToolFormat, markup
 from infer.server.tools.request import ToolRequest
 from infer.structured import Constraint, ConstraintError
 
-# an optional reasoning block before the answer: the grammar constrains what follows </think>, never the thinking
-THINK = 'start: think? answer\nthink: "<think>" thought /\\s*/\nthought[suffix="</think>"]: /(.|\\n)*/'
+MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
 
-def tool_grammar(fmt: ToolFormat, request: ToolRequest, thinking: bool) -> str:
-    return (THINK if thinking else "start: answer") + "\n" + fmt.answer_grammar(request)
+def think_rules(tokens: frozenset[str]) -> str:
+    """An optional reasoning block before the answer: the grammar constrains what follows </think>, never the
+    thinking (which ends at the </think> token, or at the first </think> spelled out)."""
+    if "</think>" in tokens:
+        block = f"think: {markup('<think>', tokens)} THOUGHT? {markup('</think>', tokens)} /\\s*/\nTHOUGHT: /(.|\\n)+/"
+    else:
+        block = f'think: {markup("<think>", tokens)} thought /\\s*/\nthought[suffix="</think>"]: /(.|\\n)*/'
+    return "start: think? answer\n" + block
 
 
-def after_reasoning(constraint: Constraint) -> Constraint | None:
+def markup_tokens(state: ServerState) -> frozenset[str]:
+    """The markup the served tokenizer has as single added tokens (llguidance treats those as special)."""
+    ll = state.grammars.ll_tokenizer
+    return frozenset(m for m in MARKUP if len(ids := ll.tokenize_str(m)) == 1 and ll.is_special_token(ids[0]))
+
+
+def tool_grammar(fmt: ToolFormat, request: ToolRequest, thinking: bool, tokens: frozenset[str] = frozenset()) -> str:
+    return (think_rules(tokens) if thinking else "start: answer") + "\n" + fmt.answer_grammar(request, tokens)
+
+
+def after_reasoning(constraint: Constraint, tokens: frozenset[str] = frozenset()) -> Constraint | None:
     """`constraint` applied to the answer after an optional <think> block, where llguidance's Lark can embed it
     (JSON schemas, JSON objects, regexes, choices); None for a full grammar, which then covers the whole output."""
     if constraint.kind in ("json_schema", "json_object"):
@@ -37,7 +52,7 @@ def after_reasoning(constraint: Constraint) -> Constraint | None:
         answer = "answer: " + " | ".join(json.dumps(c) for c in json.loads(constraint.spec))
     else:
         return None
-    return Constraint("grammar", THINK + "\n" + answer)
+    return Constraint("grammar", think_rules(tokens) + "\n" + answer)
 
 
 async def compile_tools(state: ServerState, fmt: ToolFormat, request: ToolRequest, thinking: bool) -> Constraint:
@@ -46,7 +61,8 @@ async def compile_tools(state: ServerState, fmt: ToolFormat, request: ToolReques
         if tool in request.callable():
             schema = Constraint.json_schema({**tool.parameters})
             await compile_constraint(state, schema, f"tools[{i}] ({tool.name}): its parameters", f"tools.{i}.function.parameters")
-    constraint = Constraint("grammar", tool_grammar(fmt, request, thinking))
+    tokens = await asyncio.to_thread(markup_tokens, state)
+    constraint = Constraint("grammar", tool_grammar(fmt, request, thinking, tokens))
     await compile_constraint(state, constraint, "tools: the tool-call grammar", "tools")
     return constraint
 
