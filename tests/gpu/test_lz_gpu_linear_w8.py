@@ -83,8 +83,8 @@ def test_a_quantized_checkpoint_serves_on_cuda(fmt, tmp_path):
     from infer.models.quant import W8Weight
 
     path = quantize_checkpoint(save_tiny_with_tokenizer("llama", tmp_path / "m"), tmp_path / "q", fmt, (32, 32))
-    kept = LLM(str(path), device="cuda", dtype="bfloat16", max_seq_len=128)
-    none = LLM(str(path), device="cuda", dtype="bfloat16", max_seq_len=128, quantization="none",
+    kept = LLM(str(path), device="cuda", dtype="bfloat16", max_seq_len=128, kv_cache_memory_gb=1)
+    none = LLM(str(path), device="cuda", dtype="bfloat16", max_seq_len=128, kv_cache_memory_gb=1, quantization="none",
                use_cuda_graphs=False)
     model = kept.engine.runner.model
     assert any(isinstance(m, W8Weight) for m in model.modules())

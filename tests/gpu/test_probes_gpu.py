@@ -65,8 +65,8 @@ def test_graphs_equal_eager_and_reload_keeps_the_graphs(tiny, dtype):
     model, folder = tiny
     probes = write_probe_set(folder / "p", 64, SPECS, scale=0.3)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, probe_prompt=True)
-    graphs = LLM(model, probes=str(probes), dtype=dtype, max_seq_len=128, max_batch_size=8)
-    eager = LLM(model, probes=str(probes), dtype=dtype, max_seq_len=128, max_batch_size=8, use_cuda_graphs=False)
+    graphs = LLM(model, probes=str(probes), dtype=dtype, max_seq_len=128, max_batch_size=8, kv_cache_memory_gb=1)
+    eager = LLM(model, probes=str(probes), dtype=dtype, max_seq_len=128, max_batch_size=8, kv_cache_memory_gb=1, use_cuda_graphs=False)
     assert graphs.runner.graphs is not None and eager.runner.graphs is None
     atol = 1e-5 if dtype == "float32" else 2e-2
     for g, e in zip(graphs.generate_ids(_prompts(), params), eager.generate_ids(_prompts(), params)):
@@ -81,6 +81,6 @@ def test_graphs_equal_eager_and_reload_keeps_the_graphs(tiny, dtype):
     after = graphs.generate_ids(_prompts()[:1], params)[0].probes["bank.p3"]
     assert graphs.runner.graphs._graphs == captured  # the same graph objects: nothing was re-captured
     assert not np.allclose(before, after, atol=1e-3)
-    fresh = LLM(model, probes=str(probes), dtype=dtype, max_seq_len=128, max_batch_size=8, use_cuda_graphs=False)
+    fresh = LLM(model, probes=str(probes), dtype=dtype, max_seq_len=128, max_batch_size=8, kv_cache_memory_gb=1, use_cuda_graphs=False)
     np.testing.assert_allclose(after, fresh.generate_ids(_prompts()[:1], params)[0].probes["bank.p3"], atol=atol)
     assert load_probe_set(probes, 64, 3).names == tuple(p.name for p in graphs.probes())

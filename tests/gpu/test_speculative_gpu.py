@@ -23,7 +23,8 @@ def test_greedy_identical_with_graphs(family: str, dtype: str, tmp_path) -> None
     for length, repeats in ((6, 3), (11, 2), (4, 5), (20, 1)):
         piece = [rng.randrange(1, 320) for _ in range(length)]
         prompts.append(piece * repeats)
-    options = dict(device="cuda", dtype=dtype, max_seq_len=256, max_batch_size=8, use_cuda_graphs=True)
+    options = dict(device="cuda", dtype=dtype, max_seq_len=256, max_batch_size=8, use_cuda_graphs=True,
+                   kv_cache_memory_gb=1)  # two engines share the GPU: neither sizes its cache from free memory
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     want = [o.token_ids for o in LLM(path, **options).generate_ids(prompts, params)]
     spec = LLM(path, speculative_method="ngram", num_speculative_tokens=4, **options)
@@ -41,7 +42,8 @@ def test_greedy_identical_with_a_draft_model_and_graphs(family: str, tmp_path) -
     drafter = str(save_tiny(family, tmp_path / "drafter", seed=9, intermediate_size=64))
     rng = random.Random(5)
     prompts = [[rng.randrange(1, 320) for _ in range(n)] for n in (5, 17, 9, 30)]
-    options = dict(device="cuda", dtype="float32", max_seq_len=256, max_batch_size=8, use_cuda_graphs=True)
+    options = dict(device="cuda", dtype="float32", max_seq_len=256, max_batch_size=8, use_cuda_graphs=True,
+                   kv_cache_memory_gb=1)  # two engines share the GPU: neither sizes its cache from free memory
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     want = [o.token_ids for o in LLM(path, **options).generate_ids(prompts, params)]
     for draft in (path, drafter):
