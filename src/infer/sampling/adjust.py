@@ -3,7 +3,9 @@
 For row b and token j: mu[j] + bias[j] - c[j] * frequency - (c[j] > 0) * presence, where c[j] counts j among
 the tokens the row has generated (OpenAI's definitions; the prompt does not count). A bias of -100 bans the
 token (-inf). While a row has generated fewer than min_tokens tokens, its held ids (the end-of-sequence
-tokens) are at -inf. Everything stays on the device: no host sync, no per-step upload.
+tokens) are at -inf. The slots keep the sum of the first three terms as one offset per row and token, updated
+where a token is sampled (sampling/slots.py), so a step adds it with one gather and one add; everything stays
+on the device: no host sync, no per-step upload.
 """
 
 from __future__ import annotations
@@ -19,13 +21,10 @@ MAX_HELD_IDS = 8  # end-of-sequence ids min_tokens can hold back per row
 
 @dataclass
 class LogitAdjustments:
-    """A step's per-row adjustments; a dense part is None when no row of the step needs it."""
+    """A step's per-row adjustments; a part is None when no row of the step needs it."""
 
-    presence: torch.Tensor  # [B] float32
-    frequency: torch.Tensor  # [B] float32
     min_tokens: torch.Tensor  # [B] int64
-    bias: torch.Tensor | None = None  # [B, V] float32 (-inf where banned)
-    counts: torch.Tensor | None = None  # [B, V] float32: how often the row has generated each token
+    offset: torch.Tensor | None = None  # [B, V] float32: bias minus the penalties so far (-inf where banned)
     held: torch.Tensor | None = None  # [B, MAX_HELD_IDS] int64: ids at -inf while steps < min_tokens
 
     def per_position(self, width: int) -> LogitAdjustments:
@@ -33,17 +32,13 @@ class LogitAdjustments:
         def rows(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.repeat_interleave(width, dim=0)
 
-        return LogitAdjustments(rows(self.presence), rows(self.frequency), rows(self.min_tokens),  # type: ignore[arg-type]
-                                rows(self.bias), rows(self.counts), rows(self.held))
+        return LogitAdjustments(rows(self.min_tokens), rows(self.offset), rows(self.held))  # type: ignore[arg-type]
 
     def apply(self, logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
         """The adjusted logits [B, V] (a new tensor); `steps` [B]: tokens each row has generated."""
-        out = logits if self.bias is None else logits + self.bias
-        if self.counts is not None:
-            out = out - self.counts * self.frequency[:, None] - (self.counts > 0) * self.presence[:, None]
+        out = logits + self.offset if self.offset is not None else logits.clone()
         if self.held is not None:
             holding = (steps < self.min_tokens)[:, None].expand_as(self.held)
-            out = out.clone() if out is logits else out
             out.scatter_(1, self.held, torch.where(holding, float("-inf"), out.gather(1, self.held)))
         return out
 

@@ -7,12 +7,14 @@ far, which picks the sampling noise) advances on the device when its row samples
 draws the same noise as it would alone, with no per-step host work.
 
 logit_bias, presence / frequency penalties and min_tokens (sampling/adjust.py) keep their state here too:
-the bias and the generated-token counts as [slots, vocab] tensors made the first time a request needs
-them, the counts updated on the device by `record` after each sampling.
+an additive offset per slot and token (the bias minus the penalties so far) and the generated-token counts,
+[slots, vocab] tensors made the first time a request needs them, both updated on the device by `record`
+where a token is sampled (a few ops over the step's rows, none over the vocabulary).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
@@ -41,7 +43,7 @@ class SamplingSlots:
         # temperature, top_p, repetition penalty, presence penalty, frequency penalty
         self._floats = torch.zeros(5, num_slots, dtype=torch.float32, device=device)
         self._ints = torch.zeros(4, num_slots, dtype=torch.int64, device=device)  # top_k, seed, steps, min_tokens
-        self._bias: torch.Tensor | None = None  # [slots, vocab] float32, made when a request first has a logit_bias
+        self._offset: torch.Tensor | None = None  # [slots, vocab] float32: bias minus penalties, made on first use
         self._counts: torch.Tensor | None = None  # [slots, vocab] float32, made with the first presence/frequency penalty
         self._held = torch.zeros(num_slots, MAX_HELD_IDS, dtype=torch.int64, device=device)
         self._ones = torch.ones(num_slots, dtype=torch.int64, device=device)
@@ -49,7 +51,7 @@ class SamplingSlots:
         self._sampled = np.zeros(num_slots, dtype=bool)
         self._filters = np.zeros(num_slots, dtype=bool)
         self._penalty = np.zeros(num_slots, dtype=bool)
-        self._biased = np.zeros(num_slots, dtype=bool)
+        self._offsetting = np.zeros(num_slots, dtype=bool)  # a logit_bias or a presence / frequency penalty
         self._counting = np.zeros(num_slots, dtype=bool)
         self._holding = np.zeros(num_slots, dtype=bool)
 
@@ -75,26 +77,31 @@ class SamplingSlots:
         self._join_adjustments(joined, index)
 
     def _join_adjustments(self, joined: list[SlotState], index: torch.Tensor) -> None:
-        """The joining slots' bias rows, generated-token counts and held ids (each written only where needed)."""
+        """The joining slots' offsets (bias, then the penalties of the tokens a rejoining request has), counts and
+        held ids (each written only where needed)."""
         biased = [(s.slot, *bias_row(s.params.logit_bias, self.vocab_size)) for s in joined if s.params.logit_bias]
         counting = [s for s in joined if s.params.counts_output]
         held = [(s.slot, held_row(s.held_ids, self.vocab_size)) for s in joined if s.params.min_tokens > 0]
         held = [(slot, ids) for slot, ids in held if ids is not None]
         for s in joined:
-            self._biased[s.slot] = bool(s.params.logit_bias)
+            self._offsetting[s.slot] = bool(s.params.logit_bias) or s.params.counts_output
             self._counting[s.slot] = s.params.counts_output
             self._holding[s.slot] = False
-        if biased and self._bias is None:
-            self._bias = torch.zeros(self._sampled.shape[0], self.vocab_size, dtype=torch.float32, device=self.device)
-        if self._bias is not None:
-            self._bias.index_fill_(0, index, 0.0)
-            self._scatter(self._bias, [(slot, t, v) for slot, ids, values in biased for t, v in zip(ids, values)])
+        if (biased or counting) and self._offset is None:
+            self._offset = torch.zeros(self._sampled.shape[0], self.vocab_size, dtype=torch.float32, device=self.device)
         if counting and self._counts is None:
             self._counts = torch.zeros(self._sampled.shape[0], self.vocab_size, dtype=torch.float32, device=self.device)
-        if self._counts is not None:
-            self._counts.index_fill_(0, index, 0.0)
-            self._scatter(self._counts, [(s.slot, t, 1.0) for s in counting for t in s.generated if t < self.vocab_size],
-                          accumulate=True)
+        for table in (self._offset, self._counts):
+            if table is not None:
+                table.index_fill_(0, index, 0.0)
+        if self._offset is not None:
+            self._scatter(self._offset, [(slot, t, v) for slot, ids, values in biased for t, v in zip(ids, values)])
+        if self._counts is not None and self._offset is not None:  # a rejoining request's tokens so far
+            seen = [(s, t, c) for s in counting for t, c in Counter(s.generated).items() if 0 <= t < self.vocab_size]
+            self._scatter(self._counts, [(s.slot, t, float(c)) for s, t, c in seen])
+            p = {s.slot: s.params for s, _, _ in seen}
+            self._scatter(self._offset, [(s.slot, t, -(c * p[s.slot].frequency_penalty + p[s.slot].presence_penalty))
+                                         for s, t, c in seen], accumulate=True)
         if held:
             rows = upload([slot for slot, _ in held], torch.int64, self.device)
             self._held.index_copy_(0, rows, upload([ids for _, ids in held], torch.int64, self.device))
@@ -118,37 +125,39 @@ class SamplingSlots:
             all_greedy=not sampled.any(),
             any_top_k_or_p=bool(self._filters[slots_host].any()),
             any_penalty=bool(self._penalty[slots_host].any()),
-            adjust=self._adjustments(slots, slots_host, floats, ints),
+            adjust=self._adjustments(slots, slots_host, ints),
         )
 
-    def _adjustments(self, slots: torch.Tensor, slots_host: list[int], floats: torch.Tensor,
-                     ints: torch.Tensor) -> LogitAdjustments | None:
-        biased, counting = bool(self._biased[slots_host].any()), bool(self._counting[slots_host].any())
-        holding = bool(self._holding[slots_host].any())
-        if not (biased or counting or holding):
+    def _adjustments(self, slots: torch.Tensor, slots_host: list[int], ints: torch.Tensor) -> LogitAdjustments | None:
+        offsetting, holding = bool(self._offsetting[slots_host].any()), bool(self._holding[slots_host].any())
+        if not (offsetting or holding):
             return None
         return LogitAdjustments(
-            presence=floats[3], frequency=floats[4], min_tokens=ints[3],
-            bias=self._bias[slots] if biased and self._bias is not None else None,
-            counts=self._counts[slots] if counting and self._counts is not None else None,
+            min_tokens=ints[3],
+            offset=self._offset[slots] if offsetting and self._offset is not None else None,
             held=self._held[slots] if holding else None,
         )
 
     def record(self, slots: torch.Tensor, slots_host: list[int], tokens: torch.Tensor,
                counts: torch.Tensor | None = None, samples: list[int] | None = None) -> None:
-        """Count sampled tokens into their slots' generated-token counts (only while some row of the step keeps
-        counts). tokens [rows] (one each; `samples` marks the rows whose token counts, None: all), or
-        [rows, width] with `counts` [rows]: row b emitted tokens[b, :counts[b]]."""
-        if self._counts is None or not self._counting[slots_host].any():
+        """Count sampled tokens into their slots (only while some row of the step keeps counts), and take each
+        one's penalty off its slot's offset: the frequency penalty every time, the presence penalty the first.
+        tokens [rows] (one each; `samples` marks the rows whose token counts, None: all), or [rows, width] with
+        `counts` [rows]: row b emitted tokens[b, :counts[b]] (such rows draft nothing when they count)."""
+        if self._counts is None or self._offset is None or not self._counting[slots_host].any():
             return
         if tokens.dim() == 1:
             tokens = tokens[:, None]
-            counts = (torch.ones(tokens.shape[0], dtype=torch.int64, device=self.device) if samples is None
+            counts = (None if samples is None
                       else upload([[int(bool(c)) for c in samples]], torch.int64, self.device)[0])
-        assert counts is not None
         width = tokens.shape[1]
-        kept = (torch.arange(width, device=self.device)[None, :] < counts[:, None]).to(torch.float32)
-        self._counts.index_put_((slots[:, None].expand(-1, width), tokens), kept, accumulate=True)
+        where = (slots[:, None].expand(-1, width).reshape(-1), tokens.reshape(-1))
+        kept = (torch.ones(where[0].shape, dtype=torch.float32, device=self.device) if counts is None else
+                (torch.arange(width, device=self.device)[None, :] < counts[:, None]).to(torch.float32).reshape(-1))
+        first = self._counts[where] == 0
+        self._counts.index_put_(where, kept, accumulate=True)
+        penalty = self._floats[4, where[0]] + self._floats[3, where[0]] * first
+        self._offset.index_put_(where, -kept * penalty, accumulate=True)
 
     def advance(self, slots: torch.Tensor, by: torch.Tensor | None = None) -> None:
         """The rows holding `slots` sampled tokens that count (one each, or `by` [rows] int64 with speculation):

@@ -86,3 +86,20 @@ def test_banned_token_never_sampled_and_rows_reproduce_in_any_batch() -> None:
     alone = run([(2, params)])
     assert alone == run([(0, other), (2, params), (3, other)])
     assert 3 not in alone and not set(alone[:4]) & set(EOS)
+
+
+def test_a_rejoin_rebuilds_what_recording_the_same_tokens_built() -> None:
+    params = SamplingParams(presence_penalty=0.7, frequency_penalty=0.4, logit_bias={3: 2.0, 9: -100}, max_tokens=9)
+    tokens = [3, 3, 7, 3, 9, 7]
+    stepped = SamplingSlots(2, VOCAB, torch.device("cpu"))
+    stepped.join([SlotState(1, params, 0, 0)])
+    for t in tokens:
+        stepped.record(torch.tensor([1]), [1], torch.tensor([t]))
+        stepped.advance(torch.tensor([1]))
+    rejoined = SamplingSlots(2, VOCAB, torch.device("cpu"))
+    rejoined.join([SlotState(1, params, 0, len(tokens), tuple(tokens))])
+    logits = torch.randn(1, VOCAB)
+    got = [penalized(logits, s.gather(torch.tensor([1]), [1]), None)[0] for s in (stepped, rejoined)]
+    torch.testing.assert_close(got[0], got[1])
+    want = reference_logits(logits[0], params, tokens)
+    torch.testing.assert_close(got[1].double(), want, rtol=0, atol=1e-5)
