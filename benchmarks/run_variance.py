@@ -1,5 +1,6 @@
 """Why runs of one offline workload differ: per run, its wall time, the Triton kernels compiled during it, the
-time Python's garbage collector paused it, and its slowest engine steps.
+time Python's garbage collector paused it, its slowest engine steps, the time in steps that carry prefill rows
+against decode-only steps, and the device allocations (cudaMalloc) the caching allocator made.
 
     python benchmarks/run_variance.py [--shape llama-3.2-1b] [--requests 64] [--runs 6]
 
@@ -29,6 +30,7 @@ class Counters:
         self.gc_seconds = 0.0
         self.gc_full = 0
         self.steps: list[float] = []
+        self.prefill_steps: list[float] = []  # steps whose batch has prefill rows
         self._gc_started = 0.0
         import triton
 
@@ -42,10 +44,14 @@ class Counters:
 
         def timed_step():  # type: ignore[no-untyped-def]
             started = time.perf_counter()
+            before = engine.scheduler.step_index
             try:
                 return step()
             finally:
-                self.steps.append(time.perf_counter() - started)
+                took = time.perf_counter() - started
+                self.steps.append(took)
+                if engine.scheduler.step_index != before and engine.scheduler._last_had_prefill:
+                    self.prefill_steps.append(took)
 
         engine.step = timed_step  # type: ignore[method-assign]
 
@@ -57,7 +63,7 @@ class Counters:
             self.gc_full += info.get("generation") == 2
 
     def reset(self) -> None:
-        self.compiles, self.gc_seconds, self.gc_full, self.steps = [], 0.0, 0, []
+        self.compiles, self.gc_seconds, self.gc_full, self.steps, self.prefill_steps = [], 0.0, 0, [], []
 
 
 def main() -> None:
@@ -75,6 +81,7 @@ def main() -> None:
         rng = random.Random(run)
         prompts = [[rng.randrange(vocab) for _ in range(rng.randint(128, 512))] for _ in range(args.requests)]
         counters.reset()
+        mallocs = torch.cuda.memory_stats().get("num_device_alloc", 0)
         torch.cuda.synchronize()
         started = time.perf_counter()
         results = llm.generate_ids(prompts, params)
@@ -84,7 +91,10 @@ def main() -> None:
         print(f"run {run}: {sum(len(r.token_ids) for r in results) / seconds:,.0f} tok/s in {seconds:.2f} s; "
               f"{len(steps)} steps, median {1e3 * steps[len(steps) // 2]:.2f} ms, slowest {slow} ms; "
               f"{len(counters.compiles)} Triton compiles {sorted(set(counters.compiles))[:6]}; "
-              f"GC {1e3 * counters.gc_seconds:.0f} ms ({counters.gc_full} full)", flush=True)
+              f"GC {1e3 * counters.gc_seconds:.0f} ms ({counters.gc_full} full); {len(counters.prefill_steps)} steps "
+              f"with prefill rows took {sum(counters.prefill_steps):.2f} s, the others "
+              f"{sum(steps) - sum(counters.prefill_steps):.2f} s; "
+              f"{torch.cuda.memory_stats().get('num_device_alloc', 0) - mallocs} cudaMalloc", flush=True)
 
 
 if __name__ == "__main__":

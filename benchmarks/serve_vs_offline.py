@@ -1,6 +1,6 @@
 """Serving at engine speed: the offline engine, then `infer serve`, on the same GPU, prompts and settings.
 
-    python benchmarks/serve_vs_offline.py [--shape llama-3.2-1b] [--levels 1,16,64,256] [--api-server-count 1]
+    python benchmarks/serve_vs_offline.py [--shape llama-3.2-1b] [--levels 1,16,64,256] [--api-server-count N]
 
 Per concurrency level C: C requests of random token-id prompts (128-512 tokens), 256 new tokens each, greedy,
 EOS ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
@@ -33,6 +33,8 @@ import httpx
 import torch
 
 import model_shapes as ms
+from infer.engine.config import EngineConfig
+from infer.server.launch import api_servers_for
 
 NEW_TOKENS = 256
 ENGINE_FLAGS = {"max_seq_len": 2048, "max_batch_size": 256, "kv_cache_memory_gb": 16.0}
@@ -140,15 +142,17 @@ def main() -> None:
     parser.add_argument("--shape", default="llama-3.2-1b", choices=ms.GPU_SHAPES)
     parser.add_argument("--levels", default="1,16,64,256")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--api-server-count", type=int, default=1)
+    parser.add_argument("--api-server-count", type=int, default=None,
+                        help="the server's API processes (default: what `infer serve` picks on this machine)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
     vocab = ms.model_config(args.shape).vocab_size
     offline = run_offline(path, vocab, levels, args.repeats)
-    server = run_server(path, vocab, levels, args.repeats, args.api_server_count)
+    api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
+    server = run_server(path, vocab, levels, args.repeats, api_servers)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
-              "engine": ENGINE_FLAGS, "api_server_count": args.api_server_count, "new_tokens": NEW_TOKENS,
+              "engine": ENGINE_FLAGS, "api_server_count": api_servers, "new_tokens": NEW_TOKENS,
               "startup_s": server.pop("startup_s"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
                           "ratio": server[level]["tok_s"] / offline[level]["tok_s"]} for level in levels}}
@@ -158,7 +162,7 @@ def main() -> None:
 def write(r: dict) -> None:
     out = Path(os.environ.get("OUT_DIR", "benchmarks/reports"))
     gpu = r["gpu"].lower().replace("nvidia", "").split()[0]
-    stem = f"serve_vs_offline_{gpu}" + (f"_api{r['api_server_count']}" if r["api_server_count"] > 1 else "")
+    stem = f"serve_vs_offline_{gpu}_api{r['api_server_count']}"
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     lines = [f"# `infer serve` vs the offline engine — {r['shape']} (random bf16 weights), {r['gpu']}", "",
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "

@@ -13,10 +13,10 @@ if [[ "$mode" == all || "$mode" == tests ]]; then
   tail -5 "$out/gpu_tests.log"
 fi
 if [[ "$mode" == all || "$mode" == serve ]]; then
-  # API_SERVERS=N: --api-server-count N; LEVELS: the concurrency levels
-  OUT_DIR="$out" timeout 500 python3 benchmarks/serve_vs_offline.py --api-server-count "${API_SERVERS:-1}" \
-    --levels "${LEVELS:-1,16,64,256}" > "$out/serve_vs_offline_api${API_SERVERS:-1}.log" 2>&1
-  tail -8 "$out/serve_vs_offline_api${API_SERVERS:-1}.log"
+  # API_SERVERS=N: --api-server-count N (default: the server's own); LEVELS: the concurrency levels
+  OUT_DIR="$out" timeout 500 python3 benchmarks/serve_vs_offline.py ${API_SERVERS:+--api-server-count "$API_SERVERS"} \
+    --levels "${LEVELS:-1,16,64,256}" > "$out/serve_vs_offline_api${API_SERVERS:-default}.log" 2>&1
+  tail -8 "$out/serve_vs_offline_api${API_SERVERS:-default}.log"
 fi
 if [[ "$mode" == variance ]]; then
   timeout 300 python3 benchmarks/run_variance.py > "$out/run_variance.log" 2>&1

@@ -1,6 +1,7 @@
 """`infer serve`: start the engine-core process, then serve HTTP from this process or from N API server processes.
 
-With one API server (the default) this process is it. With `--api-server-count N` it spawns N API server
+With one API server (the default on the CPU) this process is it. With `--api-server-count N` (on CUDA the default
+is one per 4 host cores, at most 4: `api_servers_for`) it spawns N API server
 processes that each bind the port with SO_REUSEPORT (the kernel spreads connections over them), all talking to
 the one core, and supervises: the core's exit ends everything with a non-zero code (each API server answers 503
 and exits with the reason first); an API server's exit leaves the others serving.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import socket
 import sys
@@ -34,8 +36,9 @@ def _say(message: str) -> None:
 
 
 def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, log_level: str,
-          api_server_count: int = 1) -> int:
+          api_server_count: int | None = None) -> int:
     """Run `infer serve` until interrupted or until the core exits; the process's exit code."""
+    api_server_count = api_servers_for(config, api_server_count)
     _say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
     _check_port(host, port, api_server_count > 1)  # before the minutes of loading: a taken port fails at once
     try:
@@ -56,6 +59,18 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
         return _supervise(core, name, host, port, log_level, api_server_count)
     finally:
         core.stop()
+
+
+MAX_DEFAULT_API_SERVERS = 4  # one API server process formats ~35k streamed tokens/s (docs/serving.md)
+
+
+def api_servers_for(config: EngineConfig, requested: int | None) -> int:
+    """`--api-server-count`, or its default: 1 on the CPU (its cores run the model), on CUDA one per 4 host cores."""
+    if requested is not None:
+        return requested
+    if not config.resolved_device.startswith("cuda"):
+        return 1
+    return max(1, min(MAX_DEFAULT_API_SERVERS, (os.cpu_count() or 1) // 4))
 
 
 def served_model(info: CoreInfo) -> ServedModel:
