@@ -142,22 +142,20 @@ class SamplingSlots:
                counts: torch.Tensor | None = None, samples: list[int] | None = None) -> None:
         """Count sampled tokens into their slots (only while some row of the step keeps counts), and take each
         one's penalty off its slot's offset: the frequency penalty every time, the presence penalty the first.
-        tokens [rows] (one each; `samples` marks the rows whose token counts, None: all), or [rows, width] with
-        `counts` [rows]: row b emitted tokens[b, :counts[b]] (such rows draft nothing when they count)."""
+        tokens [rows] (`samples` marks the rows whose token counts, None: all), or [rows, width] with `counts`
+        [rows] emitted: a row that keeps counts drafts nothing, so its one token is tokens[b, 0]. The step's
+        rows hold distinct slots, so each (slot, token) is written once: plain indexing, no accumulation."""
         if self._counts is None or self._offset is None or not self._counting[slots_host].any():
             return
-        if tokens.dim() == 1:
-            tokens = tokens[:, None]
-            counts = (None if samples is None
-                      else upload([[int(bool(c)) for c in samples]], torch.int64, self.device)[0])
-        width = tokens.shape[1]
-        where = (slots[:, None].expand(-1, width).reshape(-1), tokens.reshape(-1))
-        kept = (torch.ones(where[0].shape, dtype=torch.float32, device=self.device) if counts is None else
-                (torch.arange(width, device=self.device)[None, :] < counts[:, None]).to(torch.float32).reshape(-1))
-        first = self._counts[where] == 0
-        self._counts.index_put_(where, kept, accumulate=True)
-        penalty = self._floats[4, where[0]] + self._floats[3, where[0]] * first
-        self._offset.index_put_(where, -kept * penalty, accumulate=True)
+        if tokens.dim() == 2:
+            tokens, kept = tokens[:, 0], (counts > 0).to(torch.float32) if counts is not None else None
+        else:
+            kept = None if samples is None else upload([[float(bool(c)) for c in samples]], torch.float32, self.device)[0]
+        where = (slots, tokens)
+        seen = self._counts[where]
+        penalty = self._floats[4, slots] + self._floats[3, slots] * (seen == 0)
+        self._counts[where] = seen + (1.0 if kept is None else kept)
+        self._offset[where] = self._offset[where] - (penalty if kept is None else kept * penalty)
 
     def advance(self, slots: torch.Tensor, by: torch.Tensor | None = None) -> None:
         """The rows holding `slots` sampled tokens that count (one each, or `by` [rows] int64 with speculation):
