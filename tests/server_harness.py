@@ -22,7 +22,9 @@ from infer.engine.client import EngineClient
 from infer.engine.config import EngineConfig
 from infer.engine.core_process import CoreProcess
 from infer.server.app import create_app
+from infer.server.http_server import uvicorn_config
 from infer.server.launch import served_model
+from infer.server.limits import ServerLimits
 from infer.server.state import ServerState
 
 MODEL = "smollm2"
@@ -74,15 +76,18 @@ def wait_healthy(base_url: str, timeout: float, still_starting: Callable[[], Non
 
 
 @contextmanager
-def running_server(model: object, **engine_options: Any) -> Iterator[RunningServer]:
-    """A core process for EngineConfig(model=model, **engine_options) and an API server in a thread."""
+def running_server(model: object, limits: ServerLimits | None = None, **engine_options: Any) -> Iterator[RunningServer]:
+    """A core process for EngineConfig(model=model, **engine_options) and an API server in a thread, with the
+    HTTP limits `infer serve` would have (or `limits`)."""
     core = CoreProcess.start(EngineConfig(model=str(model), **engine_options), timeout_s=600)
     try:
         info = core.info
         served = served_model(info)
-        state = ServerState(served, EngineClient(info, served.tokenizer, info.config.max_waiting_requests), MODEL)
+        limits = limits or ServerLimits()
+        state = ServerState(served, EngineClient(info, served.tokenizer, info.config.max_waiting_requests), MODEL,
+                            limits=limits)
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+        server = uvicorn.Server(uvicorn_config(create_app(state), limits, "warning", host="127.0.0.1", port=port))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{port}"

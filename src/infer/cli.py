@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,7 +47,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     _add_probe_flag(p)
     p.add_argument("--show-probes", nargs="?", const="", default=None, metavar="NAME",
                    help="shade each generated token by its score of probe NAME (default: the first loaded probe) "
-                        "and print every probe's mean score; needs --probes")
+                        "and print every probe's mean score; needs --probes. Shading is for a terminal: piped "
+                        "output, or NO_COLOR set, gets plain text and the mean scores")
     _add_prefill_flags(p.add_argument_group("prefill"))
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
     p.set_defaults(func=_generate)
@@ -89,8 +91,28 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="API server processes sharing the port (HTTP, tokenization, detokenization, SSE) in front of "
                         "the one engine-core process that schedules and runs the model (default: 1 on the CPU; on "
                         "CUDA one per 4 host cores, at most 4: one process formats ~35k streamed tokens/s)")
+    _add_http_flags(p.add_argument_group("HTTP limits and timeouts (docs/serving.md)"))
     _add_engine_flags(p)
     p.set_defaults(func=_serve)
+
+
+def _add_http_flags(g: argparse._ArgumentGroup) -> None:
+    from infer.server.limits import BODY_BYTES_PER_CONTEXT_TOKEN, ServerLimits
+
+    d = ServerLimits()
+    g.add_argument("--max-request-body-mb", type=float, default=None, metavar="MB",
+                   help="larger request bodies are answered 413 before they are read (default: "
+                        f"{BODY_BYTES_PER_CONTEXT_TOKEN} bytes per token of --max-seq-len, at least 1 MiB)")
+    g.add_argument("--header-timeout-s", type=float, default=d.header_timeout_s, metavar="S",
+                   help="a connection whose request line and headers are not complete this long after it opened (or "
+                        "after the first byte of its next request) is closed")
+    g.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s, metavar="S",
+                   help="a request body that sends nothing for this long is answered 408 and its connection closed")
+    g.add_argument("--keep-alive-timeout-s", type=float, default=d.keep_alive_timeout_s, metavar="S",
+                   help="an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)")
+    g.add_argument("--shutdown-timeout-s", type=float, default=d.shutdown_timeout_s, metavar="S",
+                   help="on SIGTERM or Ctrl-C: stop accepting, let running requests finish for this long, then abort "
+                        "what is left (finish_reason \"abort\") and exit 0; a second signal exits at once")
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -132,6 +154,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "Python); --no-cuda-graphs runs decode eagerly on either")
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS,
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
+    g.add_argument("--structured-compile-timeout-s", type=float, default=d.structured_compile_timeout_s,
+                   metavar="S", help="a structured-output constraint whose grammar is not compiled within this is "
+                                     "refused (400 naming the field); compiles run on worker threads, never on the "
+                                     "path other requests share")
     _add_quantization_flag(g)
     _add_probe_flag(g)
     _add_prefill_flags(g)
@@ -187,11 +213,13 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_export_tokenizer)
 
 
+HTTP_FLAGS = ("max_request_body_mb", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "shutdown_timeout_s")
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
 SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
-                "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes", *PREFILL_FLAGS,
+                "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes",
+                "structured_compile_timeout_s", *PREFILL_FLAGS,
                 *SPECULATIVE_FLAGS)
 
 
@@ -207,11 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     from infer.engine.config import EngineConfig
     from infer.server.launch import serve
+    from infer.server.limits import ServerLimits
 
     if args.api_server_count is not None and args.api_server_count < 1:
         raise ValueError(f"--api-server-count={args.api_server_count}: must be >= 1")
+    limits = ServerLimits(**{name: getattr(args, name) for name in HTTP_FLAGS})
     config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS})
-    return serve(config, args.host, args.port, args.served_model_name, args.log_level, args.api_server_count)
+    return serve(config, args.host, args.port, args.served_model_name, args.log_level, args.api_server_count, limits)
 
 
 def _constraint(args: argparse.Namespace):  # -> Constraint | None (imported lazily: startup time)
@@ -248,9 +278,15 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         ids = llm.encode(prompt)
     shown = _shown_probe(llm, args.show_probes)
-    started, count, reason = time.perf_counter(), 0, None
+    if shown is not None and not _colour_ok(sys.stdout):
+        print("[infer] --show-probes: no shading (stdout is not a terminal, or NO_COLOR is set); the mean scores "
+              "follow the text", file=sys.stderr)
+        shown = None
+    started, count, reason, first = time.perf_counter(), 0, None, None
     scores: dict[str, list[float]] = {}
     for out in llm.stream(ids, params):
+        if first is None and out.token_id is not None:
+            first = time.perf_counter()  # the prompt's prefill and the first token
         token_scores = out.probe_dict() or {}
         for name, value in token_scores.items():
             scores.setdefault(name, []).append(value)
@@ -263,11 +299,20 @@ def _generate(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     sys.stdout.write("\n")
     print(f"[infer] {count} tokens in {elapsed:.2f}s ({count / elapsed:.1f} tok/s), finish_reason={reason}", file=sys.stderr)
+    if first is not None and count > 1:  # the rate above includes the prompt; decode alone, from the first token on
+        decode_s = time.perf_counter() - first
+        print(f"[infer] first token after {first - started:.2f}s ({len(ids)} prompt tokens); decode "
+              f"{(count - 1) / decode_s:.1f} tok/s over the other {count - 1} tokens", file=sys.stderr)
     if shown is not None:
         print(f"[infer] shading: {legend(shown.name, shown.layer, shown.activation)}", file=sys.stderr)
     for name, values in scores.items():
         print(f"[infer] probe {name}: mean {sum(values) / len(values):.4f} over {len(values)} tokens", file=sys.stderr)
     return 0
+
+
+def _colour_ok(stream) -> bool:
+    """Colour codes only for a terminal, and never with NO_COLOR set (no-color.org): pipes and files get plain text."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 def _shown_probe(llm, name: str | None):  # -> ProbeInfo | None

@@ -131,7 +131,10 @@ def load_entry(entry: ProbeConfig, hidden_size: int, num_layers: int) -> list[Pr
     if entry.layer >= num_layers:
         raise ProbeError(f"probe {entry.name!r}: layer {entry.layer} is out of range; the model has {num_layers} layers (0-{num_layers - 1})")
     names = check_header(path, hidden_size)
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # safetensors' SafetensorError: a truncated or corrupt data section
+        raise ProbeError(f"{path}: cannot read its tensors (a truncated or corrupt .safetensors file?): {exc}") from exc
     weight = tensors["weight"].to(torch.float32).reshape(len(names or [None]), hidden_size)
     bias = tensors["bias"].to(torch.float32).reshape(-1) if "bias" in tensors else torch.zeros(weight.shape[0])
     for tensor_name, value in (("weight", weight), ("bias", bias)):

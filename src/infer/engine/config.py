@@ -52,6 +52,7 @@ class EngineConfig:
     prompt_lookup_min: int = 1  # ngram: the shortest suffix looked up
     prompt_lookup_max: int = 4  # ngram: the longest suffix looked up (tried first)
     draft_model: str | None = None  # draft: the drafter's checkpoint (same tokenizer and vocabulary)
+    structured_compile_timeout_s: float = 10.0  # a grammar not compiled within this is refused (400), never waited on
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -80,6 +81,7 @@ class EngineConfig:
             self._check(name, getattr(self, name) >= 1, "must be >= 1")
         self._check("max_prefill_chunks_per_step",
                     self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1, "must be >= 1 or None")
+        self._check("structured_compile_timeout_s", self.structured_compile_timeout_s > 0, "must be > 0")
         self._check("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}")
         self._check("probes", self.probes is None or (isinstance(self.probes, str) and Path(self.probes).expanduser().is_file()),
                     "must be the path of an existing probe-set YAML file")

@@ -3,7 +3,8 @@
 API server processes (client.py) connect to one ROUTER socket over ZMQ (ipc): requests come in as token
 ids, every step's outputs go back to the API server that sent each request, as arrays of token ids and
 finish reasons (messages.py). The core never detokenizes or formats. Between two steps it drains what
-arrived (requests, aborts, utility calls, heartbeats); while nothing runs it waits on the socket.
+arrived (requests, aborts, utility calls, heartbeats); while nothing runs it waits on the socket. A request
+whose grammar is not compiled yet waits for it off the step loop (grammar_jobs.py) and joins once it is ready.
 An API server silent for CLIENT_TIMEOUT_S has its requests aborted, so the others lose nothing when one dies;
 a crash of the core itself is told to every API server (`Shutdown`) before the process exits non-zero.
 """
@@ -28,6 +29,8 @@ from infer.engine import messages as m
 from infer.engine.builder import BuiltEngine, build_engine
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
+from infer.engine.core_env import core_environment
+from infer.engine.grammar_jobs import GrammarJobs
 from infer.models.config import ModelConfig
 from omniscience import ProbeLayout
 
@@ -35,6 +38,7 @@ log = logging.getLogger("infer.core")
 
 CLIENT_TIMEOUT_S = 10.0  # an API server silent this long is gone: its requests are aborted
 IDLE_POLL_MS = 1000
+COMPILE_POLL_MS = 5  # while a grammar compiles and nothing else runs: how soon its request is admitted
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,8 @@ class CoreProcess:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe with CUDA and with threads
         ours, theirs = ctx.Pipe(duplex=False)
         process = ctx.Process(target=run_core, args=(config, address, theirs), name="infer-core", daemon=False)
-        process.start()
+        with core_environment():
+            process.start()
         theirs.close()
         if not ours.poll(timeout_s):
             process.kill()
@@ -140,6 +145,7 @@ class CoreLoop:
         self._stopping = False
         self._next_check = 0.0
         self._parent = os.getppid()  # the process that started the core: its death ends the core too
+        self.grammars = GrammarJobs(self.engine.grammars, built.config.structured_compile_timeout_s)
 
     def stop(self) -> None:
         self._stopping = True
@@ -147,7 +153,9 @@ class CoreLoop:
     def run(self) -> None:
         try:
             while not self._stopping:
-                self._drain(block=not self.engine.has_unfinished())
+                poll_ms = COMPILE_POLL_MS if self.grammars.pending else IDLE_POLL_MS
+                self._drain(block=not self.engine.has_unfinished(), poll_ms=poll_ms)
+                self._admit_compiled()
                 self._check_clients()
                 if self.engine.has_unfinished():
                     self._step()
@@ -156,6 +164,7 @@ class CoreLoop:
             self._broadcast(m.Shutdown(f"{type(exc).__name__}: {exc}"))
             raise
         finally:
+            self.grammars.close()
             self.socket.close()
             self._ctx.term()
 
@@ -179,9 +188,9 @@ class CoreLoop:
         for owner, outs in by_owner.items():
             self._send_to(owner, outs)
 
-    def _drain(self, block: bool) -> None:
-        """Handle every message that has arrived; with `block`, wait up to IDLE_POLL_MS for the first."""
-        if block and not self.socket.poll(IDLE_POLL_MS):
+    def _drain(self, block: bool, poll_ms: int = IDLE_POLL_MS) -> None:
+        """Handle every message that has arrived; with `block`, wait up to `poll_ms` for the first."""
+        if block and not self.socket.poll(poll_ms):
             return
         while True:
             try:
@@ -194,6 +203,10 @@ class CoreLoop:
     def _handle(self, identity: bytes, msg: m.ToCore) -> None:
         if isinstance(msg, m.Add):
             for req in msg.requests:
+                if self.grammars.needs_compile(req):  # it waits alone for its grammar; the steps go on
+                    self.grammars.submit(req, identity)
+                    self._owner[req.request_id] = identity
+                    continue
                 try:
                     self.engine.add_request(req.prompt_token_ids, req.params, req.request_id)
                 except ValueError as exc:
@@ -202,7 +215,10 @@ class CoreLoop:
                 self._owner[req.request_id] = identity
         elif isinstance(msg, m.Abort):
             for request_id in msg.request_ids:
-                self.engine.abort(request_id, msg.reason)
+                if self.grammars.cancel(request_id) is not None:
+                    self._send([m.CoreOutput(request_id, None, msg.reason)])
+                else:
+                    self.engine.abort(request_id, msg.reason)
         elif isinstance(msg, m.Heartbeat):
             self._metrics[identity] = msg.metrics
         elif isinstance(msg, m.Call):
@@ -211,6 +227,19 @@ class CoreLoop:
             except Exception as exc:  # the caller decides; the core keeps serving
                 result, error = None, f"{type(exc).__name__}: {exc}"
             self.socket.send_multipart([identity, m.encode(m.Reply(msg.call_id, result, error))])
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar is ready join the scheduler; a failed or too slow compile ends its request."""
+        for done in self.grammars.take_finished():
+            req = done.job.request
+            error = done.error
+            if error is None:
+                try:
+                    self.engine.add_request(req.prompt_token_ids, req.params, req.request_id)
+                    continue
+                except ValueError as exc:
+                    error = str(exc)
+            self._send([m.CoreOutput(req.request_id, None, "error", error, True)])
 
     def _send_to(self, identity: bytes, outputs: list[m.CoreOutput]) -> None:
         scheduler = self.engine.scheduler
@@ -247,7 +276,8 @@ class CoreLoop:
             return
         orphans = [rid for rid, owner in self._owner.items() if owner in gone]
         for request_id in orphans:
-            self.engine.abort(request_id)
+            if self.grammars.cancel(request_id) is None:
+                self.engine.abort(request_id)
             del self._owner[request_id]
         for identity in gone:
             del self._last_seen[identity]

@@ -46,8 +46,7 @@ class OutputProcessor:
         request.append_output(token)
         probes, stopped = self._probe_scores(request, result, row)
         if request.grammar is not None and request.grammar.error is not None:
-            error = f"the output constraint cannot be met with this model's tokenizer: {request.grammar.error}"
-            return self.fail(request, error, client_error=True)
+            return self.fail(request, request.grammar.error, client_error=True)
         is_eos = token in self._eos and not params.ignore_eos
         reason = self._finish_reason(request, is_eos) or ("content_filter" if stopped else None)
         if reason is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import layerzero as lz
-from infer.loader.gguf_loader import gguf_head_q8_0, iter_gguf_tensors, read_gguf_config
+from infer.loader.gguf_loader import gguf_head_q8_0, iter_gguf_tensors, open_gguf, read_gguf_config
 from infer.loader.gguf_quant import GROUP, Int4Groups
 from infer.loader.hf_quant import CheckpointQuant, W8Tensor, parse_quant_config
 from infer.loader.safetensors_loader import iter_safetensors
@@ -126,6 +126,8 @@ def load_model(
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
+    if quantization in AT_LOAD and load_format != "dummy" and is_gguf(path):
+        _refuse_requantizing(path, quantization)  # before minutes of loading
     cfg = read_config(path)
     model = build_model(cfg, dtype, device, max_positions, deferred=load_format != "dummy")
     if load_format == "dummy":
@@ -152,3 +154,17 @@ def load_model(
         with torch.no_grad():
             quantize_linears(model, model.linear_weights(), quantization)
     return LoadedModel(model=model, config=cfg, source=path)
+
+
+def _refuse_requantizing(path: Path, quantization: str) -> None:
+    """ValueError for --quantization int4/int8/fp8 on a GGUF whose weights are stored quantized already: they would
+    be dequantized and rounded a second time (more error, no memory saved over keeping them), and fp8 on the CPU
+    runs a reference path at a few tokens a second."""
+    from gguf import GGMLQuantizationType
+
+    floats = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+    stored = sorted({t.tensor_type.name for t in open_gguf(path).tensors if len(t.shape) == 2 and t.tensor_type not in floats})
+    if stored:
+        raise ValueError(f"quantization={quantization!r}: {path.name} stores its weights quantized already "
+                         f"({', '.join(stored)}); quantizing them again adds a second rounding error and saves no "
+                         f"memory over keeping them (quantization='auto'), or use 'none' to dequantize to --dtype")

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from infer.server import chat, completions, openapi, probes, prometheus, tokenizer_routes
+from infer.server.body_guard import BodyGuardMiddleware
 from infer.server.errors import (
     APIError, LastResortMiddleware, api_error_handler, http_error_handler, validation_error_handler,
 )
@@ -26,6 +27,7 @@ def create_app(state: ServerState) -> FastAPI:
             yield
         finally:
             await state.engine.close()
+            state.workers.close()
 
     app = FastAPI(title="infer", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.infer = state
@@ -33,6 +35,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_middleware(LastResortMiddleware)
+    app.add_middleware(BodyGuardMiddleware, max_bytes=state.limits.body_bytes(state.max_seq_len),
+                       body_timeout_s=state.limits.body_timeout_s)  # outermost: before anything reads the body
     for module in (completions, chat, tokenizer_routes, prometheus, probes):
         app.include_router(module.router)
 

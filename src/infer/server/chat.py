@@ -33,13 +33,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         raise APIError(422, "top_logprobs requires logprobs=true", "top_logprobs")
     state.check_parts(body.n)
     tools = tool_request(body)
-    ids = state.encode_chat(plain_messages(body.messages), template=template_arguments(body, tools))
+    ids = await state.encode_chat_async(plain_messages(body.messages), template=template_arguments(body, tools))
     shape = chat_shape(state, tools)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     state.check_context(len(ids), limit, "messages")
     max_tokens = state.max_seq_len - len(ids) if limit is None else limit  # no limit: the rest of the context
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    structured = await answer_constraint(state, body, shape, requested_constraint(state, body))
+    structured = await answer_constraint(state, body, shape, await requested_constraint(state, body))
     params = sampling_params(body, max_tokens, logprobs=logprobs, structured=structured, vocab_size=state.vocab_size)
     probes = requested_probes(state, params)
     gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes)
@@ -74,9 +74,11 @@ class _ChatView:
     async def stream(self) -> AsyncIterator[str]:
         for index in range(len(self.gen.jobs)):
             delta = {"role": "assistant", "content": ""}
+            extra = {"usage": usage(self.prompt_tokens, 0)} if self.body.continuous_usage else {}
             yield sse(self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "finish_reason": None,
-                                                                **probe_fields(self.probes, None, None, False)}]))
+                                                                **probe_fields(self.probes, None, None, False)}], **extra))
         completion = cached = 0
+        so_far: dict[int, int] = {}  # choice -> its completion tokens so far (continuous_usage_stats)
         streams = [self.shape.stream() for _ in self.gen.jobs]
         async for index, out in self.gen.events():
             if out.error:
@@ -88,14 +90,16 @@ class _ChatView:
                 continue
             completion += out.completion_tokens if out.finished else 0
             cached = max(cached, out.cached_tokens)
+            so_far[index] = out.completion_tokens
+            extra = {"usage": usage(self.prompt_tokens, sum(so_far.values()), cached)} if self.body.continuous_usage else {}
             for delta in deltas[:-1]:  # a step's text may hold several deltas (a call: its name, then its arguments)
                 yield sse(self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "logprobs": None,
-                                                                    "finish_reason": None}]))
+                                                                    "finish_reason": None}], **extra))
             choice = {"index": index, "delta": deltas[-1] if deltas else {},
                       "logprobs": chat_logprobs(lps, self.state.token_text) if self.body.logprobs else None,
                       "finish_reason": streams[index].finish_reason(out.finish_reason) if out.finished else None,
                       **chunk_probes(self.probes, out, self.body.probe_prompt)}
-            yield sse(self._envelope("chat.completion.chunk", [choice]))
+            yield sse(self._envelope("chat.completion.chunk", [choice], **extra))
         if self.body.include_usage:
             yield sse(self._envelope("chat.completion.chunk", [], usage=usage(self.prompt_tokens, completion, cached)))
         yield sse("[DONE]")

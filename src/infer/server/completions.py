@@ -22,7 +22,7 @@ router = APIRouter()
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
-def prompt_ids(state: ServerState, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
+async def prompt_ids(state: ServerState, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
     """Every prompt as token ids (each id checked against the vocabulary), plus its text when it came as text."""
     if isinstance(prompt, str):
         prompt = [prompt]
@@ -34,7 +34,7 @@ def prompt_ids(state: ServerState, prompt: str | list) -> tuple[list[list[int]],
     for i, p in enumerate(prompt):
         param = "prompt" if len(prompt) == 1 else f"prompt.{i}"
         if isinstance(p, str):
-            ids.append(state.encode(p, param))
+            ids.append(await state.encode_async(p, param))
         else:
             state.check_token_ids(p, param)
             ids.append(list(p))
@@ -46,7 +46,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state: ServerState = request.app.state.infer
     state.check_model(body.model)
     check_supported(body)
-    prompts, texts = prompt_ids(state, body.prompt)
+    prompts, texts = await prompt_ids(state, body.prompt)
     state.check_parts(len(prompts) * body.n)
     for ids in prompts:
         state.check_context(len(ids), body.max_tokens, "prompt")
@@ -54,7 +54,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prompt_lp = body.logprobs if body.echo else None
     params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp,
-                             structured=requested_constraint(state, body), vocab_size=state.vocab_size)
+                             structured=await requested_constraint(state, body), vocab_size=state.vocab_size)
     probes = requested_probes(state, params)
     echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
     gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl", probes)
@@ -112,6 +112,7 @@ class _CompletionView:
         offsets = [0] * len(self.gen.jobs)
         started = [False] * len(self.gen.jobs)
         completion, cached = 0, {}
+        so_far: dict[int, int] = {}  # choice -> its completion tokens so far (continuous_usage_stats)
         async for index, out in self.gen.events():
             if out.error:
                 yield stream_error(out.error, out.client_error)
@@ -131,7 +132,9 @@ class _CompletionView:
             self._note_cached(cached, index, out.cached_tokens)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason if out.finished else None,
                       **chunk_probes(self.probes, out, self.body.probe_prompt)}
-            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [choice]))
+            so_far[index] = out.completion_tokens
+            extra = {"usage": self._usage(sum(so_far.values()), cached)} if self.body.continuous_usage else {}
+            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [choice], **extra))
         if self.body.include_usage:
             yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [],
                                usage=self._usage(completion, cached)))

@@ -1,8 +1,9 @@
 """OpenAI-style error bodies for every failure the server can answer.
 
 400 malformed or unsupported (bad JSON, unknown or refused fields, too long for the context, more
-parts than the queue holds), 404 unknown route or model, 405 wrong method, 422 invalid values,
-500 an unexpected exception (logged once, the server keeps serving), 503 the waiting queue is full.
+parts than the queue holds), 404 unknown route or model, 405 wrong method, 408 a stalled request body,
+413 a body over the size limit, 422 invalid values, 500 an unexpected exception (logged once, the server
+keeps serving), 503 the waiting queue is full.
 Every body is `{"error": {"message", "type", "param", "code"}}`.
 """
 

@@ -26,6 +26,8 @@ from infer.engine.client import EngineClient
 from infer.engine.config import EngineConfig
 from infer.engine.core_process import CoreInfo, CoreProcess, CoreStartError
 from infer.loader.tokenizer import Tokenizer
+from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
+from infer.server.limits import ServerLimits
 
 SHUTDOWN_GRACE_S = 0.5  # after the core is gone: the in-flight requests get their 503 before the server stops
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
@@ -36,9 +38,10 @@ def _say(message: str) -> None:
 
 
 def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, log_level: str,
-          api_server_count: int | None = None) -> int:
+          api_server_count: int | None = None, limits: ServerLimits | None = None) -> int:
     """Run `infer serve` until interrupted or until the core exits; the process's exit code."""
     api_server_count = api_servers_for(config, api_server_count)
+    limits = limits or ServerLimits()
     _say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
     _check_port(host, port, api_server_count > 1)  # before the minutes of loading: a taken port fails at once
     try:
@@ -55,8 +58,8 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
          f"server process(es)")
     try:
         if api_server_count == 1:
-            return run_api_server(info, name, host, port, log_level)
-        return _supervise(core, name, host, port, log_level, api_server_count)
+            return run_api_server(info, name, host, port, log_level, limits=limits)
+        return _supervise(core, name, host, port, log_level, api_server_count, limits)
     finally:
         core.stop()
 
@@ -79,7 +82,7 @@ def served_model(info: CoreInfo) -> ServedModel:
 
 
 def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: str, index: int = 0,
-                   reuse_port: bool = False) -> int:
+                   reuse_port: bool = False, limits: ServerLimits | None = None) -> int:
     """One API server on the port until it is stopped (0) or the core is gone (1, after answering 503s)."""
     from infer.server.app import create_app
     from infer.server.state import ServerState
@@ -92,11 +95,12 @@ def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: s
         asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S, lambda: setattr(server, "should_exit", True))
 
     client = EngineClient(info, served.tokenizer, info.config.max_waiting_requests, core_gone)
-    state = ServerState(served, client, name, index)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=log_level, timeout_graceful_shutdown=5))
+    limits = limits or ServerLimits()
+    state = ServerState(served, client, name, index, limits=limits)
+    server = DrainingServer(uvicorn_config(create_app(state), limits, log_level), limits, client)
     if threading.current_thread() is threading.main_thread():
-        # uvicorn re-raises the SIGTERM it handled once it has shut down; the default action would kill this
-        # process before the caller stops the engine core (an orphaned core keeps the GPU)
+        # DrainingServer handles SIGTERM while it serves; after it returns, a late SIGTERM's default action would
+        # kill this process before the caller stops the engine core (an orphaned core keeps the GPU)
         signal.signal(signal.SIGTERM, lambda *_: None)
     server.run(sockets=[_bind(host, port, reuse_port)])
     if client.gone_reason is not None:
@@ -105,20 +109,27 @@ def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: s
     return 0
 
 
-def _api_server_main(info: CoreInfo, name: str, host: str, port: int, log_level: str, index: int) -> None:
-    sys.exit(run_api_server(info, name, host, port, log_level, index, reuse_port=True))
+def _api_server_main(info: CoreInfo, name: str, host: str, port: int, log_level: str, index: int,
+                     limits: ServerLimits) -> None:
+    sys.exit(run_api_server(info, name, host, port, log_level, index, reuse_port=True, limits=limits))
 
 
-def _supervise(core: CoreProcess, name: str, host: str, port: int, log_level: str, count: int) -> int:
+def _supervise(core: CoreProcess, name: str, host: str, port: int, log_level: str, count: int,
+               limits: ServerLimits) -> int:
     ctx = multiprocessing.get_context("spawn")
-    servers = [ctx.Process(target=_api_server_main, args=(core.info, name, host, port, log_level, i),
+    servers = [ctx.Process(target=_api_server_main, args=(core.info, name, host, port, log_level, i, limits),
                            name=f"infer-api-{i}") for i in range(count)]
     for p in servers:
         p.start()
     stopping = False
 
     def stop(*_: object) -> None:
+        """The first signal drains every API server (each within --shutdown-timeout-s); a second kills them now."""
         nonlocal stopping
+        if stopping:
+            for p in servers:
+                if p.is_alive():
+                    p.kill()
         stopping = True
 
     signal.signal(signal.SIGTERM, stop)
@@ -139,7 +150,7 @@ def _supervise(core: CoreProcess, name: str, host: str, port: int, log_level: st
         if stopping:
             p.terminate()
     for p in live:
-        p.join(10)
+        p.join(limits.shutdown_timeout_s + ABORT_GRACE_S + 5)
         if p.is_alive():
             p.kill()
             p.join()

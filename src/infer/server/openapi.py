@@ -32,11 +32,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _error("The model is not served here (code model_not_found)"),
     422: _error("A field has an invalid value (the error's param names it)"),
     500: _error("An unexpected server error; the server keeps serving"),
+    408: _error("The request body stalled for longer than the server's --body-timeout-s"),
+    413: _error("The request body is larger than the server's --max-request-body-mb"),
     503: _error("The waiting queue is full; retry after the Retry-After header's seconds"),
+}
+# One server-sent event as a parser of `text/event-stream` reads it (OpenAPI 3.2's generic event schema; OpenAPI 3.0
+# and 3.1 tools such as schemathesis apply `schema` to each event): `data` is a chunk as JSON, or `[DONE]` last.
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "contentMediaType": "application/json",
+                            "description": "one chunk (a JSON object), an error object, or [DONE] at the end"},
+                   "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer", "minimum": 0}},
 }
 GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "A JSON response, or server-sent events with stream=true",
-          "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}}},
+          "content": {"application/json": {}, "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}},
     **ERROR_RESPONSES,
 }
 MODEL_BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest")

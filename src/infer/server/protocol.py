@@ -22,7 +22,9 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: bool = Field(False, description="end the stream with a chunk carrying the request's usage")
+    continuous_usage_stats: bool = Field(
+        False, description="vLLM extension: every chunk carries the usage so far (prompt and completion tokens)")
 
 
 class JsonSchemaFormat(_Body):
@@ -104,6 +106,11 @@ class SamplingFields(_Body):
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (stream_options.include_usage)."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk carries the usage so far (stream_options.continuous_usage_stats)."""
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingFields):

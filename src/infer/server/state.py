@@ -12,6 +12,8 @@ from infer.engine.builder import ServedModel
 from infer.engine.client import EngineClient
 from infer.models.chat_template import template_source
 from infer.server.errors import APIError
+from infer.server.limits import LARGE_TEXT_CHARS, ServerLimits
+from infer.server.workers import Workers
 from infer.structured import GrammarCompiler
 
 
@@ -22,11 +24,13 @@ class ServerState:
     model_name: str
     api_server_index: int = 0  # which of `--api-server-count` processes this is
     created: int = field(default_factory=lambda: int(time.time()))  # the model card's creation time
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
         # this process's own compiler: a constraint is checked here (400) before the core compiles it again
         self.grammars = GrammarCompiler(self.built.tokenizer, self.vocab_size)
+        self.workers = Workers(self.built.config.structured_compile_timeout_s)
 
     def _token_text(self, token_id: int) -> str:
         return self.built.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -54,6 +58,19 @@ class ServerState:
 
     def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
         return self.built.tokenizer.encode(check_text(text, param), add_special_tokens=add_special_tokens)
+
+    async def encode_async(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """`encode`, on a worker thread for large text: a long prompt never holds the other requests' streams."""
+        if len(text) <= LARGE_TEXT_CHARS:
+            return self.encode(text, param, add_special_tokens)
+        return await self.workers.run(self.encode, text, param, add_special_tokens)
+
+    async def encode_chat_async(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                                template: dict[str, Any] | None = None) -> list[int]:
+        """`encode_chat`, on a worker thread for large conversations."""
+        if sum(len(str(m.get("content") or "")) for m in messages) <= LARGE_TEXT_CHARS:
+            return self.encode_chat(messages, add_generation_prompt, template)
+        return await self.workers.run(self.encode_chat, messages, add_generation_prompt, template)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.built.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -2,8 +2,9 @@
 
 OpenAI's `response_format` (`json_object`, `json_schema`; `text` is no constraint), vLLM's
 `structured_outputs` and the older `guided_json` / `guided_regex` / `guided_choice` /
-`guided_grammar` map onto `infer.structured.Constraint`. Two sources at once, or a constraint
-llguidance cannot compile, is a 400 naming the field, with llguidance's own message.
+`guided_grammar` map onto `infer.structured.Constraint`. Two sources at once, a constraint llguidance
+cannot compile (or not within --structured-compile-timeout-s), or one no output can satisfy, is a 400 naming
+the field, with llguidance's own message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 from infer.server.errors import APIError
 from infer.server.protocol import RESPONSE_FORMATS, SamplingFields, StructuredOutputs
 from infer.server.state import ServerState
-from infer.structured import Constraint, ConstraintError
+from infer.server.workers import CompileTimeoutError
+from infer.structured import Constraint, ConstraintError, UnsatisfiableConstraintError
 
 
 def _json(schema: dict[str, Any] | str, whitespace: str | None) -> Constraint:
@@ -69,8 +71,9 @@ def _sources(body: SamplingFields) -> list[tuple[str, Constraint]]:
     return out
 
 
-def requested_constraint(state: ServerState, body: SamplingFields) -> Constraint | None:
-    """The request's constraint, compiled (and cached) against the served tokenizer; None for free text."""
+async def requested_constraint(state: ServerState, body: SamplingFields) -> Constraint | None:
+    """The request's constraint, compiled (and cached) against the served tokenizer on a worker thread within the
+    compile budget; None for free text."""
     sources = _sources(body)
     if len(sources) > 1:
         raise APIError(400, f"give one output constraint, not {' and '.join(p for p, _ in sources)}", sources[1][0])
@@ -78,7 +81,12 @@ def requested_constraint(state: ServerState, body: SamplingFields) -> Constraint
         return None
     param, constraint = sources[0]
     try:
-        state.grammars.compile(constraint)
+        await state.workers.compile(state.grammars, constraint)
+    except UnsatisfiableConstraintError as exc:
+        raise APIError(400, f"{param}: {exc}", param) from exc
     except ConstraintError as exc:
-        raise APIError(400, f"{param}: cannot compile this {constraint.kind} constraint: {exc}", param) from exc
+        what = "is beyond llguidance's limits" if exc.is_limit else "cannot be compiled"
+        raise APIError(400, f"{param}: this {constraint.kind} constraint {what}: {exc}", param) from exc
+    except CompileTimeoutError as exc:
+        raise APIError(400, f"{param}: this {constraint.kind} constraint is too costly: {exc}", param) from exc
     return constraint

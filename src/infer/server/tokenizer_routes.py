@@ -20,9 +20,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, object]
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", "prompt")
     if body.messages is not None:  # the template writes the special tokens: add_special_tokens has no say
-        ids = state.encode_chat(plain_messages(body.messages), body.add_generation_prompt)
+        ids = await state.encode_chat_async(plain_messages(body.messages), body.add_generation_prompt)
     else:
-        ids = state.encode(body.prompt or "", "prompt", add_special_tokens=body.add_special_tokens)
+        ids = await state.encode_async(body.prompt or "", "prompt", add_special_tokens=body.add_special_tokens)
     strs = [state.token_text(t) for t in ids] if body.return_token_strs else None
     return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids, "token_strs": strs}
 

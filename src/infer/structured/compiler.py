@@ -18,6 +18,27 @@ CACHE_SIZE = 1024
 class ConstraintError(ValueError):
     """A constraint llguidance cannot compile; the message is llguidance's own (which keyword, which rule)."""
 
+    @property
+    def is_limit(self) -> bool:
+        """Whether llguidance refused it for its size (a limit of the library, not an error in the constraint)."""
+        return is_limit_message(str(self))
+
+
+def first_part(error: str) -> str:
+    """llguidance's message without the parser state and whole grammar it appends (kilobytes for a big schema)."""
+    return error.split("\n<state>", 1)[0].strip()
+
+
+def is_limit_message(text: str) -> bool:
+    """Whether an llguidance error is one of its size limits ("Current row has 40007 items; max is 2000",
+    "grammar too big", "... limit ...") rather than a mistake in the constraint."""
+    text = text.lower()
+    return "too big" in text or "limit" in text or "max is" in text or "too complex" in text
+
+
+class UnsatisfiableConstraintError(ConstraintError):
+    """A constraint no output can satisfy: llguidance allows no token at its start (e.g. regex `[^\\s\\S]`)."""
+
 
 class GrammarCompiler:
     """Thread-safe: the server compiles on its event loop, the engine makes matchers on its thread."""
@@ -38,6 +59,11 @@ class GrammarCompiler:
                     self._tokenizer.hf, n_vocab=self._vocab_size, eos_token=sorted(self._tokenizer.eos_token_ids)
                 )
             return self._ll
+
+    def is_cached(self, constraint: Constraint) -> bool:
+        """Whether `constraint` is compiled already (a matcher for it takes microseconds)."""
+        with self._lock:
+            return constraint in self._matchers
 
     def compile(self, constraint: Constraint) -> None:
         """Check `constraint` against the tokenizer and cache it; ConstraintError names what llguidance could not do."""
@@ -64,9 +90,20 @@ class GrammarCompiler:
             raise ConstraintError("; ".join(messages) if isinstance(messages, list) else str(messages))
         template = llguidance.LLMatcher(self.ll_tokenizer, grammar)
         if template.is_error():
-            raise ConstraintError(template.get_error())
+            raise ConstraintError(first_part(template.get_error()))
+        _check_satisfiable(template)
         with self._lock:
             self._matchers[constraint] = template
             while len(self._matchers) > CACHE_SIZE:
                 self._matchers.popitem(last=False)
         return template
+
+
+def _check_satisfiable(template: llguidance.LLMatcher) -> None:
+    """UnsatisfiableConstraintError when the grammar allows nothing at all, not even an empty output: llguidance
+    stops a copy of the matcher at its first mask (the template itself stays unused)."""
+    probe = template.deep_copy()
+    probe.compute_bitmask()
+    if probe.is_error() and not probe.is_accepting():
+        raise UnsatisfiableConstraintError("no output can satisfy it: llguidance allows no token at its start (no "
+                                           "text matches it, not even an empty one, that this tokenizer can spell)")

@@ -49,6 +49,8 @@ class Constraint:
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.spec)
         if self.kind == "choice":
+            # one lexeme, not one rule per choice: the lexer's DFA takes 20,000 choices where the parser's rows
+            # stop at llguidance's 2,000 items
             alternatives = " | ".join(json.dumps(c) for c in json.loads(self.spec))
-            return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+            return llguidance.LLMatcher.grammar_from_lark(f"start: CHOICE\nCHOICE: {alternatives}")
         return llguidance.LLMatcher.grammar_from_lark(any_to_lark(self.spec))  # GBNF is converted, Lark kept

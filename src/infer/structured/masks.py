@@ -17,13 +17,15 @@ import llguidance
 import llguidance.torch
 import torch
 
+from infer.structured.compiler import first_part, is_limit_message
+
 
 @dataclass(eq=False)
 class Grammar:
     """One request's matcher and what `advance` last read from it."""
 
     matcher: llguidance.LLMatcher
-    error: str | None = None  # the sampled token was refused (the tokenizer cannot spell the constraint)
+    error: str | None = None  # why the constraint stopped the request (`refusal`): a token refused, or a limit
     complete: bool = False  # the grammar has ended: the request stops
 
     @property
@@ -48,8 +50,17 @@ def advance(pairs: list[tuple[Grammar, int]]) -> None:
         accepted = _executor().consume_token_par([(g.matcher, token) for g, token in pairs])
     for (grammar, _), ok in zip(pairs, accepted):
         if not ok:
-            grammar.error = grammar.matcher.get_error()
+            grammar.error = refusal(grammar.matcher.get_error())
         grammar.complete = grammar.matcher.is_stopped()
+
+
+def refusal(error: str) -> str:
+    """Why a request's constraint stopped it, in one sentence: llguidance's first line (the rest of its message
+    dumps the parser state and the whole grammar), named as llguidance's limit when it is one."""
+    text = first_part(error)
+    if is_limit_message(text):
+        return f"the output constraint is beyond llguidance's limits: {text}"
+    return f"the output constraint cannot be met with this model's tokenizer: {text}"
 
 
 def has_open(grammars: list[Grammar | None]) -> bool:

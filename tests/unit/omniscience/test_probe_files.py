@@ -88,6 +88,14 @@ def test_a_file_that_is_not_safetensors_is_refused(tmp_path):
         load_probe_set(_yaml(tmp_path, _entry()), HIDDEN, LAYERS)
 
 
+def test_a_truncated_file_is_refused_naming_it(tmp_path):
+    path = _one_file(tmp_path, {"weight": torch.zeros(HIDDEN), "bias": torch.zeros(())})
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-6])  # the header is whole, the data is cut short
+    with pytest.raises(ProbeError, match="w.safetensors: cannot read its tensors.*truncated"):
+        load_probe_set(path, HIDDEN, LAYERS)
+
+
 def test_the_library_imports_nothing_from_infer():
     import subprocess
     import sys

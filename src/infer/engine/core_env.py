@@ -1,0 +1,28 @@
+"""The environment the engine-core process starts with.
+
+OpenMP's default wait policy spins its threads between parallel regions. The core's OpenMP threads take every
+core of a CPU, so any other busy thread on the machine (the API server tokenizing a large prompt, a grammar
+compile, detokenizing many streams, another program) leaves one of them waiting on a descheduled peer: on 2
+cores a decode step that takes 10 ms took 1.2-1.8 s beside one busy thread. With OMP_WAIT_POLICY=PASSIVE the
+threads sleep instead, and the same step takes 10-20 ms beside it (docs/serving.md). A value the user set wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+CORE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@contextlib.contextmanager
+def core_environment() -> Iterator[None]:
+    """os.environ with CORE_ENV's defaults while a core process is spawned (it copies the environment)."""
+    added = {name: value for name, value in CORE_ENV.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)

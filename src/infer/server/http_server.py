@@ -1,0 +1,86 @@
+"""The uvicorn server of one API server process: its timeouts, and a stop with a deadline.
+
+SIGTERM (or Ctrl-C) stops accepting connections and lets the requests in flight finish for `--shutdown-timeout-s`;
+whatever still runs then is aborted (streams end with finish_reason "abort", non-streamed requests answer with
+what they have) and the process exits 0. A second signal exits at once. uvicorn's own handling re-raises the
+signal after its shutdown (exit status 143) and ignores a second SIGTERM; this server does neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Generator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from infer.engine.client import EngineClient
+from infer.server.http_protocol import with_header_timeout
+from infer.server.limits import ServerLimits
+
+log = logging.getLogger("infer.server")
+
+ABORT_GRACE_S = 5.0  # after the deadline's aborts: the streams' last chunks go out before uvicorn cancels anything
+
+
+def uvicorn_config(app: Any, limits: ServerLimits, log_level: str, **kwargs: Any) -> uvicorn.Config:
+    """uvicorn's settings for an API server: header, keep-alive and shutdown timeouts from `limits`."""
+    return uvicorn.Config(app, log_level=log_level, http=with_header_timeout(limits.header_timeout_s),
+                          timeout_keep_alive=limits.keep_alive_timeout_s,
+                          timeout_graceful_shutdown=limits.shutdown_timeout_s + ABORT_GRACE_S, **kwargs)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose stop drains within a deadline, then aborts the engine requests still running."""
+
+    def __init__(self, config: uvicorn.Config, limits: ServerLimits, engine: EngineClient) -> None:
+        super().__init__(config)
+        self.limits = limits
+        self.engine = engine
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.aborted_at_deadline = 0
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            log.warning("second %s: exiting now", signal.Signals(sig).name)
+            self.force_exit = True
+            return
+        self.should_exit = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._start_deadline, signal.Signals(sig).name)
+
+    def _start_deadline(self, name: str) -> None:
+        live = self.engine.num_live
+        if live:
+            log.info("%s: draining %d request(s) for up to %g s (--shutdown-timeout-s); a second signal exits now",
+                     name, live, self.limits.shutdown_timeout_s)
+        assert self._loop is not None
+        self._loop.call_later(self.limits.shutdown_timeout_s, self._abort_left)
+
+    def _abort_left(self) -> None:
+        self.aborted_at_deadline = self.engine.abort_all()
+        if self.aborted_at_deadline:
+            log.warning("aborted %d request(s) still running at the --shutdown-timeout-s deadline (%g s)",
+                        self.aborted_at_deadline, self.limits.shutdown_timeout_s)
