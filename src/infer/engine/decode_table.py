@@ -78,7 +78,8 @@ class DecodeTable:
 
     def set_blocks(self, request: Request, block_table: list[int]) -> None:
         """The request's table grew (or is new): write the blocks past those the row holds."""
-        i, have = self._row[id(request)], int(self.num_blocks[self._row[id(request)]])
+        i = self._row[id(request)]
+        have = int(self.num_blocks[i])
         if len(block_table) < have:
             raise ValueError(f"{request.request_id!r}: a decoding request's block table shrank "
                              f"({have} -> {len(block_table)} blocks)")
