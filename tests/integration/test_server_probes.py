@@ -118,6 +118,12 @@ def test_probe_routes_and_reload(probe_server, probe_client):
     assert failed.status_code == 400 and "unchanged" in failed.json()["error"]["message"]
     assert httpx.get(f"{base}/v1/probes").json()["version"] == 2 and scores() == pytest.approx(after, abs=1e-6)
     assert httpx.post(f"{base}/v1/probes/reload", json={"path": "/etc/passwd"}).status_code == 400
+    write_probe_set(probe_server.folder, 576, SPECS, seed=4, scale=0.005)
+    weights = probe_server.folder / "mood-4.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a whole header, its data cut short
+    truncated = httpx.post(f"{base}/v1/probes/reload")
+    assert truncated.status_code == 400, truncated.text
+    assert "mood-4.safetensors" in truncated.json()["error"]["message"] and "truncated" in truncated.json()["error"]["message"]
     write_probe_set(probe_server.folder, 576, SPECS, seed=4, scale=0.005)  # leave a good file for other tests
 
 
