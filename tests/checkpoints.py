@@ -80,11 +80,12 @@ def save_tiny_with_tokenizer(family: str, path: Path, seed: int = 0) -> Path:
 
 QWEN3_SPECIAL = ["</s>", "<|im_start|>", "<|im_end|>"]
 QWEN3_MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # added, not special: they reach the text
+LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"]
 
 
-def save_tiny_qwen3_chat(path: Path, seed: int = 0) -> Path:
-    """A tiny Qwen 3 that `infer serve` renders with the Qwen 3 chat template: a byte-level BPE tokenizer with
-    ChatML's turn tokens (<|im_end|> ends a turn) and Qwen 3's <think> / <tool_call> markup as single tokens."""
+def _chat_tokenizer(path: Path, special: list[str], markup: list[str], eos: str, bos: str | None = None) -> dict[str, int]:
+    """A byte-level BPE tokenizer trained on a few sentences, with a family's turn tokens (special) and markup
+    tokens (added, not special), saved to `path`; returns the ids of its special tokens."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -92,13 +93,26 @@ def save_tiny_qwen3_chat(path: Path, seed: int = 0) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320 - len(QWEN3_MARKUP), special_tokens=QWEN3_SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=320 - len(markup), special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(corpus, trainer)
-    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_MARKUP])
-    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="</s>")
-    fast.save_pretrained(path)
-    return save_tiny("qwen3", path, seed=seed, eos_token_id=bpe.token_to_id("<|im_end|>"), bos_token_id=None,
+    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in markup])
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos, bos_token=bos, pad_token=special[0]).save_pretrained(path)
+    return {t: bpe.token_to_id(t) for t in special}
+
+
+def save_tiny_qwen3_chat(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen 3 that `infer serve` renders with the Qwen 3 chat template: ChatML's turn tokens (<|im_end|>
+    ends a turn) and Qwen 3's <think> / <tool_call> markup as single tokens."""
+    ids = _chat_tokenizer(path, QWEN3_SPECIAL, QWEN3_MARKUP, "<|im_end|>")
+    return save_tiny("qwen3", path, seed=seed, eos_token_id=ids["<|im_end|>"], bos_token_id=None,
+                     max_position_embeddings=2048)
+
+
+def save_tiny_llama3_chat(path: Path, seed: int = 0) -> Path:
+    """A tiny Llama that `infer serve` renders with the Llama 3 chat template (<|eot_id|> ends a turn)."""
+    ids = _chat_tokenizer(path, LLAMA3_SPECIAL, [], "<|eot_id|>", "<|begin_of_text|>")
+    return save_tiny("llama", path, seed=seed, eos_token_id=ids["<|eot_id|>"], bos_token_id=ids["<|begin_of_text|>"],
                      max_position_embeddings=2048)
 
 
