@@ -179,7 +179,7 @@ def test_openapi_describes_the_server(server):
     assert set(completions["200"]["content"]) == {"application/json", "text/event-stream"}
     assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     schemas = doc["components"]["schemas"]
-    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant", "tool"]
     completion = schemas["CompletionRequest"]["properties"]
     assert completion["model"]["anyOf"][0]["enum"] == [MODEL]
     assert completion["max_tokens"]["anyOf"][0]["maximum"] == server.state.max_seq_len - 1
