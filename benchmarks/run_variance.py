@@ -14,6 +14,7 @@ import argparse
 import gc
 import random
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ class Counters:
         self.compiles: list[str] = []
         self.gc_seconds = 0.0
         self.gc_full = 0
+        self.full_from: list[str] = []  # the stack each full collection ran on
         self.steps: list[float] = []
         self.prefill_steps: list[float] = []  # steps whose batch has prefill rows
         self._gc_started = 0.0
@@ -60,10 +62,14 @@ class Counters:
             self._gc_started = time.perf_counter()
         else:
             self.gc_seconds += time.perf_counter() - self._gc_started
-            self.gc_full += info.get("generation") == 2
+            if info.get("generation") == 2:  # where it came from: an explicit gc.collect() or an allocation
+                self.gc_full += 1
+                self.full_from.append(" < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                                 for f in traceback.extract_stack()[-6:-1][::-1]))
 
     def reset(self) -> None:
         self.compiles, self.gc_seconds, self.gc_full, self.steps, self.prefill_steps = [], 0.0, 0, [], []
+        self.full_from: list[str] = []
 
 
 def main() -> None:
@@ -77,6 +83,7 @@ def main() -> None:
     llm = LLM(str(path), load_format="dummy", max_seq_len=2048, max_batch_size=256, kv_cache_memory_gb=16.0)
     params = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
     counters = Counters(llm)
+    print(f"gc thresholds {gc.get_threshold()}, {gc.get_freeze_count()} objects frozen", flush=True)
     for run in range(args.runs):
         rng = random.Random(run)
         prompts = [[rng.randrange(vocab) for _ in range(rng.randint(128, 512))] for _ in range(args.requests)]
@@ -95,6 +102,8 @@ def main() -> None:
               f"with prefill rows took {sum(counters.prefill_steps):.2f} s, the others "
               f"{sum(steps) - sum(counters.prefill_steps):.2f} s; "
               f"{torch.cuda.memory_stats().get('num_device_alloc', 0) - mallocs} cudaMalloc", flush=True)
+        for stack in counters.full_from:
+            print(f"  full collection from: {stack}", flush=True)
 
 
 if __name__ == "__main__":
