@@ -21,7 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
-from infer.engine.builder import ServedModel
+from infer.engine.builder import ServedModel, settle_heap
 from infer.engine.client import EngineClient
 from infer.engine.config import EngineConfig
 from infer.engine.core_process import CoreInfo, CoreProcess, CoreStartError
@@ -102,6 +102,7 @@ def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: s
         # DrainingServer handles SIGTERM while it serves; after it returns, a late SIGTERM's default action would
         # kill this process before the caller stops the engine core (an orphaned core keeps the GPU)
         signal.signal(signal.SIGTERM, lambda *_: None)
+    settle_heap()  # the tokenizer, the app: frozen out of the collector before serving
     server.run(sockets=[_bind(host, port, reuse_port)])
     if client.gone_reason is not None:
         _say(f"exiting: {client.gone_reason}")
