@@ -57,7 +57,8 @@ def held_row(held_ids: tuple[int, ...], vocab_size: int) -> list[int] | None:
     return ids + [ids[0]] * (MAX_HELD_IDS - len(ids)) if ids else None
 
 
-def reference_logits(logits: torch.Tensor, params: SamplingParams, generated: list[int], held_ids: tuple[int, ...] = ()) -> torch.Tensor:
+def reference_logits(logits: torch.Tensor, params: SamplingParams, generated: list[int],
+                     held_ids: tuple[int, ...] = ()) -> torch.Tensor:
     """One row's adjusted logits [V] in float64, straight from the definitions (the tests' reference)."""
     out = logits.to(torch.float64).clone()
     for token, value in (params.logit_bias or {}).items():

@@ -60,7 +60,8 @@ async def compile_tools(state: ServerState, fmt: ToolFormat, request: ToolReques
     for i, tool in enumerate(request.tools):
         if tool in request.callable():
             schema = Constraint.json_schema({**tool.parameters})
-            await compile_constraint(state, schema, f"tools[{i}] ({tool.name}): its parameters", f"tools.{i}.function.parameters")
+            await compile_constraint(state, schema, f"tools[{i}] ({tool.name}): its parameters",
+                                     f"tools.{i}.function.parameters")
     tokens = await asyncio.to_thread(markup_tokens, state)
     constraint = Constraint("grammar", tool_grammar(fmt, request, thinking, tokens))
     await compile_constraint(state, constraint, "tools: the tool-call grammar", "tools")

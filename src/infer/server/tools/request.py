@@ -93,10 +93,12 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(i, m)}
         if m.tool_calls:
             if m.role != "assistant":
-                raise APIError(400, f"messages[{i}]: only assistant messages carry tool_calls", f"messages.{i}.tool_calls")
+                raise APIError(400, f"messages[{i}]: only assistant messages carry tool_calls",
+                               f"messages.{i}.tool_calls")
             message["tool_calls"] = [
-                {"id": c.id or f"call_{i}_{j}", "type": "function",
-                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments, f"messages.{i}.tool_calls.{j}.function.arguments")}}
+                {"id": c.id or f"call_{i}_{j}", "type": "function", "function": {
+                    "name": c.function.name,
+                    "arguments": _arguments(c.function.arguments, f"messages.{i}.tool_calls.{j}.function.arguments")}}
                 for j, c in enumerate(m.tool_calls)
             ]
         if m.role == "tool":
