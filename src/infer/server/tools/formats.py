@@ -153,7 +153,7 @@ class LlamaJsonFormat(ToolFormat):
         calls = 'call ("; " call)*' if request.parallel else "call"
         if request.choice == "auto":
             rules.append(f"answer: (FREE | {calls})?")
-            rules.append("FREE: /[^{](.|\\n)*/")
+            rules.append("FREE: /(.|\\n)+/ & ~/\\s*\\{(.|\\n)*/")  # text that is not a call, even after spaces
         else:
             rules.append(f"answer: {calls}")
         return "\n".join(rules)
