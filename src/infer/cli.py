@@ -196,6 +196,10 @@ def _add_speculative_flags(g: argparse._ArgumentGroup) -> None:
                    help="ngram: the longest suffix looked up (tried first)")
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft: the drafter's checkpoint, with the target's tokenizer and vocabulary")
+    g.add_argument("--speculative-disable-by-batch-size", type=int, default=d.speculative_disable_by_batch_size,
+                   metavar="N", help="ngram: no drafts while N or more requests run (verifying drafts costs a full batch "
+                                     "more than it saves; on 2 CPU cores n-gram drafting halved throughput from 2 "
+                                     "requests on: docs/speculative.md); 0 drafts at every batch size")
 
 
 def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
@@ -215,7 +219,8 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
 
 HTTP_FLAGS = ("max_request_body_mb", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "shutdown_timeout_s")
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
-SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model")
+SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model",
+                     "speculative_disable_by_batch_size")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
                 "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes",

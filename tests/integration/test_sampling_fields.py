@@ -41,7 +41,8 @@ def _adjusted(i: int) -> SamplingParams:
 
 
 def test_seeded_rows_reproduce_alone_and_beside_speculation_and_grammars(tiny):
-    llm = _llm(tiny, speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=3)
+    llm = _llm(tiny, speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=3,
+               speculative_disable_by_batch_size=0)
     prompts = _prompts()
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     structured = SamplingParams(temperature=1.0, seed=4, max_tokens=60, structured=Constraint.json_schema(SCHEMA))

@@ -36,6 +36,8 @@ def _llm(path: str, **options: object) -> LLM:
 
 
 def _spec(path: str, **options: object) -> LLM:
+    """Speculation at every batch size (the default stops drafting from 2 running requests on)."""
+    options = {"speculative_disable_by_batch_size": 0, **options}
     return _llm(path, speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=3, **options)
 
 
@@ -124,7 +126,8 @@ def test_server_streams_the_same_text_and_reports_acceptance(checkpoint):
     body = {"model": "smollm2", "prompt": prompt, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
     want = _llm(checkpoint).generate_ids([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
     with running_server(checkpoint, device="cpu", dtype="float32", max_seq_len=192, max_batch_size=8, block_size=4,
-                        speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=3) as server:
+                        speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=3,
+                        speculative_disable_by_batch_size=0) as server:
         whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
         assert whole["choices"][0]["text"] == want.text
         assert whole["usage"]["completion_tokens"] == 30
@@ -140,3 +143,13 @@ def test_server_streams_the_same_text_and_reports_acceptance(checkpoint):
     assert 0 < values["infer:spec_decode_num_accepted_tokens_total"] <= values["infer:spec_decode_num_draft_tokens_total"]
     assert 0 < values["infer:spec_decode_draft_acceptance_rate"] <= 1
     assert values["infer:spec_decode_mean_accepted_length"] > 1
+
+
+def test_drafting_stops_while_the_batch_is_at_the_threshold(checkpoint):
+    """--speculative-disable-by-batch-size: at 2 running requests no drafts (the default), alone it drafts again."""
+    gated = _spec(checkpoint, speculative_disable_by_batch_size=2)
+    prompts = _prompts()[:2]
+    gated.generate_ids(prompts, GREEDY)
+    assert gated.engine.scheduler.num_drafted == 0
+    gated.generate_ids(prompts[:1], GREEDY)
+    assert gated.engine.scheduler.num_drafted > 0

@@ -29,6 +29,7 @@ from infer.models.registry import model_spec
 from infer.runners.cuda_graphs import bucket_sizes
 from infer.runners.drafter import Drafter
 from infer.runners.torch_runner import TorchRunner
+from infer.speculative.gate import gate_speculation
 from omniscience import ProbeBank, ProbeError, ProbeSet, load_probe_set
 
 Messages = list[dict[str, Any]]
@@ -141,11 +142,18 @@ def settle_heap() -> None:
         gc.set_threshold(*GC_THRESHOLDS)
 
 
+CPU_KV_CACHE_BYTES = 2**30  # the CPU's default KV cache at most (a draft model shares it)
+
+
 def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
     """The KV cache's budget: kv_cache_memory_gb when given; on CUDA otherwise what gpu_memory_utilization leaves
-    of the device once the weights are loaded, less a reserve for the largest step's activations and logits."""
-    if config.kv_cache_memory_gb is not None or not config.resolved_device.startswith("cuda"):
-        return (config.kv_cache_memory_gb or 1.0) * 2**30
+    of the device once the weights are loaded, less a reserve for the largest step's activations and logits; on
+    the CPU 1 GiB, or less when max_batch_size full-length sequences need less (the cache is resident memory)."""
+    if config.kv_cache_memory_gb is not None:
+        return config.kv_cache_memory_gb * 2**30
+    if not config.resolved_device.startswith("cuda"):
+        need = kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len * config.max_batch_size
+        return float(CPU_KV_CACHE_BYTES if config.draft_model is not None else min(CPU_KV_CACHE_BYTES, need))
     device = torch.device(config.resolved_device)
     free, total = torch.cuda.mem_get_info(device)
     itemsize = torch.empty((), dtype=config.torch_dtype).element_size()
@@ -186,6 +194,7 @@ def build_engine(config: EngineConfig, core_only: bool = False) -> BuiltEngine:
     )
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)
+    gate_speculation(engine.scheduler, config.speculative_disable_by_batch_size)
     warmup_seconds = warm_up(engine) if core_only or runner.device.type == "cuda" else 0.0
     settle_heap()
     return BuiltEngine(config, loaded.config, tokenizer, path, engine, time.perf_counter() - started, warmup_seconds)

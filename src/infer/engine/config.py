@@ -52,6 +52,7 @@ class EngineConfig:
     prompt_lookup_min: int = 1  # ngram: the shortest suffix looked up
     prompt_lookup_max: int = 4  # ngram: the longest suffix looked up (tried first)
     draft_model: str | None = None  # draft: the drafter's checkpoint (same tokenizer and vocabulary)
+    speculative_disable_by_batch_size: int = 2  # ngram: no drafts while this many requests run (0: never stop)
     structured_compile_timeout_s: float = 10.0  # a grammar not compiled within this is refused (400), never waited on
 
     def __post_init__(self) -> None:
@@ -118,6 +119,7 @@ class EngineConfig:
         self._check("prompt_lookup_max", self.prompt_lookup_max >= self.prompt_lookup_min,
                     f"must be >= prompt_lookup_min ({self.prompt_lookup_min})")
         self._check("draft_model", self.draft_model is None or method == "draft", "requires speculative_method='draft'")
+        self._check("speculative_disable_by_batch_size", self.speculative_disable_by_batch_size >= 0, "must be >= 0")
         self._check("speculative_method", method != "draft" or self.draft_model is not None, "'draft' requires draft_model")
         self._check("draft_model", self.draft_model is None or Path(self.draft_model).expanduser().exists(),
                     "does not exist")
