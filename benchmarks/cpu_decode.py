@@ -202,7 +202,8 @@ def main() -> None:
     rows: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in LABELS}
     peer = LlamaCpp(args.llama_cpp_python, llm.path, torch.get_num_threads()) if args.llama_cpp_python else None
     versus: dict[str, tuple[list[float], list[float]]] = {"decode": ([], []), "prompt": ([], [])}
-    with serve_process() as base_url:
+    with serve_process() as server:
+        base_url = server.base_url
         ours_batch1(llm, prompts[0], 8)  # warm-up: oneDNN weight packing, first-call selection
         server_batch1(base_url, prompts[0], 8)
         hf_batch1(hf, prompts[0], 4)
