@@ -23,7 +23,9 @@ SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching
                "--block-size", "--num-kv-blocks", "--kv-cache-memory-gb", "--max-waiting-requests", "--max-seq-len",
                "--quantization",
                "--speculative-method", "--num-speculative-tokens", "--prompt-lookup-min", "--prompt-lookup-max",
-               "--draft-model"]
+               "--draft-model", "--speculative-disable-by-batch-size", "--structured-compile-timeout-s",
+               "--max-request-body-mb", "--header-timeout-s", "--body-timeout-s", "--keep-alive-timeout-s",
+               "--shutdown-timeout-s"]
 
 
 @pytest.mark.parametrize(("command", "flags"), [("generate", FLAGS), ("serve", SERVE_FLAGS)])
