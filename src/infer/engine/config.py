@@ -52,7 +52,7 @@ class EngineConfig:
     prompt_lookup_min: int = 1  # ngram: the shortest suffix looked up
     prompt_lookup_max: int = 4  # ngram: the longest suffix looked up (tried first)
     draft_model: str | None = None  # draft: the drafter's checkpoint (same tokenizer and vocabulary)
-    speculative_disable_by_batch_size: int = 2  # ngram: no drafts while this many requests run (0: never stop)
+    speculative_disable_by_batch_size: int | None = None  # ngram: no drafts while this many run; None = 2 on the CPU, 0 (never) on CUDA
     structured_compile_timeout_s: float = 10.0  # a grammar not compiled within this is refused (400), never waited on
 
     def __post_init__(self) -> None:
@@ -64,6 +64,8 @@ class EngineConfig:
             self.use_prefix_caching = bool(self.use_chunked_prefill) and self.kv_cache_backend == "paged"
         if self.max_batch_size is None:
             self.max_batch_size = 256 if self.resolved_device.startswith("cuda") else 32
+        if self.speculative_disable_by_batch_size is None:  # measured: docs/speculative.md
+            self.speculative_disable_by_batch_size = 0 if self.resolved_device.startswith("cuda") else 2
         self._check("load_format", self.load_format in LOAD_FORMATS, f"must be one of {', '.join(LOAD_FORMATS)}")
         self._check("dtype", self.dtype in ("auto", *DTYPES), f"must be auto or one of {', '.join(DTYPES)}")
         self._check("device", self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "must be auto, cpu or cuda[:N]")

@@ -3,7 +3,8 @@
 Verifying drafts makes each request's step K + 1 rows wide; a lone request has compute to spare for them, a full
 batch does not. On 2 CPU cores with the bundled model, n-gram drafting (K=4) on a copy task cut throughput from
 2 requests on: 151 -> 89 tok/s at 2, 221 -> 120 at 4, 317 -> 168 at 8 (docs/speculative.md), so by default it
-stops while 2 or more requests run.
+stops while 2 or more requests run there; on an H100 batch 32 still gained 1.22-1.37x at full acceptance, so on
+CUDA it drafts at every batch size unless told otherwise.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ def test_gate_speculation_wraps_ngram_only_and_not_with_0():
 
 
 def test_the_threshold_is_checked():
-    assert EngineConfig().speculative_disable_by_batch_size == 2
+    assert EngineConfig(device="cpu").speculative_disable_by_batch_size == 2
+    assert EngineConfig(device="cuda").speculative_disable_by_batch_size == 0  # batch 32 still gained on an H100
+    assert EngineConfig(device="cpu", speculative_disable_by_batch_size=0).speculative_disable_by_batch_size == 0
     with pytest.raises(EngineConfigError, match="speculative_disable_by_batch_size"):
         EngineConfig(speculative_disable_by_batch_size=-1)
