@@ -95,7 +95,8 @@ class EngineClient:
         self._aborts: list[str] = []
         self._flush_scheduled = False
         self._core_waiting = 0  # the core's waiting queue as last reported
-        self._unreported = 0  # requests sent since that report
+        self._submitted = 0  # requests this client has submitted
+        self._received = 0  # of which the core had taken in at that report (the rest are on their way)
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,8 +129,8 @@ class EngineClient:
 
     @property
     def num_waiting(self) -> int:
-        """Requests waiting in the core (as last reported) plus those sent since."""
-        return self._core_waiting + self._unreported
+        """Requests waiting in the core (as last reported) plus this client's that the core had not taken in then."""
+        return self._core_waiting + self._submitted - self._received
 
     # requests ----------------------------------------------------------------------------------
 
@@ -145,7 +146,7 @@ class EngineClient:
         live = self._live[request_id] = _Live(asyncio.Queue())
         self.text.add(request_id, prompt_token_ids, params, probe_names)
         self._adds.append(m.CoreRequest(request_id, list(prompt_token_ids), params))
-        self._unreported += 1
+        self._submitted += 1
         self._schedule_flush()
         return RequestStream(self, request_id, live)
 
@@ -208,7 +209,7 @@ class EngineClient:
                 self._gone(f"the engine core failed: {msg.reason}")
 
     def _deliver(self, step: m.CoreOutputs) -> None:
-        self._core_waiting, self._unreported = step.num_waiting, 0
+        self._core_waiting, self._received = step.num_waiting, step.received
         now = time.monotonic()
         process, live_of, observe = self.text.process, self._live, self.metrics.observe
         for core_out in step.outputs:

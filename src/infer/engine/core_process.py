@@ -142,6 +142,7 @@ class CoreLoop:
         self._owner: dict[str, bytes] = {}  # request id -> the API server that sent it
         self._last_seen: dict[bytes, float] = {}
         self._metrics: dict[bytes, dict[str, Any]] = {}  # each API server's serving metrics (its last heartbeat)
+        self._received: dict[bytes, int] = defaultdict(int)  # requests each API server has sent that arrived
         self._stopping = False
         self._next_check = 0.0
         self._parent = os.getppid()  # the process that started the core: its death ends the core too
@@ -202,6 +203,7 @@ class CoreLoop:
 
     def _handle(self, identity: bytes, msg: m.ToCore) -> None:
         if isinstance(msg, m.Add):
+            self._received[identity] += len(msg.requests)
             for req in msg.requests:
                 if self.grammars.needs_compile(req):  # it waits alone for its grammar; the steps go on
                     self.grammars.submit(req, identity)
@@ -243,7 +245,7 @@ class CoreLoop:
 
     def _send_to(self, identity: bytes, outputs: list[m.CoreOutput]) -> None:
         scheduler = self.engine.scheduler
-        step = m.CoreOutputs(outputs, len(scheduler.waiting), len(scheduler.running))
+        step = m.CoreOutputs(outputs, len(scheduler.waiting), len(scheduler.running), self._received[identity])
         self.socket.send_multipart([identity, m.encode(m.Outputs(step))], copy=False)
 
     def _call(self, identity: bytes, method: str, args: list[Any]) -> Any:
@@ -282,6 +284,7 @@ class CoreLoop:
         for identity in gone:
             del self._last_seen[identity]
             self._metrics.pop(identity, None)
+            self._received.pop(identity, None)
         log.warning("%d API server(s) went silent; aborted their %d request(s)", len(gone), len(orphans))
 
     def _broadcast(self, msg: m.FromCore) -> None:

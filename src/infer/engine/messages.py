@@ -50,11 +50,13 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 class CoreOutputs(msgspec.Struct, array_like=True, gc=False):
-    """One step's outputs for one API server, with the core's queue lengths (admission control, /metrics)."""
+    """One step's outputs for one API server, with the core's queue lengths (admission control, /metrics) and how
+    many of this API server's requests the core has taken in so far (the rest are still on their way)."""
 
     outputs: list[CoreOutput]
     num_waiting: int
     num_running: int
+    received: int = 0
 
 
 class Abort(msgspec.Struct, array_like=True, tag=True):
