@@ -33,6 +33,9 @@ import httpx
 import torch
 
 import model_shapes as ms
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
 from infer.engine.config import EngineConfig
 from infer.server.launch import api_servers_for
 
@@ -102,24 +105,12 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
 
 
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int) -> dict[int, dict]:
-    port = 8000 + random.randrange(1000)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
-    cmd = [sys.executable, "-m", "infer.cli", "serve", "--model", str(path), "--load-format", "dummy", "--port",
-           str(port), "--log-level", "warning", "--api-server-count", str(api_servers), *flags]
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"infer serve exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning",
+                       "--api-server-count", str(api_servers), *flags, timeout=600) as server:
         startup = time.perf_counter() - started
+        base = server.base_url
         model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
         out: dict[int, dict] = {"startup_s": startup}  # type: ignore[dict-item]
         for level in levels:
@@ -132,9 +123,6 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
                   f"{best['ttft_p50_ms']:.0f} ms, release to first send {best['release_to_first_send_ms']:.0f} ms",
                   flush=True)
         return out
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def main() -> None:

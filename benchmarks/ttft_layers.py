@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,9 @@ from pathlib import Path
 import httpx
 
 import model_shapes as ms
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
 
 REPEATS = 7
 FLAGS = {"max_seq_len": 2048, "max_batch_size": 256, "kv_cache_memory_gb": 8.0}
@@ -73,18 +75,10 @@ async def _through_client(path: Path, prompts: list[list[int]]) -> list[tuple[fl
 
 
 def http(path: Path, prompts: list[list[int]]) -> dict[str, list[tuple[float, float]]]:
-    port = 8000 + random.randrange(1000)
-    cmd = [sys.executable, "-m", "infer.cli", "serve", "--model", str(path), "--load-format", "dummy", "--port",
-           str(port), "--log-level", "warning", *[f"--{k.replace('_', '-')}={v}" for k, v in FLAGS.items()]]
-    proc = subprocess.Popen(cmd)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FLAGS.items()]
+    with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning", *flags,
+                       timeout=600) as server:
+        base = server.base_url
         out: dict[str, list[tuple[float, float]]] = {"stream": [], "whole_1_token": [], "tokenize": []}
         with httpx.Client(timeout=120) as c:
             model = c.get(f"{base}/v1/models").json()["data"][0]["id"]
@@ -106,9 +100,6 @@ def http(path: Path, prompts: list[list[int]]) -> dict[str, list[tuple[float, fl
                 took = time.perf_counter() - started
                 out["tokenize"].append((took, took))
         return out
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def main() -> None:
