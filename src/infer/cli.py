@@ -51,6 +51,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                         "output, or NO_COLOR set, gets plain text and the mean scores")
     _add_prefill_flags(p.add_argument_group("prefill"))
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="shard the model over N ranks (consecutive GPUs from --device; CPU processes on gloo)")
     p.set_defaults(func=_generate)
 
 
@@ -162,6 +164,28 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     _add_probe_flag(g)
     _add_prefill_flags(g)
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
+    _add_distributed_flags(p.add_argument_group("scale-out: tensor and data parallelism (docs/distributed.md)"))
+
+
+def _add_distributed_flags(g: argparse._ArgumentGroup) -> None:
+    from infer.engine.config import LOAD_BALANCE_METHODS, EngineConfig
+
+    d = EngineConfig()
+    g.add_argument("-tp", "--tensor-parallel-size", type=int, default=d.tensor_parallel_size, metavar="N",
+                   help="shard the model over N ranks (consecutive GPUs from --device; CPU processes on gloo)")
+    g.add_argument("-dp", "--data-parallel-size", type=int, default=d.data_parallel_size, metavar="N",
+                   help="run N engine cores, each with its own tensor-parallel group, behind the API server")
+    g.add_argument("--load-balance-method", default=d.load_balance_method, choices=LOAD_BALANCE_METHODS,
+                   help="how a request picks its data-parallel engine: least_load (waiting + running + in flight), "
+                        "round_robin, or prefix_affinity (the same prompt prefix goes to the same engine)")
+    g.add_argument("--nnodes", type=int, default=d.nnodes, metavar="N",
+                   help="hosts the tensor-parallel ranks span (torchrun's NNODES / WORLD_SIZE are read when set)")
+    g.add_argument("--node-rank", type=int, default=d.node_rank, metavar="R",
+                   help="this host's rank among --nnodes: 0 serves, the others run headless workers")
+    g.add_argument("--master-addr", default=d.master_addr, metavar="HOST", help="node 0's address for the rendezvous")
+    g.add_argument("--master-port", type=int, default=d.master_port, metavar="PORT", help="node 0's rendezvous port")
+    g.add_argument("--distributed-timeout-s", type=float, default=d.distributed_timeout_s, metavar="S",
+                   help="a collective or a worker silent this long fails every in-flight request and stops the engine")
 
 
 def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
@@ -221,11 +245,13 @@ HTTP_FLAGS = ("max_request_body_mb", "header_timeout_s", "body_timeout_s", "keep
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
 SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model",
                      "speculative_disable_by_batch_size")
+DISTRIBUTED_FLAGS = ("tensor_parallel_size", "data_parallel_size", "load_balance_method", "nnodes", "node_rank",
+                     "master_addr", "master_port", "distributed_timeout_s")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
                 "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes",
                 "structured_compile_timeout_s", *PREFILL_FLAGS,
-                *SPECULATIVE_FLAGS)
+                *SPECULATIVE_FLAGS, *DISTRIBUTED_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,7 +300,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
-              probes=args.probes, quantization=args.quantization,
+              probes=args.probes, quantization=args.quantization, tensor_parallel_size=args.tensor_parallel_size,
               **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
     print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:

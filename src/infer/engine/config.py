@@ -14,6 +14,7 @@ SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
 QUANTIZATIONS = ("auto", "none", "int4", "int8", "fp8")
 LOAD_FORMATS = ("auto", "dummy")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
+LOAD_BALANCE_METHODS = ("round_robin", "least_load", "prefix_affinity")
 DEFAULT_SPECULATIVE_TOKENS = 4
 
 
@@ -54,6 +55,15 @@ class EngineConfig:
     draft_model: str | None = None  # draft: the drafter's checkpoint (same tokenizer and vocabulary)
     speculative_disable_by_batch_size: int | None = None  # ngram: no drafts while this many run; None = 2 on the CPU, 0 (never) on CUDA
     structured_compile_timeout_s: float = 10.0  # a grammar not compiled within this is refused (400), never waited on
+    # scale-out (docs/distributed.md): TP ranks on consecutive devices from `device`; DP engine cores behind one API server
+    tensor_parallel_size: int = 1  # ranks one model is sharded over (NCCL on CUDA, gloo on the CPU)
+    data_parallel_size: int = 1  # engine cores, each with its own TP group
+    load_balance_method: str = "least_load"  # how the API server picks a DP engine for a request
+    nnodes: int = 1  # hosts the TP group spans (the ranks split evenly over them)
+    node_rank: int = 0  # this host's place among them; 0 serves, the others run headless workers
+    master_addr: str = "127.0.0.1"  # rank 0's host, for the rendezvous
+    master_port: int = 29500  # rank 0's rendezvous port
+    distributed_timeout_s: float = 60.0  # a collective or a worker silent this long fails the engine (never a hang)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -89,6 +99,7 @@ class EngineConfig:
         self._check("probes", self.probes is None or (isinstance(self.probes, str) and Path(self.probes).expanduser().is_file()),
                     "must be the path of an existing probe-set YAML file")
         self._compatibility()
+        self._distributed()
         self._check(
             "max_num_batched_tokens", self.max_num_batched_tokens >= self.max_seq_len,
             f"must be >= max_seq_len ({self.max_seq_len}) so that any admitted prompt fits one prefill step",
@@ -127,6 +138,20 @@ class EngineConfig:
                     "does not exist")
         self._check("speculative_method", method is None or self.kv_cache_backend == "paged",
                     "requires kv_cache_backend='paged' (rejected drafts give their blocks back)")
+
+    def _distributed(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size", "nnodes"):
+            self._check(name, isinstance(getattr(self, name), int) and getattr(self, name) >= 1, "must be an integer >= 1")
+        self._check("load_balance_method", self.load_balance_method in LOAD_BALANCE_METHODS,
+                    f"must be one of {', '.join(LOAD_BALANCE_METHODS)}")
+        self._check("node_rank", 0 <= self.node_rank < self.nnodes, f"must be in [0, nnodes={self.nnodes})")
+        self._check("nnodes", self.tensor_parallel_size % self.nnodes == 0,
+                    f"must divide tensor_parallel_size={self.tensor_parallel_size} (each node runs as many ranks)")
+        self._check("master_port", 0 < self.master_port < 65536, "must be a TCP port")
+        self._check("distributed_timeout_s", self.distributed_timeout_s > 0, "must be > 0")
+        self._check("draft_model", self.draft_model is None or self.tensor_parallel_size == 1,
+                    f"a draft model is not supported with tensor_parallel_size={self.tensor_parallel_size} "
+                    "(the drafter is not sharded); use speculative_method='ngram' or tensor_parallel_size=1")
 
     @property
     def speculative_tokens(self) -> int:
