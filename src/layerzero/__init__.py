@@ -7,7 +7,10 @@ import importlib
 from typing import Any
 
 from layerzero.api import (
+    all_gather,
+    all_reduce,
     attention,
+    broadcast,
     dequantize,
     detokenize,
     embedding,
@@ -94,7 +97,10 @@ __all__ = [
     "NoKernelFoundError",
     "Reason",
     "SelectionContext",
+    "all_gather",
+    "all_reduce",
     "attention",
+    "broadcast",
     "dequantize",
     "detokenize",
     "embedding",

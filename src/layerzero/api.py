@@ -233,6 +233,21 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _call("embedding", ids, weight)
 
 
+def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Sum x over a tensor-parallel process group's ranks, in place; returns x."""
+    return _call("all_reduce", x, group=group)
+
+
+def all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """The group's ranks' x [..., d] side by side in rank order: [..., size * d]."""
+    return _call("all_gather", x, group=group)
+
+
+def broadcast(x: torch.Tensor, group: Any, src: int = 0) -> torch.Tensor:
+    """Rank `src`'s x (its rank within the group) on every rank of the group, in place; returns x."""
+    return _call("broadcast", x, group=group, src=int(src))
+
+
 def sample_topk(
     logits: torch.Tensor,
     k: int,

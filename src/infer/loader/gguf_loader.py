@@ -15,6 +15,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
+from infer.loader.cuts import CutFor, cut_gguf_raw, pad_value
 from infer.loader.gguf_quant import GROUP, INT4_TYPES, Int4Groups, read_int4, read_q8_0
 from infer.loader.hf_quant import W8Tensor
 from tqdm.auto import tqdm
@@ -234,11 +235,12 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def iter_gguf_tensors(path: str | Path, keep_int4: bool = False,
-                      keep_q8_0: bool = False) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
+def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool = False,
+                      cut: CutFor | None = None) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
     """(HF name, float32 tensor in HF layout) for every weight, dequantized, with llama.cpp's transforms undone;
     with keep_int4, Q4_0 / Q4_1 / Q4_K tensors come as their 4-bit groups instead, and with keep_q8_0, Q8_0 ones as
-    int8 with their block scales (infer/loader/gguf_quant.py)."""
+    int8 with their block scales (infer/loader/gguf_quant.py). With `cut` (tensor parallelism), a tensor it names
+    is read as that slice of its stored blocks only (loader/cuts.py)."""
     reader = open_gguf(path)
     arch = _architecture(reader)
     config = read_gguf_config(path)
@@ -248,24 +250,30 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False,
             continue
         name = _hf_name(arch, tensor.name)
         base = tensor.name.split(".")[-2]
+        part = cut(name) if cut is not None else None
+        data = tensor.data if part is None else cut_gguf_raw(name, tensor.data, tensor.tensor_type, part)
+        # a cut of q / k holds whole heads: llama.cpp's permutation is undone per head
+        heads = qk_heads.get(base, 0) * data.shape[0] // max(tensor.data.shape[0], 1)
+        unpermute = arch == "llama" and base in qk_heads
+        value: torch.Tensor | Int4Groups | W8Tensor
         if keep_int4 and tensor.tensor_type in INT4_TYPES:
-            groups = read_int4(tensor.data, tensor.tensor_type)
-            if arch == "llama" and base in qk_heads:  # rows move; each row keeps its groups
-                groups = Int4Groups(*(_unpermute(a, qk_heads[base]) for a in groups))
-            yield name, Int4Groups(*(np.ascontiguousarray(a) for a in groups))
-            continue
-        if keep_q8_0 and tensor.tensor_type == GGMLQuantizationType.Q8_0:
-            q, scale = read_q8_0(tensor.data)
-            if arch == "llama" and base in qk_heads:
-                q, scale = _unpermute(q, qk_heads[base]), _unpermute(scale, qk_heads[base])
-            yield name, _q8_0_tensor(q, scale)
-            continue
-        w = dequantize(tensor.data, tensor.tensor_type)
-        if arch == "llama" and base in qk_heads:
-            w = _unpermute(w, qk_heads[base])
-        if arch == "gemma3" and tensor.name.endswith("norm.weight"):
-            w = w - 1  # llama.cpp stores Gemma's (1 + weight) RMSNorm scale; HF stores weight
-        yield name, torch.from_numpy(np.require(w, dtype=np.float32, requirements=["C", "W"]))
+            groups = read_int4(data, tensor.tensor_type)
+            if unpermute:  # rows move; each row keeps its groups
+                groups = Int4Groups(*(_unpermute(a, heads) for a in groups))
+            value = Int4Groups(*(np.ascontiguousarray(a) for a in groups))
+        elif keep_q8_0 and tensor.tensor_type == GGMLQuantizationType.Q8_0:
+            q, scale = read_q8_0(data)
+            if unpermute:
+                q, scale = _unpermute(q, heads), _unpermute(scale, heads)
+            value = _q8_0_tensor(q, scale)
+        else:
+            w = dequantize(data, tensor.tensor_type)
+            if unpermute:
+                w = _unpermute(w, heads)
+            if arch == "gemma3" and tensor.name.endswith("norm.weight"):
+                w = w - 1  # llama.cpp stores Gemma's (1 + weight) RMSNorm scale; HF stores weight
+            value = torch.from_numpy(np.require(w, dtype=np.float32, requirements=["C", "W"]))
+        yield name, value if part is None else pad_value(name, value, part)
 
 
 def gguf_head_q8_0(path: str | Path) -> W8Tensor | None:

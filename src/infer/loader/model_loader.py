@@ -12,6 +12,7 @@ import torch
 
 import layerzero as lz
 from infer.loader.gguf_loader import gguf_head_q8_0, iter_gguf_tensors, open_gguf, read_gguf_config
+from infer.loader.cuts import CutFor
 from infer.loader.gguf_quant import GROUP, Int4Groups
 from infer.loader.hf_quant import CheckpointQuant, W8Tensor, parse_quant_config
 from infer.loader.safetensors_loader import iter_safetensors
@@ -21,6 +22,7 @@ from infer.models.config import ModelConfig, config_from_hf
 from infer.models.layers import params_on_meta
 from infer.models.quant import W8Weight, quantize_linears, replace_weight
 from infer.models.registry import model_spec
+from infer.models.shard import Shard
 
 AT_LOAD = ("int4", "int8", "fp8")  # quantization values that quantize a float checkpoint's linear weights at load
 
@@ -58,13 +60,15 @@ def checkpoint_quant(path: Path, raw: dict | None = None) -> CheckpointQuant | N
 
 
 def checkpoint_tensors(path: Path, dtype: torch.dtype, keep_int4: bool = False, quant: CheckpointQuant | None = None,
-                       keep_w8: bool = False) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
+                       keep_w8: bool = False, cut: CutFor | None = None
+                       ) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
     """The checkpoint's tensors in `dtype`; with keep_int4, a GGUF's 4-bit tensors as their groups; with keep_w8, a
-    GGUF's Q8_0 tensors, or an 8-bit HF checkpoint's (`quant`) weights, as int8 / fp8 with their scales."""
+    GGUF's Q8_0 tensors, or an 8-bit HF checkpoint's (`quant`) weights, as int8 / fp8 with their scales; with `cut`,
+    one tensor-parallel rank's slices."""
     if is_gguf(path):
         return ((name, t if isinstance(t, (Int4Groups, W8Tensor)) else t.to(dtype))
-                for name, t in iter_gguf_tensors(path, keep_int4, keep_w8))
-    return iter_safetensors(path, dtype, quant, keep_w8)
+                for name, t in iter_gguf_tensors(path, keep_int4, keep_w8, cut))
+    return iter_safetensors(path, dtype, quant, keep_w8, cut)
 
 
 def _kept_kernel(fmt: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -82,23 +86,25 @@ def _kept_kernel(fmt: str, device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int,
-                deferred: bool = False) -> CausalLM:
-    """An uninitialised model of the registered class for cfg.model_type; `deferred`: its parameters on the meta
-    device until a checkpoint fills them (load_weights allocates each on `device` then)."""
+                deferred: bool = False, shard: Shard = Shard()) -> CausalLM:
+    """An uninitialised model of the registered class for cfg.model_type (one tensor-parallel rank's part with
+    `shard`); `deferred`: its parameters on the meta device until a checkpoint fills them (load_weights allocates each
+    on `device` then)."""
     cls = model_spec(cfg.model_type).model_cls
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device), params_on_meta() if deferred else nullcontext():
-            model = cls(cfg, max_positions)
+            model = cls(cfg, max_positions, shard)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
 
 
 def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
-    """Random weights in place of a checkpoint (load_format="dummy"): N(0, 0.02), norms near 1, seeded."""
-    gen = torch.Generator(device=model.embed.device).manual_seed(seed)
+    """Random weights in place of a checkpoint (load_format="dummy"): N(0, 0.02), norms near 1, seeded (per
+    tensor-parallel rank: a rank's shard is random, not a slice of the TP=1 model's)."""
+    gen = torch.Generator(device=model.embed.device).manual_seed(seed + model.shard.rank)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
@@ -114,6 +120,7 @@ def load_model(
     max_positions: int = 8192,
     load_format: str = "auto",
     quantization: str = "none",
+    shard: Shard = Shard(),
 ) -> LoadedModel:
     """Build the model for `path` and fill it from the checkpoint ("auto") or with random weights ("dummy").
 
@@ -121,7 +128,7 @@ def load_model(
     of an 8-bit HF checkpoint (FP8 blocks, compressed-tensors int8/fp8) 8-bit, and a GGUF's 4-bit ones 4-bit and
     Q8_0 ones 8-bit wherever a kernel other than the reference takes them (the CPU's native / torch kernels, CUDA's
     Triton ones); "int4", "int8" and "fp8" quantize every linear weight after loading (docs/quantization.md says
-    how).
+    how). With a tensor-parallel `shard`, the model holds that rank's part and reads only its slices.
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -129,7 +136,8 @@ def load_model(
     if quantization in AT_LOAD and load_format != "dummy" and is_gguf(path):
         _refuse_requantizing(path, quantization)  # before minutes of loading
     cfg = read_config(path)
-    model = build_model(cfg, dtype, device, max_positions, deferred=load_format != "dummy")
+    shard.check(cfg)
+    model = build_model(cfg, dtype, device, max_positions, deferred=load_format != "dummy", shard=shard)
     if load_format == "dummy":
         init_dummy_weights(model)
     else:
@@ -139,11 +147,12 @@ def load_model(
         quant = checkpoint_quant(path)
         keep_w8 = quantization == "auto" and quant is not None or gguf_kept and _kept_kernel("q8_0", where, dtype)
         with torch.no_grad():
-            load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8),
+            cut = (lambda name: shard.cut(name, cfg)) if shard.parallel else None
+            load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8, cut),
                          cfg.tie_word_embeddings, where,
                          model.linear_weights() if keep_int4 or keep_w8 else ())
         if gguf_kept and where.type == "cpu" and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
-            head = gguf_head_q8_0(path) if keep_w8 else None
+            head = gguf_head_q8_0(path) if keep_w8 and not shard.parallel else None
             if head is not None:  # tied to a Q8_0 embedding: its own int8 copy, exact, 1.7 ms a token against 2.2
                 replace_weight(model, "lm_head", W8Weight(head.weight, head.scale, head.block_size))
             else:

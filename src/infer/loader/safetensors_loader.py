@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from infer.loader.cuts import CutFor, cut_w8, pad_tensor, read_cut
 from infer.loader.hf_quant import W8_DTYPES, CheckpointQuant, W8Tensor, check_scales_used, is_auxiliary, pair_scales
 
 SINGLE = "model.safetensors"
@@ -38,10 +39,11 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return found
 
 
-def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant | None = None, keep_w8: bool = False
-                     ) -> Iterator[tuple[str, torch.Tensor | W8Tensor]]:
+def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant | None = None, keep_w8: bool = False,
+                     cut: CutFor | None = None) -> Iterator[tuple[str, torch.Tensor | W8Tensor]]:
     """Yield (name, tensor cast to dtype) for every tensor of every shard, with a progress bar. In a checkpoint
-    stored 8-bit (`quant`), each 8-bit weight comes with its scales, as a W8Tensor with keep_w8, else dequantized."""
+    stored 8-bit (`quant`), each 8-bit weight comes with its scales, as a W8Tensor with keep_w8, else dequantized.
+    With `cut` (tensor parallelism), a tensor it names is read as that slice only (loader/cuts.py)."""
     files = safetensors_files(model_dir)
     with ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files]
@@ -56,12 +58,20 @@ def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant
                 bar.update()
                 if quant is not None and is_auxiliary(key, quant):
                     continue
-                tensor = handle.get_tensor(key)
+                part = cut(key) if cut is not None else None
+                if part is None:
+                    tensor = handle.get_tensor(key)
+                else:  # the slice alone; an 8-bit weight's scales are checked against its whole shape (on meta)
+                    piece = handle.get_slice(key)
+                    shape, sliced = piece.get_shape(), read_cut(piece, piece.get_shape(), part)
+                    tensor = torch.empty(shape, dtype=sliced.dtype, device="meta")
                 if quant is not None and tensor.dtype in W8_DTYPES:
                     w8 = pair_scales(key, tensor, quant, get)
+                    if part is not None:
+                        w8 = cut_w8(key, w8, part, weight=sliced)
                     paired.add(key)
                     yield key, w8 if keep_w8 else w8.dequantize(dtype)
                 else:
-                    yield key, tensor.to(dtype)
+                    yield key, tensor.to(dtype) if part is None else pad_tensor(sliced.to(dtype), part)
         if quant is not None:
             check_scales_used(where, paired, quant)

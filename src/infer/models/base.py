@@ -10,6 +10,7 @@ from infer.models.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
 from infer.models.quant import LinearSite, QuantWeight
+from infer.models.shard import Shard
 
 LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block's weights that only feed matmuls
 
@@ -27,19 +28,29 @@ class Block(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Runs packed tokens through the blocks; `compute_logits` maps chosen rows to float32 logits."""
+    """Runs packed tokens through the blocks; `compute_logits` maps chosen rows to float32 logits.
+
+    With a tensor-parallel `shard`, the blocks hold this rank's heads and MLP columns (each block's attention and MLP
+    end in an all-reduce) and the embedding and head this rank's vocabulary rows (the lookup ends in an all-reduce,
+    the logits in an all-gather); `config` stays the whole model's, `local` is what this rank's blocks are built with.
+    """
 
     block_cls: type[Block]
     norm_offset: float = 0.0
 
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, shard: Shard = Shard()) -> None:
         super().__init__()
-        self.config = cfg
-        self.embed = empty_param(cfg.vocab_size, cfg.hidden_size)
-        self.blocks = nn.ModuleList(self.block_cls(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.config, self.shard, self.local = cfg, shard, shard.local_config(cfg)
+        vocab_rows = shard.vocab_rows(cfg.vocab_size)
+        self.embed = empty_param(vocab_rows, cfg.hidden_size)
+        self.blocks = nn.ModuleList(self.block_cls(self.local, i) for i in range(cfg.num_hidden_layers))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.norm_offset)
-        self.lm_head = self.embed if cfg.tie_word_embeddings else empty_param(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else empty_param(vocab_rows, cfg.hidden_size)
         self.embed_site, self.head_site = lz.bind("embedding"), LinearSite()
+        if shard.parallel:
+            self.embed_reduce_site, self.gather_site = lz.bind("all_reduce"), lz.bind("all_gather")
+            for block in self.blocks:
+                block.attn.tp_group = block.mlp.tp_group = shard.group
         positions = min(cfg.max_position_embeddings, max_positions)
         self.ropes = nn.ModuleDict({"global": RotaryEmbedding(cfg.rope, cfg.head_dim, positions)})
         if cfg.rope_local is not None:
@@ -64,7 +75,13 @@ class CausalLM(nn.Module):
         return names + ([] if self.config.tie_word_embeddings else ["lm_head"])
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_site(input_ids, self.embed)
+        if not self.shard.parallel:
+            return self.embed_site(input_ids, self.embed)
+        # this rank's vocabulary rows: ids outside them look up row 0 and are zeroed; the sum over ranks is the lookup
+        local = input_ids - self.shard.rank * self.embed.shape[0]
+        outside = (local < 0) | (local >= self.embed.shape[0])
+        x = self.embed_site(local.masked_fill(outside, 0), self.embed).masked_fill(outside[:, None], 0)
+        return self.embed_reduce_site(x, group=self.shard.group)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden]."""
@@ -82,6 +99,9 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.lm_head
-        logits = self.head_site(hidden if isinstance(head, QuantWeight) else hidden.to(head.dtype), head).float()
+        logits = self.head_site(hidden if isinstance(head, QuantWeight) else hidden.to(head.dtype), head)
+        if self.shard.parallel:  # every rank's vocabulary rows side by side, the padding rows cut off
+            logits = self.gather_site(logits, group=self.shard.group)[:, : self.config.vocab_size]
+        logits = logits.float()
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -47,5 +47,5 @@ class Gemma3ForCausalLM(CausalLM):
     norm_offset = NORM_OFFSET
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed_site(input_ids, self.embed)
+        x = super().embed_tokens(input_ids)
         return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)

@@ -126,6 +126,8 @@ class Attention(nn.Module):
         self.store_site = lz.bind("store_kv_cache")
         self.prefill_site, self.varlen_site = lz.bind("paged_prefill_attention"), lz.bind("varlen_attention")
         self.decode_site = lz.bind("paged_attention")
+        self.tp_group: object | None = None  # tensor parallel: o_proj holds this rank's columns, summed over ranks
+        self.reduce_site = lz.bind("all_reduce")
 
     def weight_map(self) -> WeightMap:
         q, kv = self.q_size, self.kv_size
@@ -158,7 +160,8 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, kv_heads, dim))
             q, k = self.rope_q_site(q, cos, sin, interleaved=False), self.rope_k_site(k, cos, sin, interleaved=False)
         o = self._attend(q, k, v, batch)
-        return self.o_site(o.reshape(tokens, self.q_size), self.o_proj)
+        out = self.o_site(o.reshape(tokens, self.q_size), self.o_proj)
+        return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         cache = batch.kv_caches[self.layer] if batch.kv_caches is not None else None
@@ -197,6 +200,8 @@ class GatedMLP(nn.Module):
         self.act = cfg.hidden_act
         self.gate_up_site, self.down_site = LinearSite(), LinearSite()
         self.act_site = lz.bind("silu_and_mul" if self.act == "silu" else "gelu_and_mul")
+        self.tp_group: object | None = None  # tensor parallel: down_proj holds this rank's columns, summed over ranks
+        self.reduce_site = lz.bind("all_reduce")
 
     def weight_map(self) -> WeightMap:
         i = self.intermediate
@@ -209,4 +214,5 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_site(x, self.gate_up_proj)
         h = self.act_site(gate_up) if self.act == "silu" else self.act_site(gate_up, approximate="tanh")
-        return self.down_site(h, self.down_proj)
+        out = self.down_site(h, self.down_proj)
+        return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)

@@ -198,6 +198,10 @@ SIGNATURES: dict[str, OpSignature] = {
     "dequantize": OpSignature(_dequantize, (0,), ("axis",)),
     # The tokenizer object itself is part of the call key (held, so its id is never reused); its identity
     # is read on a call-cache miss (reference.tokenize.cached_identity).
+    # collectives: the group is not part of the context (a process has one tensor-parallel group per model)
+    "all_reduce": OpSignature(_rowwise, (0,), ()),
+    "all_gather": OpSignature(_rowwise, (0,), ()),
+    "broadcast": OpSignature(_rowwise, (0,), ("src",)),
     "tokenize": OpSignature(_tokenizer, (1,), ("return_offsets",)),
     "detokenize": OpSignature(_tokenizer, (1,), ()),
 }

@@ -114,6 +114,14 @@ def kernel(name: str, symbol: str, argtypes: tuple[type, ...], restype: type | N
     return call
 
 
+def record_call(fn: Callable[..., Any], *args: Any) -> None:
+    """Report a call that is not a C kernel but must run again, in order, in a replay of what `calls_into` records
+    (a collective): its Python function and arguments."""
+    sinks = getattr(_recording, "sinks", None)
+    if sinks:
+        sinks[-1].append((fn, args))
+
+
 @contextlib.contextmanager
 def calls_into(sink: list[Call]) -> Iterator[list[Call]]:
     """Append every kernel call this thread makes inside the block to `sink`, in order, as well as making it. The

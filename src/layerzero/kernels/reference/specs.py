@@ -101,6 +101,9 @@ _EXTRA = {
     "linear_w8": ("quantize", "linear_w8"),
     "tokenize": ("tokenize", "tokenize"),
     "detokenize": ("tokenize", "detokenize"),
+    "all_reduce": ("collectives", "all_reduce"),
+    "all_gather": ("collectives", "all_gather"),
+    "broadcast": ("collectives", "broadcast"),
 }
 
 
@@ -129,5 +132,5 @@ def kernel_specs() -> list[KernelSpec]:
             specs.append(_unimportable(op, module, exc))
             continue
         specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4",
-                                                               "linear_w8")))
+                                                               "linear_w8", "all_reduce", "all_gather", "broadcast")))
     return specs
