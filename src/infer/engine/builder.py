@@ -174,6 +174,10 @@ def build_engine(config: EngineConfig, core_only: bool = False) -> BuiltEngine:
     On CUDA, and for a core process on any device, the engine is warmed up before it is returned."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
+    if config.resolved_runner == "mlx":  # the MLX engine (docs/apple.md)
+        from infer.engine.mlx_builder import build_mlx_engine
+
+        return build_mlx_engine(config, path, core_only, started)
     loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format,
                         config.quantization)
     tokenizer = Tokenizer.from_path(path)

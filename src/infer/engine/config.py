@@ -14,6 +14,7 @@ SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
 QUANTIZATIONS = ("auto", "none", "int4", "int8", "fp8")
 LOAD_FORMATS = ("auto", "dummy")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
+RUNNERS = ("auto", "torch", "mlx")  # execution engines: docs/apple.md for mlx
 LOAD_BALANCE_METHODS = ("round_robin", "least_load", "prefix_affinity")
 DEFAULT_SPECULATIVE_TOKENS = 4
 
@@ -55,6 +56,7 @@ class EngineConfig:
     draft_model: str | None = None  # draft: the drafter's checkpoint (same tokenizer and vocabulary)
     speculative_disable_by_batch_size: int | None = None  # ngram: no drafts while this many run; None = 2 on the CPU, 0 (never) on CUDA
     structured_compile_timeout_s: float = 10.0  # a grammar not compiled within this is refused (400), never waited on
+    runner: str = "auto"  # "torch", "mlx" (Apple silicon; MLX's CPU backend elsewhere), "auto": mlx on Apple silicon with Metal
     # scale-out (docs/distributed.md): TP ranks on consecutive devices from `device`; DP engine cores behind one API server
     tensor_parallel_size: int = 1  # ranks one model is sharded over (NCCL on CUDA, gloo on the CPU)
     data_parallel_size: int = 1  # engine cores, each with its own TP group
@@ -96,6 +98,7 @@ class EngineConfig:
                     self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1, "must be >= 1 or None")
         self._check("structured_compile_timeout_s", self.structured_compile_timeout_s > 0, "must be > 0")
         self._check("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}")
+        self._check("runner", self.runner in RUNNERS, f"must be one of {', '.join(RUNNERS)}")
         self._check("probes", self.probes is None or (isinstance(self.probes, str) and Path(self.probes).expanduser().is_file()),
                     "must be the path of an existing probe-set YAML file")
         self._compatibility()
@@ -174,6 +177,15 @@ class EngineConfig:
         if self.device != "auto":
             return self.device
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def resolved_runner(self) -> str:
+        """"torch" or "mlx": as asked, or for "auto" mlx on Apple silicon with Metal when device is auto."""
+        if self.runner != "auto":
+            return self.runner
+        from infer.runners.mlx import apple_metal
+
+        return "mlx" if self.device == "auto" and apple_metal() else "torch"
 
     @property
     def decode_graphs(self) -> bool:

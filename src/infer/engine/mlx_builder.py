@@ -1,0 +1,78 @@
+"""Assembling an engine around the MLX runner (EngineConfig.runner="mlx"): what build_engine does for torch, with
+the checkpoint read by the same loaders and handed to MLX, and every feature the MLX runner does not run declined
+here, at startup, naming the field (docs/apple.md)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from infer.engine.config import DTYPES, EngineConfig, EngineConfigError
+from infer.runners.mlx import apple_metal, mlx_available
+
+# (field, whether the config asks for it, why the MLX runner declines it)
+DECLINED = (
+    ("probes", lambda c: c.probes is not None,
+     "omniscience probes are torch-only (their banks and taps live in torch buffers); use runner='torch'"),
+    ("speculative_method", lambda c: c.speculative_method is not None,
+     "speculative decoding is not built on the mlx runner (no draft verification); use runner='torch'"),
+    ("quantization", lambda c: c.quantization in ("int4", "int8", "fp8"),
+     "quantizing at load is torch-only; the mlx runner keeps a GGUF's 4-bit and Q8_0 weights as stored ('auto') "
+     "or dequantizes ('none')"),
+    ("device", lambda c: c.device.startswith("cuda"), "the mlx runner runs on Apple silicon (Metal) or the CPU"),
+)
+
+
+def check_mlx_config(config: EngineConfig) -> None:
+    """EngineConfigError for a configuration the MLX runner does not run (never silently run another way)."""
+    if not mlx_available():
+        raise EngineConfigError("runner='mlx': the mlx package is not installed (pip install -e '.[mlx]')")
+    for name, asked, why in DECLINED:
+        if asked(config):
+            raise EngineConfigError(f"{name}={getattr(config, name)!r}: {why}")
+    if getattr(config, "tensor_parallel_size", 1) != 1:
+        raise EngineConfigError(f"tensor_parallel_size={config.tensor_parallel_size!r}: the mlx runner runs on one "
+                                f"device")
+
+
+def mlx_dtype_name(config: EngineConfig) -> str:
+    """"auto": float16 on Metal (a GGUF's fp16 scales stay exact), float32 on MLX's CPU backend."""
+    if config.dtype != "auto":
+        return config.dtype
+    return "float16" if apple_metal() else "float32"
+
+
+def build_mlx_engine(config: EngineConfig, path: Path, core_only: bool, started: float):  # -> BuiltEngine
+    """Load the checkpoint into MLX, size the KV cache, build the MlxRunner and the engine around it."""
+    import mlx.core as mx
+
+    from infer.engine.builder import BuiltEngine, kv_cache_bytes, settle_heap
+    from infer.engine.core import EngineCore
+    from infer.engine.engine import Engine
+    from infer.engine.warmup import warm_up
+    from infer.kv.kv_manager import KVCacheManager
+    from infer.kv.sizing import kv_layout
+    from infer.loader.tokenizer import Tokenizer
+    from infer.runners.mlx.model import MlxModel
+    from infer.runners.mlx.runner import MlxRunner
+    from infer.runners.mlx.weights import MX_DTYPES, load_torch_model
+
+    check_mlx_config(config)
+    dtype = mlx_dtype_name(config)
+    staged = load_torch_model(path, config.load_format, config.quantization, config.max_seq_len)
+    model = MlxModel(staged, MX_DTYPES[dtype], config.quantization)
+    mx.eval(model.parameters())  # every weight made now; the torch staging copy is dropped below
+    model_config = staged.config
+    del staged
+    tokenizer = Tokenizer.from_path(path)
+    config = replace(config, max_seq_len=min(config.max_seq_len, model_config.max_position_embeddings))
+    layout = kv_layout(model_config, DTYPES[dtype], config.kv_cache_backend, config.block_size, config.max_seq_len,
+                       config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(replace(config, dtype=dtype),
+                                                                                  model_config))
+    runner = MlxRunner(model, layout.num_blocks, layout.block_size, config.max_batch_size)
+    kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
+    engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)  # type: ignore[arg-type]
+    warmup_seconds = warm_up(engine) if core_only else 0.0
+    settle_heap()
+    return BuiltEngine(config, model_config, tokenizer, path, engine, time.perf_counter() - started, warmup_seconds)

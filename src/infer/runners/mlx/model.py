@@ -1,0 +1,154 @@
+"""Llama 3, Qwen 3 and Gemma 3 in MLX, built from the torch model infer's loaders filled (the same ModelConfig and
+weight-name maps; the families differ exactly where the torch modules do).
+
+Llama 3: pre-norm blocks, SwiGLU, rope with the checkpoint's scaling. Qwen 3: the same plus RMSNorm on each query
+and key head (QK-norm). Gemma 3: (1 + w) norms, sandwich norms around attention and the MLP, QK-norm, GeGLU (tanh
+GELU), sliding-window layers with their own rope, query_pre_attn_scalar scaling, sqrt(hidden) embedding scale and
+final logit softcapping. Norms run through `mx.fast.rms_norm`, rope through `mx.fast.rope` with the frequencies
+`rope_inv_freq` gives the torch model (Llama 3's banded scaling, linear scaling), attention through
+`mx.fast.scaled_dot_product_attention` over the paged cache (attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from infer.loader.model_loader import LoadedModel
+from infer.models.config import ModelConfig, RopeConfig
+from infer.models.layers import rope_inv_freq
+from infer.runners.mlx.attention import StepLayout, paged_attention
+from infer.runners.mlx.weights import Linear, linear, lm_head, to_mx
+
+GEMMA = "gemma3_text"
+
+
+@dataclass
+class Layer:
+    """One block's weights (norm weights with Gemma's + 1 folded in)."""
+
+    input_norm: mx.array
+    qkv: Linear
+    o: Linear
+    mlp_norm: mx.array
+    gate_up: Linear
+    down: Linear
+    q_norm: mx.array | None = None
+    k_norm: mx.array | None = None
+    post_attn_norm: mx.array | None = None  # Gemma's sandwich norms
+    post_mlp_norm: mx.array | None = None
+    window: int | None = None
+    rope: str = "global"
+
+
+class MlxModel:
+    """Packed tokens of one step -> final hidden states, over the runner's paged cache."""
+
+    def __init__(self, loaded: LoadedModel, dtype: mx.Dtype, quantization: str) -> None:
+        cfg = self.config = loaded.config
+        torch_model = loaded.model
+        self.dtype = dtype
+        offset = 1.0 if cfg.model_type == GEMMA else 0.0
+
+        def norm(weight) -> mx.array:  # noqa: ANN001 - a torch parameter
+            return to_mx(weight.detach().float() + offset, dtype)
+
+        self.embed = to_mx(torch_model.embed, dtype)
+        self.final_norm = norm(torch_model.final_norm.weight)
+        self.head = lm_head(loaded, dtype, quantization)
+        self.layers = [self._layer(block, i, norm) for i, block in enumerate(torch_model.blocks)]
+        self.freqs = {"global": self._freqs(cfg.rope)}
+        if cfg.rope_local is not None:
+            self.freqs["local"] = self._freqs(cfg.rope_local)
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale = cfg.attn_scale
+        self.embed_scale = math.sqrt(cfg.hidden_size) if cfg.model_type == GEMMA else None
+
+    def _layer(self, block, i: int, norm) -> Layer:  # noqa: ANN001 - torch modules
+        cfg, dtype = self.config, self.dtype
+        attn, mlp = block.attn, block.mlp
+        gemma = cfg.model_type == GEMMA
+        return Layer(
+            input_norm=norm(block.input_norm.weight), qkv=linear(attn.qkv_proj, dtype, attn.qkv_bias),
+            o=linear(attn.o_proj, dtype), mlp_norm=norm(block.mlp_norm.weight),
+            gate_up=linear(mlp.gate_up_proj, dtype), down=linear(mlp.down_proj, dtype),
+            q_norm=None if attn.q_norm is None else norm(attn.q_norm.weight),
+            k_norm=None if attn.k_norm is None else norm(attn.k_norm.weight),
+            post_attn_norm=norm(block.post_attn_norm.weight) if gemma else None,
+            post_mlp_norm=norm(block.post_mlp_norm.weight) if gemma else None,
+            window=cfg.window(i), rope=block.rope_kind,
+        )
+
+    def _freqs(self, rope: RopeConfig) -> mx.array:
+        """mx.fast.rope's per-pair periods: the reciprocals of the torch model's inverse frequencies."""
+        return mx.array((1.0 / rope_inv_freq(rope, self.config.head_dim)).numpy())
+
+    def parameters(self) -> list[mx.array]:
+        """Every weight array (to evaluate them once, at load)."""
+        out = [self.embed, self.final_norm, *self.freqs.values(), *self.head.arrays()]
+        for layer in self.layers:
+            for value in vars(layer).values():
+                out += value.arrays() if isinstance(value, Linear) else [value] if isinstance(value, mx.array) else []
+        return out
+
+    @property
+    def quantized_linears(self) -> int:
+        return sum(lin.quantized for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+
+    def __call__(self, ids: mx.array, layout: StepLayout, caches: list[list[mx.array]]) -> mx.array:
+        """ids [T] -> hidden [T, hidden]; writes the step's keys and values into `caches` on the way."""
+        x = self.embed[ids]
+        if self.embed_scale is not None:
+            x = x * mx.array(self.embed_scale, dtype=self.dtype)
+        eps = self.config.rms_norm_eps
+        for layer, cache in zip(self.layers, caches):
+            attn = self._attention(mx.fast.rms_norm(x, layer.input_norm, eps), layer, layout, cache)
+            if layer.post_attn_norm is not None:
+                attn = mx.fast.rms_norm(attn, layer.post_attn_norm, eps)
+            x = x + attn
+            mlp = self._mlp(mx.fast.rms_norm(x, layer.mlp_norm, eps), layer)
+            if layer.post_mlp_norm is not None:
+                mlp = mx.fast.rms_norm(mlp, layer.post_mlp_norm, eps)
+            x = x + mlp
+        return mx.fast.rms_norm(x, self.final_norm, eps)
+
+    def _attention(self, x: mx.array, layer: Layer, layout: StepLayout, cache: list[mx.array]) -> mx.array:
+        t, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        qkv = layer.qkv(x)
+        q = qkv[:, : h * d].reshape(t, h, d)
+        k = qkv[:, h * d : (h + kv) * d].reshape(t, kv, d)
+        v = qkv[:, (h + kv) * d :].reshape(t, kv, d)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            eps = self.config.rms_norm_eps
+            q, k = mx.fast.rms_norm(q, layer.q_norm, eps), mx.fast.rms_norm(k, layer.k_norm, eps)
+        q, k = self._rope(q, layer.rope, layout), self._rope(k, layer.rope, layout)
+        return layer.o(paged_attention(q, k, v, cache, layout, self.scale, layer.window))
+
+    def _rope(self, x: mx.array, kind: str, layout: StepLayout) -> mx.array:
+        """Rotate split halves (not interleaved) at each token's own position: the tokens are rope's batch."""
+        t, h, d = x.shape
+        out = mx.fast.rope(x.reshape(t, h, 1, d), d, traditional=False, base=None, scale=1.0,
+                           offset=layout.positions, freqs=self.freqs[kind])
+        return out.reshape(t, h, d)
+
+    def _mlp(self, x: mx.array, layer: Layer) -> mx.array:
+        gate, up = mx.split(layer.gate_up(x), 2, axis=-1)
+        if self.config.hidden_act == "silu":
+            act = gate * mx.sigmoid(gate)
+        else:  # gelu_pytorch_tanh
+            act = 0.5 * gate * (1 + mx.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate * gate * gate)))
+        return layer.down(act * up)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """float32 logits of the given rows, softcapped where the model says."""
+        out = self.head(hidden).astype(mx.float32)
+        cap = self.config.final_logit_softcapping
+        return mx.tanh(out / cap) * cap if cap else out
+
+
+def cache_arrays(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: mx.Dtype) -> list[list[mx.array]]:
+    """The KV cache: one [num_blocks, block_size, kv_heads, head_dim] K and V array per layer."""
+    shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+    return [[mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)] for _ in range(cfg.num_hidden_layers)]

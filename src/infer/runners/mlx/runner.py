@@ -1,0 +1,172 @@
+"""The MLX engine: the runner protocol of runners/base.py on Apple silicon (Metal) or, for tests, MLX's CPU backend.
+
+A step is encoded whole as one lazy MLX graph (ENCODE: the forward over the paged cache, the LM head of the rows
+that sample, the structured-output mask, the seeded sampler, logprobs), submitted with one `mx.async_eval` (SUBMIT),
+and waited on once when the engine asks for its result (READBACK, the step boundary), where the sampled ids and
+logprobs come back together. A row whose input is the previous step's sampled token takes it from that step's
+(lazy) output, so the engine may launch step N+1 before reading step N. INFER_STRICT_SYNC=1 makes any other wait
+raise (strict.py). The KV cache arrays exist only here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+import torch
+
+from infer.runners.mlx.attention import StepLayout, step_layout
+from infer.runners.mlx.model import MlxModel, cache_arrays
+from infer.runners.mlx.sampler import MxLogprobs, column_words, logprobs, sample
+from infer.runners.mlx.slots import MxSamplingSlots
+from infer.runners.mlx.strict import Phase, phase
+from infer.runners.step import StepInput, StepResult
+from infer.sampling.logprobs import TokenLogprob
+from omniscience import ProbeBank
+
+
+class MlxDevice:
+    """What the engine asks of a runner's device (its type); MLX picks Metal or the CPU itself."""
+
+    type = "mlx"
+
+    def __str__(self) -> str:
+        return f"mlx:{mx.default_device()}"
+
+
+@dataclass
+class MlxLaunchedStep:
+    """A submitted step; result() waits for it once and reads everything back."""
+
+    token_ids: mx.array
+    num_seqs: int
+    logprobs: tuple[list[int], MxLogprobs] | None = None
+    prompt_logprobs: list[MxLogprobs | None] | None = None
+
+    def result(self) -> StepResult:
+        with phase(Phase.READBACK):
+            out = StepResult(token_ids=self.token_ids.tolist())
+            if self.logprobs is not None:
+                rows, lp = self.logprobs
+                found: list[TokenLogprob | None] = [None] * self.num_seqs
+                for row, value in zip(rows, lp.to_host()):
+                    found[row] = value
+                out.logprobs = found
+            if self.prompt_logprobs is not None:
+                out.prompt_logprobs = [None if p is None else [None, *p.to_host()] for p in self.prompt_logprobs]
+        return out
+
+
+class MlxRunner:
+    """Owns the MLX weights, the paged KV cache and the sampling state; turns a StepInput into sampled tokens."""
+
+    probes: ProbeBank | None = None  # declined at startup (engine/mlx_builder.py)
+
+    def __init__(self, model: MlxModel, num_blocks: int, block_size: int, max_batch_size: int = 32) -> None:
+        cfg = model.config
+        self.model = model
+        self.device = MlxDevice()
+        self.vocab_size = cfg.vocab_size
+        self.num_blocks, self.block_size, self.max_batch_size = num_blocks, block_size, max_batch_size
+        self.kv_caches = cache_arrays(cfg, num_blocks, block_size, model.dtype)
+        self.sampling_slots = MxSamplingSlots(max_batch_size, cfg.vocab_size)
+        self.columns = column_words(cfg.vocab_size)
+        self.last_tokens = mx.zeros(max(max_batch_size, 1), dtype=mx.int32)
+        mx.eval(self.kv_caches, self.columns, self.last_tokens)  # allocated now, not inside the first step
+
+    def execute(self, step: StepInput) -> StepResult:
+        """Launch and wait: one step, synchronously."""
+        return self.launch(step).result()
+
+    def launch(self, step: StepInput) -> MlxLaunchedStep:
+        """Encode the step's whole graph and submit it; nothing here waits for the device."""
+        if step.num_seqs > self.max_batch_size:
+            raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
+        if step.drafts is not None or step.drafter_tokens is not None:
+            raise ValueError("speculative decoding: the mlx runner does not verify drafts (docs/apple.md)")
+        slots = step.sampling_slots
+        with phase(Phase.ENCODE):
+            self.sampling_slots.join(step.joined)
+            layout = step_layout(step, self.num_blocks, self.block_size)
+            ids = self._input_ids(step, layout)
+            hidden = self.model(ids, layout, self.kv_caches)
+            logits = self.model.logits(hidden[mx.array(np.asarray(layout.last_rows, dtype=np.int32))])
+            rows = self.sampling_slots.rows(slots)
+            self.sampling_slots.advance(slots, step.samples)
+        # structured output: the mask may read the step before (its boundary), so it is made outside the phase
+        bitmask = step.token_bitmask() if step.token_bitmask is not None else None
+        with phase(Phase.ENCODE):
+            if bitmask is not None:
+                logits = apply_token_bitmask(logits, bitmask)
+            tokens = sample(logits, rows, self.columns, self._seen(step))
+            self.sampling_slots.record(slots, tokens, step.samples)
+            self.last_tokens = tokens
+            launched = MlxLaunchedStep(tokens, step.num_seqs, self._sampled_logprobs(step, logits, tokens),
+                                       self._prompt_logprobs(step, layout, hidden, ids))
+        with phase(Phase.SUBMIT):
+            mx.async_eval(self._outputs(launched))
+        return launched
+
+    def _outputs(self, launched: MlxLaunchedStep) -> list[mx.array]:
+        """Everything the step computes or updates: its read-outs, the cache and the sampling state."""
+        out = [launched.token_ids, *(a for pair in self.kv_caches for a in pair)]
+        for lp in ([launched.logprobs[1]] if launched.logprobs else []) + [p for p in launched.prompt_logprobs or [] if p]:
+            out += [lp.chosen, lp.top_values, lp.top_ids]
+        out += [a for a in (self.sampling_slots.offset, self.sampling_slots.counts) if a is not None]
+        return out
+
+    def _input_ids(self, step: StepInput, layout: StepLayout) -> mx.array:
+        """The step's token ids; a sequence whose last input the previous step sampled takes it from that output."""
+        ids = np.asarray(step.token_ids, dtype=np.int32)
+        if not step.prev_rows or all(r < 0 for r in step.prev_rows):
+            return mx.array(ids)
+        where = np.zeros(len(ids), dtype=bool)
+        source = np.zeros(len(ids), dtype=np.int32)
+        for seq, row in enumerate(step.prev_rows):
+            if row >= 0:
+                where[layout.last_rows[seq]], source[layout.last_rows[seq]] = True, row
+        return mx.where(mx.array(where), self.last_tokens[mx.array(source)], mx.array(ids))
+
+    def _seen(self, step: StepInput) -> mx.array | None:
+        """[B, V] bool: the tokens each row has seen (prompt and output), for a repetition penalty."""
+        if step.history is None:
+            return None
+        seen = np.zeros((step.num_seqs, self.vocab_size), dtype=bool)
+        for row, history in enumerate(step.history):
+            seen[row, [t for t in history if 0 <= t < self.vocab_size]] = True
+        return mx.array(seen)
+
+    def _sampled_logprobs(self, step: StepInput, logits: mx.array, tokens: mx.array
+                          ) -> tuple[list[int], MxLogprobs] | None:
+        asked = step.logprobs or []
+        rows = [i for i, k in enumerate(asked) if k is not None]
+        if not rows:
+            return None
+        index = mx.array(np.asarray(rows, dtype=np.int32))
+        return rows, logprobs(logits[index], tokens[index], [int(asked[i] or 0) for i in rows])
+
+    def _prompt_logprobs(self, step: StepInput, layout: StepLayout, hidden: mx.array, ids: mx.array
+                         ) -> list[MxLogprobs | None] | None:
+        """Logprob of each prompt token given the ones before it, for the sequences that asked."""
+        if step.prompt_logprobs is None or not any(k is not None for k in step.prompt_logprobs):
+            return None
+        out: list[MxLogprobs | None] = [None] * step.num_seqs
+        starts = [0, *(r + 1 for r in layout.last_rows)]
+        for i, k in enumerate(step.prompt_logprobs):
+            start, end = starts[i], starts[i + 1]
+            if k is not None and end - start > 1:
+                out[i] = logprobs(self.model.logits(hidden[start : end - 1]), ids[start + 1 : end], [k] * (end - start - 1))
+        return out
+
+
+def apply_token_bitmask(logits: mx.array, bitmask: torch.Tensor) -> mx.array:
+    """-inf where bit (id % 32) of word bitmask[row, id // 32] is 0 (llguidance's layout, as token_mask.py reads it);
+    ids past the mask's 32 * W are never allowed."""
+    words = mx.array(bitmask.numpy().view(np.uint32))
+    bits = (words[:, :, None] >> mx.arange(32, dtype=mx.uint32)) & 1
+    allowed = bits.reshape(words.shape[0], -1).astype(mx.bool_)
+    vocab = logits.shape[-1]
+    if allowed.shape[1] < vocab:
+        allowed = mx.concatenate([allowed, mx.zeros((allowed.shape[0], vocab - allowed.shape[1]), dtype=mx.bool_)], 1)
+    return mx.where(allowed[:, :vocab], logits, float("-inf"))
