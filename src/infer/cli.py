@@ -45,6 +45,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-seq-len", type=int, default=4096, metavar="N", help="longest prompt + output, in tokens")
     _add_quantization_flag(p)
     _add_probe_flag(p)
+    _add_runner_flag(p)
     p.add_argument("--show-probes", nargs="?", const="", default=None, metavar="NAME",
                    help="shade each generated token by its score of probe NAME (default: the first loaded probe) "
                         "and print every probe's mean score; needs --probes. Shading is for a terminal: piped "
@@ -65,6 +66,15 @@ def _add_quantization_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup)
                         "int4 / int8 / fp8: quantize every linear weight at load to 4-bit groups of 32, int8 "
                         "per output row, or float8 e4m3 in 128x128 blocks (CUDA SM89+, or slowly on the CPU). "
                         "See docs/quantization.md")
+
+
+def _add_runner_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    from infer.engine.config import RUNNERS
+
+    p.add_argument("--runner", default="auto", choices=RUNNERS,
+                   help="execution engine: torch (CPU, CUDA) or mlx (Apple silicon through Metal; MLX's CPU backend "
+                        "elsewhere; needs the mlx extra); auto picks mlx on Apple silicon with Metal, torch "
+                        "elsewhere. See docs/apple.md")
 
 
 def _add_probe_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -162,6 +172,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                                      "path other requests share")
     _add_quantization_flag(g)
     _add_probe_flag(g)
+    _add_runner_flag(g)
     _add_prefill_flags(g)
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
     _add_distributed_flags(p.add_argument_group("scale-out: tensor and data parallelism (docs/distributed.md)"))
@@ -250,7 +261,7 @@ DISTRIBUTED_FLAGS = ("tensor_parallel_size", "data_parallel_size", "load_balance
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
                 "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes",
-                "structured_compile_timeout_s", *PREFILL_FLAGS,
+                "structured_compile_timeout_s", "runner", *PREFILL_FLAGS,
                 *SPECULATIVE_FLAGS, *DISTRIBUTED_FLAGS)
 
 
@@ -300,7 +311,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
-              probes=args.probes, quantization=args.quantization, tensor_parallel_size=args.tensor_parallel_size,
+              probes=args.probes, quantization=args.quantization, runner=args.runner, tensor_parallel_size=args.tensor_parallel_size,
               **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
     print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
