@@ -12,15 +12,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import uvicorn
 
-from infer.engine.client import EngineClient
 from infer.engine.config import EngineConfig
 from infer.engine.core_process import CoreProcess
+from infer.engine.dp_client import client_for
+from infer.engine.dp_cores import start_cores
 from infer.server.app import create_app
 from infer.server.http_server import uvicorn_config
 from infer.server.launch import served_model
@@ -35,6 +36,7 @@ class RunningServer:
     base_url: str
     state: ServerState
     core: CoreProcess
+    cores: list[CoreProcess] = field(default_factory=list)  # every engine core (data_parallel_size of them)
 
     def call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
         """A utility call into the engine core (between two of its steps), from the test's thread."""
@@ -77,15 +79,13 @@ def wait_healthy(base_url: str, timeout: float, still_starting: Callable[[], Non
 
 @contextmanager
 def running_server(model: object, limits: ServerLimits | None = None, **engine_options: Any) -> Iterator[RunningServer]:
-    """A core process for EngineConfig(model=model, **engine_options) and an API server in a thread, with the
-    HTTP limits `infer serve` would have (or `limits`)."""
-    core = CoreProcess.start(EngineConfig(model=str(model), **engine_options), timeout_s=600)
+    """A core process for EngineConfig(model=model, **engine_options) (one per data-parallel engine) and an API
+    server in a thread, with the HTTP limits `infer serve` would have (or `limits`)."""
+    cores = start_cores(EngineConfig(model=str(model), **engine_options), timeout_s=600)
     try:
-        info = core.info
-        served = served_model(info)
+        served = served_model(cores[0].info)
         limits = limits or ServerLimits()
-        state = ServerState(served, EngineClient(info, served.tokenizer, info.config.max_waiting_requests), MODEL,
-                            limits=limits)
+        state = ServerState(served, client_for([c.info for c in cores], served.tokenizer), MODEL, limits=limits)
         port = free_port()
         server = uvicorn.Server(uvicorn_config(create_app(state), limits, "warning", host="127.0.0.1", port=port))
         thread = threading.Thread(target=server.run, daemon=True)
@@ -93,12 +93,13 @@ def running_server(model: object, limits: ServerLimits | None = None, **engine_o
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, timeout=30)
         try:
-            yield RunningServer(base, state, core)
+            yield RunningServer(base, state, cores[0], cores)
         finally:
             server.should_exit = True
             thread.join(timeout=30)
     finally:
-        core.stop()
+        for core in cores:
+            core.stop()
 
 
 @dataclass

@@ -49,8 +49,16 @@ class LLM:
 
     Keyword arguments are `EngineConfig` fields. One caller at a time: each call drives the engine until
     its own requests finish. With `probes="probes.yaml"`, every output carries every loaded probe's score per
-    token unless its SamplingParams name the probes it wants.
+    token unless its SamplingParams name the probes it wants. With `data_parallel_size=N` > 1 it is a
+    DataParallelLLM (infer/dp_llm.py): N engine-core processes.
     """
+
+    def __new__(cls, model: str | None = None, **engine_options: object) -> LLM:
+        if cls is LLM and engine_options.get("data_parallel_size", 1) != 1:
+            from infer.dp_llm import DataParallelLLM
+
+            return super().__new__(DataParallelLLM)
+        return super().__new__(cls)
 
     def __init__(self, model: str | None = None, **engine_options: object) -> None:
         self.built: BuiltEngine = build_engine(EngineConfig(model=model, **engine_options))  # type: ignore[arg-type]

@@ -95,6 +95,7 @@ class EngineClient:
         self._aborts: list[str] = []
         self._flush_scheduled = False
         self._core_waiting = 0  # the core's waiting queue as last reported
+        self._core_running = 0  # and its running batch (data parallelism routes by both: dp_router.py)
         self._submitted = 0  # requests this client has submitted
         self._received = 0  # of which the core had taken in at that report (the rest are on their way)
         self._calls: dict[int, asyncio.Future[Any]] = {}
@@ -128,9 +129,19 @@ class EngineClient:
         return self.gone_reason is None
 
     @property
+    def infos(self) -> list[CoreInfo]:
+        """Every core this client talks to: its one (DPClient has several)."""
+        return [self.info]
+
+    @property
     def num_waiting(self) -> int:
         """Requests waiting in the core (as last reported) plus this client's that the core had not taken in then."""
         return self._core_waiting + self._submitted - self._received
+
+    @property
+    def num_running(self) -> int:
+        """The core's running batch, as last reported to this client."""
+        return self._core_running
 
     # requests ----------------------------------------------------------------------------------
 
@@ -209,7 +220,7 @@ class EngineClient:
                 self._gone(f"the engine core failed: {msg.reason}")
 
     def _deliver(self, step: m.CoreOutputs) -> None:
-        self._core_waiting, self._received = step.num_waiting, step.received
+        self._core_waiting, self._core_running, self._received = step.num_waiting, step.num_running, step.received
         now = time.monotonic()
         process, live_of, observe = self.text.process, self._live, self.metrics.observe
         for core_out in step.outputs:

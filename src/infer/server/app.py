@@ -45,7 +45,8 @@ def create_app(state: ServerState) -> FastAPI:
         s: ServerState = request.app.state.infer
         if not s.engine.alive:
             raise APIError(503, f"the engine core is gone: {s.engine.gone_reason}")
-        return {"status": "ok", "api_server": s.api_server_index, "pid": os.getpid(), "core_pid": s.engine.info.pid}
+        return {"status": "ok", "api_server": s.api_server_index, "pid": os.getpid(), "core_pid": s.engine.info.pid,
+                "core_pids": [info.pid for info in s.engine.infos]}
 
     def card(s: ServerState) -> dict[str, object]:
         return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",

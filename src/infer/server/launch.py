@@ -4,7 +4,9 @@ With one API server (the default on the CPU) this process is it. With `--api-ser
 is one per 4 host cores, at most 4: `api_servers_for`) it spawns N API server
 processes that each bind the port with SO_REUSEPORT (the kernel spreads connections over them), all talking to
 the one core, and supervises: the core's exit ends everything with a non-zero code (each API server answers 503
-and exits with the reason first); an API server's exit leaves the others serving.
+and exits with the reason first); an API server's exit leaves the others serving. With `--data-parallel-size N`
+there are N cores (engine/dp_cores.py) and every API server connects to each of them (engine/dp_client.py); any
+core's exit ends everything as above.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from pathlib import Path
 import uvicorn
 
 from infer.engine.builder import ServedModel, settle_heap
-from infer.engine.client import EngineClient
 from infer.engine.config import EngineConfig
 from infer.engine.core_process import CoreInfo, CoreProcess, CoreStartError
+from infer.engine.dp_client import client_for
+from infer.engine.dp_cores import start_cores
 from infer.loader.tokenizer import Tokenizer
 from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
 from infer.server.limits import ServerLimits
@@ -45,23 +48,28 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     _say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
     _check_port(host, port, api_server_count > 1)  # before the minutes of loading: a taken port fails at once
     try:
-        core = CoreProcess.start(config)
+        cores = start_cores(config)
     except CoreStartError as exc:
         if exc.config_error:
             raise ValueError(str(exc)) from None  # the CLI prints it and exits 2
         _say(f"error: {exc}")
         return 1
-    info = core.info
+    infos = [core.info for core in cores]
+    info = infos[0]
     name = served_model_name or (BUNDLED_NAME if config.model is None else Path(info.model_path).stem)
+    engines = f"engine core pid {info.pid}" if len(infos) == 1 else \
+        f"{len(infos)} data-parallel engine cores, pids {', '.join(str(i.pid) for i in infos)}, " \
+        f"routed by {config.load_balance_method}"
     _say(f"loaded {Path(info.model_path).name} in {info.load_seconds:.1f}s (of which warming up {info.warmup_seconds:.1f}s) "
-         f"(engine core pid {info.pid}); serving {name!r} on http://{host}:{port} from {api_server_count} API "
+         f"({engines}); serving {name!r} on http://{host}:{port} from {api_server_count} API "
          f"server process(es)")
     try:
         if api_server_count == 1:
-            return run_api_server(info, name, host, port, log_level, limits=limits)
-        return _supervise(core, name, host, port, log_level, api_server_count, limits)
+            return run_api_server(infos, name, host, port, log_level, limits=limits)
+        return _supervise(cores, name, host, port, log_level, api_server_count, limits)
     finally:
-        core.stop()
+        for core in cores:
+            core.stop()
 
 
 MAX_DEFAULT_API_SERVERS = 4  # one API server process formats ~35k streamed tokens/s (docs/serving.md)
@@ -81,20 +89,21 @@ def served_model(info: CoreInfo) -> ServedModel:
     return ServedModel(info.config, info.model_config, Tokenizer.from_path(Path(info.model_path)), Path(info.model_path))
 
 
-def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: str, index: int = 0,
+def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int = 0,
                    reuse_port: bool = False, limits: ServerLimits | None = None) -> int:
-    """One API server on the port until it is stopped (0) or the core is gone (1, after answering 503s)."""
+    """One API server on the port, connected to every core, until it is stopped (0) or a core is gone (1, after
+    answering 503s)."""
     from infer.server.app import create_app
     from infer.server.state import ServerState
 
-    served = served_model(info)
+    served = served_model(infos[0])
     server: uvicorn.Server | None = None
 
     def core_gone(reason: str) -> None:
         _say(f"error: {reason}; answering 503 and stopping")
         asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S, lambda: setattr(server, "should_exit", True))
 
-    client = EngineClient(info, served.tokenizer, info.config.max_waiting_requests, core_gone)
+    client = client_for(infos, served.tokenizer, core_gone)
     limits = limits or ServerLimits()
     state = ServerState(served, client, name, index, limits=limits)
     server = DrainingServer(uvicorn_config(create_app(state), limits, log_level), limits, client)
@@ -110,15 +119,16 @@ def run_api_server(info: CoreInfo, name: str, host: str, port: int, log_level: s
     return 0
 
 
-def _api_server_main(info: CoreInfo, name: str, host: str, port: int, log_level: str, index: int,
+def _api_server_main(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int,
                      limits: ServerLimits) -> None:
-    sys.exit(run_api_server(info, name, host, port, log_level, index, reuse_port=True, limits=limits))
+    sys.exit(run_api_server(infos, name, host, port, log_level, index, reuse_port=True, limits=limits))
 
 
-def _supervise(core: CoreProcess, name: str, host: str, port: int, log_level: str, count: int,
+def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_level: str, count: int,
                limits: ServerLimits) -> int:
     ctx = multiprocessing.get_context("spawn")
-    servers = [ctx.Process(target=_api_server_main, args=(core.info, name, host, port, log_level, i, limits),
+    infos = [core.info for core in cores]
+    servers = [ctx.Process(target=_api_server_main, args=(infos, name, host, port, log_level, i, limits),
                            name=f"infer-api-{i}") for i in range(count)]
     for p in servers:
         p.start()
@@ -137,10 +147,13 @@ def _supervise(core: CoreProcess, name: str, host: str, port: int, log_level: st
     signal.signal(signal.SIGINT, stop)
     code = 0
     live = list(servers)
+    sentinels = {core.process.sentinel: core for core in cores}
     while live and not stopping:
-        ready = multiprocessing.connection.wait([core.process.sentinel, *(p.sentinel for p in live)], timeout=0.5)
-        if core.process.sentinel in ready:
-            _say(f"error: the engine core exited with code {core.process.exitcode}; stopping the API servers")
+        ready = multiprocessing.connection.wait([*sentinels, *(p.sentinel for p in live)], timeout=0.5)
+        exited = next((sentinels[s] for s in ready if s in sentinels), None)
+        if exited is not None:
+            _say(f"error: the engine core (pid {exited.info.pid}) exited with code {exited.process.exitcode}; "
+                 f"stopping the API servers")
             code = 1
             break
         for p in [p for p in live if p.sentinel in ready]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from infer.engine.builder import ServedModel
 from infer.engine.client import EngineClient
+from infer.engine.dp_client import DPClient
 from infer.models.chat_template import template_source
 from infer.server.errors import APIError
 from infer.server.limits import LARGE_TEXT_CHARS, ServerLimits
@@ -20,7 +21,7 @@ from infer.structured import GrammarCompiler
 @dataclass
 class ServerState:
     built: ServedModel
-    engine: EngineClient
+    engine: EngineClient | DPClient  # DPClient with --data-parallel-size > 1
     model_name: str
     api_server_index: int = 0  # which of `--api-server-count` processes this is
     created: int = field(default_factory=lambda: int(time.time()))  # the model card's creation time

@@ -1,0 +1,108 @@
+"""`LLM(data_parallel_size=N)`: offline generation over N engine-core processes, as `infer serve -dp N` runs them.
+
+`LLM(...)` with data_parallel_size > 1 returns this subclass. It starts the cores once (engine/dp_cores.py) and
+drives each `generate` through a DPClient (engine/dp_client.py) on a private event loop: every prompt is routed
+by `load_balance_method`, each core batches what it got, and the outputs come back in the prompts' order.
+Detokenization and stop strings run here, as in the API server. Not offered with DP: probes and `stream`
+(use `infer serve -dp N` for either). The cores stop with `close()`, or when the LLM is collected or the
+interpreter exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import weakref
+from dataclasses import replace
+from pathlib import Path
+
+from infer.engine.client import RequestStream
+from infer.engine.config import EngineConfig
+from infer.engine.core_process import CoreProcess
+from infer.engine.dp_client import DPClient
+from infer.engine.builder import ServedModel
+from infer.engine.dp_cores import start_cores
+from infer.llm import LLM, RequestOutput, _add_probes
+from infer.loader.tokenizer import Tokenizer
+from infer.sampling.params import SamplingParams
+
+OFFLINE_QUEUE = 1 << 30  # offline, every prompt is queued at once: no admission limit
+
+
+class DataParallelLLM(LLM):
+    def __init__(self, model: str | None = None, **engine_options: object) -> None:
+        config = EngineConfig(model=model, **engine_options)  # type: ignore[arg-type]
+        if config.probes is not None:
+            raise ValueError("probes: not supported offline with data_parallel_size > 1; "
+                             "use `infer serve --data-parallel-size N --probes FILE`")
+        self.cores: list[CoreProcess] = start_cores(config)
+        self._stop = weakref.finalize(self, _stop_all, self.cores)
+        self.infos = [core.info for core in self.cores]
+        info = self.infos[0]
+        # the tokenizer and chat template, no weights
+        self.built = ServedModel(info.config, info.model_config, Tokenizer.from_path(Path(info.model_path)),  # type: ignore[assignment]
+                                 Path(info.model_path))
+        self.config = replace(self.built.config, data_parallel_size=config.data_parallel_size)
+        self.tokenizer = self.built.tokenizer
+        self.model_config = self.built.model_config
+        self.path = self.built.path
+        self.load_seconds = max(info.load_seconds for info in self.infos)  # they load concurrently
+        self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the engine cores (also done when the LLM is collected or at exit)."""
+        self._stop()
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        per_request = params if isinstance(params, list) else [params] * len(prompts)
+        if len(per_request) != len(prompts):
+            raise ValueError(f"got {len(per_request)} SamplingParams for {len(prompts)} prompts")
+        return asyncio.run(self._generate(prompts, per_request))
+
+    async def _generate(self, prompts: list[list[int]], per_request: list[SamplingParams]) -> list[RequestOutput]:
+        client = DPClient(self.infos, self.tokenizer, OFFLINE_QUEUE, None, self.config.load_balance_method)
+        await client.start()
+        try:
+            streams = []
+            try:  # all or nothing: a bad prompt must not leave the others queued
+                for ids, p in zip(prompts, per_request):
+                    streams.append(client.submit(f"offline-{next(self._ids)}", ids, p))
+            except BaseException:
+                for stream in streams:
+                    client.abort(stream.request_id)
+                raise
+            results = await asyncio.gather(*(_collect(s, ids) for s, ids in zip(streams, prompts)))
+        finally:
+            await client.close()
+        errors = {s.request_id: error for s, (_, error) in zip(streams, results) if error}
+        if errors:
+            raise RuntimeError(f"generation failed: {errors}")
+        return [result for result, _ in results]
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams):  # type: ignore[no-untyped-def]
+        raise NotImplementedError("LLM.stream is not offered with data_parallel_size > 1; use infer serve -dp N")
+
+    def reload_probes(self):  # type: ignore[no-untyped-def]
+        raise NotImplementedError("probes: not supported offline with data_parallel_size > 1")
+
+    def probes(self):  # type: ignore[no-untyped-def]
+        return []
+
+
+async def _collect(stream: RequestStream, prompt_ids: list[int]) -> tuple[RequestOutput, str | None]:
+    """One request's outputs into its RequestOutput, and its error if it failed."""
+    result, error = RequestOutput(prompt_ids, ""), None
+    async for out in stream:
+        result.text += out.text_delta
+        if out.token_id is not None:
+            result.token_ids.append(out.token_id)
+        _add_probes(result, out)
+        error = out.error or error
+        if out.finished:
+            result.finish_reason, result.cached_tokens = out.finish_reason, out.cached_tokens
+    return result, error
+
+
+def _stop_all(cores: list[CoreProcess]) -> None:
+    for core in cores:
+        core.stop()

@@ -1,0 +1,77 @@
+"""Start the engine cores of `--data-parallel-size N`: one core process per engine, all loading at once.
+
+Engine i runs with its own copy of the config: `data_parallel_size=1` (nothing below the API server knows of DP),
+`device` cuda:{base + i * tensor_parallel_size} on CUDA (base: the configured cuda:K, else 0; its TP ranks take
+the devices after it), and `seed` + i, so requests without a seed draw different seeds on different engines
+(two choices of one request routed to two engines must not sample alike). On the CPU, where the engines share
+the host's cores, each core's OpenMP pool gets cpu_count // N threads unless OMP_NUM_THREADS is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import torch
+
+from infer.engine.config import EngineConfig, EngineConfigError
+from infer.engine.core_env import core_environment
+from infer.engine.core_process import CoreProcess, CoreStartError
+
+
+def engine_configs(config: EngineConfig) -> list[EngineConfig]:
+    """Each DP engine's config; EngineConfigError naming data_parallel_size when the devices are not there."""
+    n, tp = config.data_parallel_size, config.tensor_parallel_size
+    device = config.resolved_device
+    if not device.startswith("cuda"):
+        return [replace(config, data_parallel_size=1, device=device, seed=config.seed + i) for i in range(n)]
+    base = int(device.split(":")[1]) if ":" in device else 0
+    if n > 1 and torch.cuda.is_available() and base + n * tp > torch.cuda.device_count():
+        raise EngineConfigError(
+            f"data_parallel_size={n}: needs {n} x tensor_parallel_size={tp} CUDA devices from cuda:{base}, "
+            f"but {torch.cuda.device_count()} are visible")
+    return [replace(config, data_parallel_size=1, device=f"cuda:{base + i * tp}", seed=config.seed + i)
+            for i in range(n)]
+
+
+@contextlib.contextmanager
+def _thread_share(config: EngineConfig) -> Iterator[None]:
+    """OMP_NUM_THREADS = cpu_count // N while CPU cores are spawned (they copy the environment); a set value wins."""
+    n = config.data_parallel_size
+    if n == 1 or config.resolved_device != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def start_cores(config: EngineConfig, timeout_s: float | None = None) -> list[CoreProcess]:
+    """Start every engine's core concurrently; if one fails the others are stopped and its CoreStartError raised."""
+    configs = engine_configs(config)
+    if len(configs) == 1:
+        return [CoreProcess.start(configs[0], timeout_s)]
+    # the environment is set once around all spawns: core_environment inside each start then changes nothing
+    with core_environment(), _thread_share(config), ThreadPoolExecutor(len(configs)) as pool:
+        futures = [pool.submit(CoreProcess.start, c, timeout_s) for c in configs]
+        results: list[CoreProcess | BaseException] = []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except BaseException as exc:  # noqa: BLE001 - re-raised below once the started ones are stopped
+                results.append(exc)
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+    if failed:
+        for r in results:
+            if isinstance(r, CoreProcess):
+                r.stop()
+        i, exc = failed[0]
+        if isinstance(exc, CoreStartError) and not exc.config_error:  # a bad setting reads the same on every engine
+            raise CoreStartError(f"engine {i} of {len(configs)}: {exc}", exc.config_error) from None
+        raise exc
+    return [r for r in results if isinstance(r, CoreProcess)]

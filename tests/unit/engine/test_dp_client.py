@@ -1,0 +1,159 @@
+"""DPClient over fake engine clients: submits go where the router says, past a full queue; an abort reaches only the
+engine that owns the request; utility calls reach every engine and combine (metrics summed, probe reloads on all,
+idle only when all are); one engine gone fails every engine's requests and tells the server once. And each DP
+engine's config: its own device (TP-wide strides on CUDA), its own seed, data_parallel_size 1."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from infer.engine.client import CoreGoneError, QueueFullError
+from infer.engine.config import EngineConfig, EngineConfigError
+from infer.engine.core import EngineStats
+from infer.engine.dp_client import DPClient
+from infer.engine.dp_cores import engine_configs
+from infer.engine.metrics import ServingMetrics
+
+
+@dataclass
+class FakeClient:
+    """What DPClient uses of an EngineClient."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    live: set[str] = field(default_factory=set)
+    aborted: list[str] = field(default_factory=list)
+    calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
+    answer: Any = None
+    gone: str | None = None
+    metrics: ServingMetrics = field(default_factory=ServingMetrics)
+    probe_layout: Any = None
+
+    def submit(self, request_id: str, prompt: list[int], params: Any, probe_names: tuple[str, ...] = ()) -> str:
+        self.live.add(request_id)
+        self.num_waiting += 1
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self.live:
+            self.aborted.append(request_id)
+
+    def abort_all(self) -> int:
+        for request_id in self.live:
+            self.abort(request_id)
+        return len(self.live)
+
+    @property
+    def num_live(self) -> int:
+        return len(self.live)
+
+    async def call(self, method: str, *args: Any) -> Any:
+        self.calls.append((method, args))
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+    def _gone(self, reason: str) -> None:
+        self.gone = self.gone or reason
+
+
+@dataclass
+class FakeInfo:
+    config: EngineConfig
+    pid: int = 1
+    probe_layout: Any = None
+
+
+def dp(n: int, method: str = "least_load", max_waiting: int = 4) -> tuple[DPClient, list[FakeClient], list[str]]:
+    gone: list[str] = []
+    config = EngineConfig(device="cpu", load_balance_method=method)
+    client = DPClient([FakeInfo(config, pid=i) for i in range(n)], _NoTokenizer(), max_waiting, gone.append,  # type: ignore[list-item]
+                      method)
+    fakes = [FakeClient() for _ in range(n)]
+    client.clients = fakes  # type: ignore[assignment]
+    return client, fakes, gone
+
+
+class _NoTokenizer:
+    eos_token_ids: frozenset[int] = frozenset()
+
+
+def test_submits_spread_by_least_load_and_skip_a_full_engine():
+    client, fakes, _ = dp(2, max_waiting=2)
+    fakes[0].num_running = 5
+    for i in range(3):
+        client.submit(f"r{i}", [1, 2], None)  # type: ignore[arg-type]
+    assert fakes[1].live == {"r0", "r1"} and fakes[0].live == {"r2"}  # engine 1 filled its queue, then engine 0
+    client.submit("r3", [1], None)  # type: ignore[arg-type]
+    with pytest.raises(QueueFullError, match="every engine"):
+        client.submit("r4", [1], None)  # type: ignore[arg-type]
+    assert client.max_waiting_requests == 4 and client.num_live == 4
+
+
+def test_an_abort_reaches_only_the_owner():
+    client, fakes, _ = dp(3, "round_robin")
+    for i in range(3):
+        client.submit(f"r{i}", [1], None)  # type: ignore[arg-type]
+    client.abort("r1")
+    assert [f.aborted for f in fakes] == [[], ["r1"], []]
+    assert client.abort_all() == 3
+
+
+def test_metrics_sum_every_engine_and_keep_each_servers_snapshots():
+    client, fakes, _ = dp(2)
+    for i, fake in enumerate(fakes):
+        fake.answer = (EngineStats(num_running=i + 1, kv_blocks_total=100, kv_blocks_free=90 - i, num_preemptions=i,
+                                   prefix_cache_queries=10, prefix_cache_hits=i), 3, [{"e": i}])
+    stats, waiting, snapshots = asyncio.run(client.call("metrics", {}))
+    assert stats == EngineStats(3, 200, 179, 1, 20, 1) and waiting == 6 and snapshots == [{"e": 0}, {"e": 1}]
+    assert all(f.calls[0][0] == "metrics" for f in fakes)
+
+
+def test_probe_reloads_idle_and_audits_reach_every_engine():
+    client, fakes, _ = dp(2)
+    for fake in fakes:
+        fake.answer = "layout-v2"
+    assert asyncio.run(client.call("reload_probes")) == "layout-v2"
+    assert [f.calls for f in fakes] == [[("reload_probes", ())]] * 2
+    fakes[1].answer = False
+    fakes[0].answer = True
+    assert asyncio.run(client.call("idle")) is False
+    fakes[0].answer, fakes[1].answer = {}, {3: "r1"}
+    assert asyncio.run(client.call("audit_blocks")) == {(1, 3): "r1"}
+    client.probe_layout = "v3"
+    assert [f.probe_layout for f in fakes] == ["v3", "v3"]
+
+
+def test_a_failed_call_names_the_engine_and_a_gone_core_wins():
+    client, fakes, _ = dp(2)
+    fakes[1].answer = RuntimeError("bad probe file")
+    with pytest.raises(RuntimeError, match="engine 1: bad probe file"):
+        asyncio.run(client.call("reload_probes"))
+    fakes[0].answer = CoreGoneError("core 0 exited")
+    with pytest.raises(CoreGoneError):
+        asyncio.run(client.call("reload_probes"))
+
+
+def test_one_engine_gone_fails_every_engine_and_tells_the_server_once():
+    client, fakes, gone = dp(2)
+    client._core_gone("the engine core process (pid 7) exited")
+    client._core_gone("again")
+    assert gone == ["the engine core process (pid 7) exited"] and not client.alive
+    assert all(f.gone == gone[0] for f in fakes)
+    with pytest.raises(CoreGoneError):
+        client.submit("r", [1], None)  # type: ignore[arg-type]
+
+
+def test_each_engine_gets_its_device_seed_and_no_dp_of_its_own(monkeypatch):
+    cpu = engine_configs(EngineConfig(device="cpu", data_parallel_size=3, seed=5))
+    assert [(c.device, c.seed, c.data_parallel_size) for c in cpu] == [("cpu", 5, 1), ("cpu", 6, 1), ("cpu", 7, 1)]
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
+    config = replace(EngineConfig(device="cpu"), device="cuda:2", data_parallel_size=3, tensor_parallel_size=2)
+    assert [c.device for c in engine_configs(config)] == ["cuda:2", "cuda:4", "cuda:6"]
+    with pytest.raises(EngineConfigError, match="data_parallel_size=4: needs 4 x tensor_parallel_size=2"):
+        engine_configs(replace(config, data_parallel_size=4))
