@@ -14,6 +14,10 @@ from typing import Any
 
 import torch
 
+from infer.distributed.group import DistributedError, Groups
+from infer.distributed.startup import start_rank0
+from infer.distributed.tp_runner import TensorParallelRunner
+from infer.distributed.workers import WorkerSet
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.engine.engine import Engine
@@ -21,11 +25,12 @@ from infer.engine.warmup import warm_up
 from infer.kv.kv_manager import KVCacheManager
 from infer.kv.sizing import kv_bytes_per_token, kv_layout
 from infer.loader.gguf_loader import bundled_smollm2
-from infer.loader.model_loader import LoadedModel, load_model
+from infer.loader.model_loader import LoadedModel, load_model, read_config
 from infer.loader.tokenizer import Tokenizer
 from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_chat
 from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
+from infer.models.shard import Shard, ShardError
 from infer.runners.cuda_graphs import bucket_sizes
 from infer.runners.drafter import Drafter
 from infer.runners.torch_runner import TorchRunner
@@ -168,35 +173,74 @@ def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
     return budget
 
 
-def build_engine(config: EngineConfig, core_only: bool = False) -> BuiltEngine:
+def load_rank_model(config: EngineConfig, shard: Shard = Shard()) -> LoadedModel:
+    """The configured model (this tensor-parallel rank's shard of it) on the configured device."""
+    return load_model(resolve_model_path(config.model), config.torch_dtype, config.resolved_device, config.max_seq_len,
+                      config.load_format, config.quantization, shard)
+
+
+def bounded(config: EngineConfig, model: ModelConfig) -> EngineConfig:
+    """max_seq_len bounded by the model's positions (every rank builds from the same bounded config)."""
+    return replace(config, max_seq_len=min(config.max_seq_len, model.max_position_embeddings))
+
+
+def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups | None, probes: ProbeBank | None,
+                      drafter: LoadedModel | None = None, workers: WorkerSet | None = None) -> TorchRunner:
+    """The runner of one rank (or of the only one): its KV cache sized by its own KV heads, the block count agreed
+    as the minimum over the ranks, decode graphs captured (every rank captures the same buckets in the same order)."""
+    config = bounded(config, loaded.config)
+    local = loaded.model.local
+    layout = kv_layout(
+        local, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
+        config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(config, local),
+        draft=drafter.config if drafter is not None else None,
+    )
+    num_blocks = layout.num_blocks if groups is None else groups.agree_min(layout.num_blocks)
+    args = (loaded.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
+            bucket_sizes(config.decode_rows) if config.decode_graphs else (), probes)
+    kwargs: dict[str, Any] = dict(max_drafts=config.speculative_tokens, drafter=None if drafter is None else Drafter(
+        drafter.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
+        bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()))
+    if groups is not None and groups.shard.rank == 0:
+        return TensorParallelRunner(groups, workers, *args, **kwargs)
+    return TorchRunner(*args, **kwargs)
+
+
+def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool = False) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine:
     an Engine that detokenizes (offline use), or with `core_only` the bare EngineCore a core process runs.
-    On CUDA, and for a core process on any device, the engine is warmed up before it is returned."""
+    On CUDA, and for a core process on any device, the engine is warmed up before it is returned.
+    With tensor_parallel_size > 1 this process is rank 0: it starts its node's workers first (docs/distributed.md);
+    `hard_exit` (a core process) ends the process when a worker dies and the engine loop is stuck in a collective."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
     if config.resolved_runner == "mlx":  # the MLX engine (docs/apple.md)
         from infer.engine.mlx_builder import build_mlx_engine
 
         return build_mlx_engine(config, path, core_only, started)
-    loaded = load_model(path, config.torch_dtype, config.resolved_device, config.max_seq_len, config.load_format,
-                        config.quantization)
-    tokenizer = Tokenizer.from_path(path)
-    config = replace(config, max_seq_len=min(config.max_seq_len, loaded.config.max_position_embeddings))
-    drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None
-    layout = kv_layout(
-        loaded.config, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
-        config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(config, loaded.config),
-        draft=drafter.config if drafter is not None else None,
-    )
-    runner = TorchRunner(
-        loaded.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-        bucket_sizes(config.decode_rows) if config.decode_graphs else (), probe_bank(config, loaded.config),
-        max_drafts=config.speculative_tokens,
-        drafter=None if drafter is None else Drafter(
-            drafter.model, layout.num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-            bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()),
-    )
-    kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
+    groups, workers = None, None
+    if config.tensor_parallel_size > 1:
+        try:
+            Shard(0, config.tensor_parallel_size).check(read_config(path))  # before any worker starts
+        except ShardError as exc:
+            raise EngineConfigError(str(exc)) from None
+        groups, workers, config = start_rank0(config, hard_exit)
+    try:
+        loaded = load_rank_model(config, groups.shard if groups is not None else Shard())
+        config = bounded(config, loaded.config)
+        tokenizer = Tokenizer.from_path(path)
+        drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None
+        runner = build_rank_runner(config, loaded, groups, probe_bank(config, loaded.config), drafter, workers)
+    except BaseException as exc:
+        if groups is not None:
+            failure = workers.failure if workers is not None else None
+            if workers is not None:
+                workers.join(0)
+            groups.close()
+            if failure is not None:
+                raise DistributedError(failure) from exc
+        raise
+    kv = KVCacheManager(runner.num_blocks, runner.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)
     gate_speculation(engine.scheduler, config.speculative_disable_by_batch_size)
     warmup_seconds = warm_up(engine) if core_only or runner.device.type == "cuda" else 0.0

@@ -14,10 +14,12 @@ its emitted tokens and counts come back packed through the same readback.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+import layerzero as lz
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.cuda_graphs import GraphStats
@@ -71,6 +73,19 @@ class LaunchedStep:
         return out
 
 
+class Forward(NamedTuple):
+    """A step's forward on the device: its logits ([num_seqs, vocab], or [num_seqs, K + 1, vocab] when verifying),
+    the rows' sampling slots, the slots that advance, and for a prefill step its hidden states, batch and ids."""
+
+    logits: torch.Tensor
+    slots: torch.Tensor
+    advancing: torch.Tensor
+    verifying: VerifyInputs | None
+    hidden: torch.Tensor | None = None
+    batch: ForwardBatch | None = None
+    ids: torch.Tensor | None = None
+
+
 class TorchRunner:
     """Runs on CPU or CUDA through layerzero ops. The KV cache tensors exist only here."""
 
@@ -81,16 +96,17 @@ class TorchRunner:
     ) -> None:
         cfg = model.config
         self.model = model
+        self.tokens_site = lz.bind("broadcast")
         self.probes = probes
         self.drafter = drafter
         if probes is not None:  # before any graph is captured: the taps are part of the forward
             for layer, tap in probes.taps().items():
                 model.blocks[layer].resid_post = tap
         self.device = model.embed.device
-        self.block_size = block_size
+        self.block_size, self.num_blocks = block_size, num_blocks
         self.vocab_size = cfg.vocab_size
         self.max_batch_size = max_batch_size
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (num_blocks, block_size, model.local.num_key_value_heads, cfg.head_dim)  # this rank's KV heads
         dtype = model.embed.dtype
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
@@ -127,7 +143,6 @@ class TorchRunner:
         """Queue the step's GPU work; nothing here waits for the device."""
         if step.num_seqs > self.max_batch_size:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
-        verifying: VerifyInputs | None = None
         drafted: Drafts | None = None
         with step_scope(self.device):
             self.sampling_slots.join(step.joined)
@@ -135,26 +150,11 @@ class TorchRunner:
                 if self.drafter is None:
                     raise ValueError("the step asks for drafter drafts; the runner was built without a draft model")
                 drafted = self.drafter.propose(step, self.sampling_slots)
-            if step.step_kind is StepKind.DECODE:
-                logits, slots = self._decode(step, None if drafted is None else drafted.tokens)
-                hidden, batch, ids = None, None, None
-                if step.drafts is not None:
-                    verifying = verify_inputs(step, self.device)
-                advancing = slots if step.samples is None else upload(self._advancing(step), torch.int64, self.device)
-            else:
-                batch, ids, slots, advancing = self._prefill_inputs(step)
-                if drafted is not None:
-                    self._place_drafts(step, ids, drafted.tokens)
-                hidden = self.model(ids, batch)
-                if step.drafts is not None:
-                    verifying = verify_inputs(step, self.device, batch.cu_seqlens_q_host)
-                    assert verifying.logit_rows is not None
-                    logits = self.model.compute_logits(hidden[verifying.logit_rows]).view(step.num_seqs, verifying.width, -1)
-                else:
-                    logits = self.model.compute_logits(hidden[batch.last_token_indices])
-            tensors = self.sampling_slots.gather(slots, step.sampling_slots)
+            fwd = self._forward(step, drafted)
+            logits, verifying = fwd.logits, fwd.verifying
+            tensors = self.sampling_slots.gather(fwd.slots, step.sampling_slots)
             if verifying is None:
-                self.sampling_slots.advance(advancing)
+                self.sampling_slots.advance(fwd.advancing)
         # structured output: the mask may wait for the step before (its boundary), so it is made outside the scope
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
         with step_scope(self.device):
@@ -162,6 +162,7 @@ class TorchRunner:
             if bitmask is not None:  # disallowed tokens to -inf before sampling (rows with a grammar draft nothing)
                 apply_token_bitmask(first, bitmask)
             seen = self._seen_mask(step, logits.shape[-1])
+            slots = fwd.slots
             if verifying is None:
                 token_ids = sample(logits, tensors, seen)
                 self.sampling_slots.record(slots, step.sampling_slots, token_ids, samples=step.samples)
@@ -177,15 +178,59 @@ class TorchRunner:
                 token_ids = tokens[:, 0]
                 self.last_tokens[: step.num_seqs].copy_(tokens.gather(1, (counts - 1)[:, None]).squeeze(1))
                 sent = pack(tokens, counts)
+            self._share_last_tokens(step.num_seqs)
             readback = self._readbacks[self._next_readback]
             self._next_readback ^= 1
             launched = LaunchedStep(readback, step.num_seqs, verify_width=None if verifying is None else verifying.width)
-            scores = self._probe_rows(step, batch, launched) if step.probes and self.probes is not None else None
+            scores = self._probe_rows(step, fwd.batch, launched) if step.probes and self.probes is not None else None
             readback.start(sent, scores)
             launched.logprobs = self._sampled_logprobs(step, first, token_ids)
-            if hidden is not None and batch is not None and ids is not None:
-                launched.prompt_logprobs = self._prompt_logprobs(step, batch, hidden, ids)
+            if fwd.hidden is not None and fwd.batch is not None and fwd.ids is not None:
+                launched.prompt_logprobs = self._prompt_logprobs(step, fwd.batch, fwd.hidden, fwd.ids)
         return launched
+
+    @torch.inference_mode()
+    def replay(self, step: StepInput) -> None:
+        """A tensor-parallel worker's step: rank 0's forward on this rank's shard, every collective in rank 0's order
+        (the forward's, the sampled ids' broadcast, the prompt logprobs' LM-head gathers); nothing is sampled."""
+        with step_scope(self.device):
+            fwd = self._forward(step, None)
+            self._share_last_tokens(step.num_seqs)
+            if fwd.batch is not None and fwd.hidden is not None and fwd.ids is not None:
+                self._prompt_logprobs(step, fwd.batch, fwd.hidden, fwd.ids)  # the values go unused
+
+    def check(self) -> None:
+        """Raise when the runner can no longer run steps (a tensor-parallel worker died); one device always can."""
+
+    def close(self) -> None:
+        """Release what outlives the runner's memory (a tensor-parallel group); nothing on one device."""
+
+    def _forward(self, step: StepInput, drafted: Drafts | None) -> Forward:
+        """The step's forward and LM head: everything before sampling, and all a tensor-parallel worker runs too."""
+        verifying: VerifyInputs | None = None
+        if step.step_kind is StepKind.DECODE:
+            logits, slots = self._decode(step, None if drafted is None else drafted.tokens)
+            if step.drafts is not None:
+                verifying = verify_inputs(step, self.device)
+            advancing = slots if step.samples is None else upload(self._advancing(step), torch.int64, self.device)
+            return Forward(logits, slots, advancing, verifying)
+        batch, ids, slots, advancing = self._prefill_inputs(step)
+        if drafted is not None:
+            self._place_drafts(step, ids, drafted.tokens)
+        hidden = self.model(ids, batch)
+        if step.drafts is not None:
+            verifying = verify_inputs(step, self.device, batch.cu_seqlens_q_host)
+            assert verifying.logit_rows is not None
+            logits = self.model.compute_logits(hidden[verifying.logit_rows]).view(step.num_seqs, verifying.width, -1)
+        else:
+            logits = self.model.compute_logits(hidden[batch.last_token_indices])
+        return Forward(logits, slots, advancing, verifying, hidden, batch, ids)
+
+    def _share_last_tokens(self, num_seqs: int) -> None:
+        """Tensor parallelism: rank 0's sampled ids to every rank, where the next step's rows that continue on the
+        device (prev_rows) read their input token."""
+        if self.model.shard.parallel:
+            self.tokens_site(self.last_tokens[:num_seqs], group=self.model.shard.group)
 
     # decode -----------------------------------------------------------------------------------
 

@@ -1,0 +1,48 @@
+"""Starting a tensor-parallel group: rank 0 (in the engine's process) with the workers of its node, or a headless
+node's workers, by our flags (--nnodes, --node-rank, --master-addr, --master-port) or by torchrun's variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from infer.distributed.group import Groups, free_port, join, placement, under_torchrun
+from infer.distributed.workers import WorkerSet, run_worker, wait_all
+from infer.engine.config import EngineConfig
+
+
+def rendezvous(config: EngineConfig) -> str:
+    """torchrun's store (env://), node 0's address for several nodes, else a free local port."""
+    if under_torchrun():
+        return "env://"
+    if config.nnodes > 1:
+        return f"tcp://{config.master_addr}:{config.master_port}"
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def node_ranks(config: EngineConfig) -> list[int]:
+    per_node = config.tensor_parallel_size // config.nnodes
+    return list(range(config.node_rank * per_node, (config.node_rank + 1) * per_node))
+
+
+def start_rank0(config: EngineConfig, hard_exit: bool = False) -> tuple[Groups, WorkerSet | None, EngineConfig]:
+    """Start this node's other ranks (torchrun started them already), join as rank 0; the config on rank 0's device."""
+    init = rendezvous(config)
+    others = [] if under_torchrun() else node_ranks(config)[1:]
+    workers = WorkerSet(config, others, init, hard_exit) if others else None
+    place = placement(config, 0, init)
+    try:
+        groups = join(place, (lambda: workers.failure) if workers is not None else (lambda: None))
+    except BaseException:
+        if workers is not None:
+            workers.join(0)
+        raise
+    return groups, workers, replace(config, device=place.device)
+
+
+def run_headless(config: EngineConfig) -> int:
+    """A node that does not serve: its ranks replay rank 0's steps until rank 0 stops; the exit code."""
+    if under_torchrun():
+        run_worker(config, int(os.environ["RANK"]), "env://")
+        return 0
+    return wait_all(WorkerSet(config, node_ranks(config), rendezvous(config)))
