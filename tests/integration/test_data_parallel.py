@@ -1,0 +1,128 @@
+"""Data parallelism on the bundled SmolLM2: two engine cores behind one API server give every request (greedy,
+seeded, n > 1) the output one engine gives; the requests spread over both; aborts, /metrics, /health and the
+idle and block audits reach both; `infer serve -dp 2` with a core killed answers 503 and exits 1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from server_harness import MODEL, running_server, serve_process
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "My favourite colour is",
+           "The three laws of robotics are", "Water boils at", "A haiku about autumn:", "import numpy as np\n"]
+
+
+@pytest.fixture(scope="module")
+def dp1(smollm2_gguf):
+    with running_server(smollm2_gguf, max_seq_len=512) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def dp2(smollm2_gguf):
+    with running_server(smollm2_gguf, max_seq_len=512, data_parallel_size=2) as running:
+        yield running
+
+
+def _bodies() -> list[dict]:
+    greedy = [{"prompt": p, "max_tokens": 16, "temperature": 0} for p in PROMPTS]
+    seeded = [{"prompt": p, "max_tokens": 16, "temperature": 0.9, "top_p": 0.95, "seed": 11 + i}
+              for i, p in enumerate(PROMPTS)]
+    several = [{"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 1.0, "seed": 3, "n": 3}]
+    return [{"model": MODEL, **b} for b in greedy + seeded + several]
+
+
+def _complete_all(base: str) -> list[list[str]]:
+    """Every body at once (the engines batch them); each answer's choice texts."""
+    with httpx.Client(timeout=120) as http, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda b: http.post(f"{base}/v1/completions", json=b), _bodies()))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200]
+    return [[c["text"] for c in sorted(a.json()["choices"], key=lambda c: c["index"])] for a in answers]
+
+
+def test_every_request_gets_the_output_of_one_engine_and_both_engines_work(dp1, dp2):
+    assert _complete_all(dp2.base_url) == _complete_all(dp1.base_url)
+    finished = [sum(c.metrics.finished.values()) for c in dp2.state.engine.clients]
+    assert sum(finished) == 2 * len(PROMPTS) + 3 and min(finished) >= 4  # least load spread them over both
+
+
+def test_health_lists_both_cores(dp2):
+    health = httpx.get(f"{dp2.base_url}/health").json()
+    assert health["core_pids"] == [c.process.pid for c in dp2.cores] and len(set(health["core_pids"])) == 2
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M))
+
+
+def _engine_call(client, method: str, *args):
+    """A utility call through one engine's own client (not the DP fan-out), from the test's thread."""
+    return asyncio.run_coroutine_threadsafe(client.call(method, *args), client._loop).result(30)
+
+
+def test_metrics_sum_both_engines(dp2):
+    httpx.post(f"{dp2.base_url}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4,
+                                                       "temperature": 0}, timeout=60).raise_for_status()
+    text = httpx.get(f"{dp2.base_url}/metrics", timeout=30).text
+    clients = dp2.state.engine.clients
+    totals = [_engine_call(c, "metrics", c.metrics.snapshot())[0].kv_blocks_total for c in clients]
+    blocks = _metric(text, "infer:kv_cache_blocks_free") + _metric(text, "infer:kv_cache_blocks_used")
+    assert len(totals) == 2 and blocks == sum(totals)
+    served = sum(c.metrics.generation_tokens for c in clients)
+    assert _metric(text, "infer:generation_tokens_total") == served > 0
+
+
+def test_aborts_reach_the_engine_that_owns_each_request(dp2):
+    body = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 400, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:
+        with a.stream("POST", f"{dp2.base_url}/v1/completions", json=body) as ra, \
+                b.stream("POST", f"{dp2.base_url}/v1/completions", json=body) as rb:
+            lines = [r.iter_lines() for r in (ra, rb)]
+            first = [next(line for line in it if line.startswith("data: {")) for it in lines]
+            assert all(first) and [c.num_live for c in dp2.state.engine.clients] == [1, 1]  # one on each engine
+    dp2.wait_idle()  # both engines: nothing queued or running once the aborts landed
+    assert dp2.audit_blocks() == {}
+    assert [c.num_live for c in dp2.state.engine.clients] == [0, 0]
+
+
+def test_infer_serve_dp2_with_a_killed_core_answers_503_and_exits_1():
+    with serve_process("-dp", "2", "--max-seq-len", "256") as served:
+        base = served.base_url
+        pids = httpx.get(f"{base}/health", timeout=10).json()["core_pids"]
+        assert len(pids) == 2
+        body = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+        assert httpx.post(f"{base}/v1/completions", json=body, timeout=60).status_code == 200
+        long = body | {"max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=long, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+            os.kill(pids[1], signal.SIGKILL)  # whichever engine serves the stream, it ends with an error
+            rest = [line for line in lines if line.startswith("data: {")]
+        assert any("error" in json.loads(line[6:]) for line in rest)
+        assert served.proc.wait(timeout=30) == 1
+        out = served.output()
+        assert f"engine core process (pid {pids[1]}) exited" in out and "Traceback" not in out
+        assert not _alive(pids[0], within_s=15)
+
+
+def _alive(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.1)
+    return True
