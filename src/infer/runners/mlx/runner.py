@@ -75,6 +75,12 @@ class MlxRunner:
         self.last_tokens = mx.zeros(max(max_batch_size, 1), dtype=mx.int32)
         mx.eval(self.kv_caches, self.columns, self.last_tokens)  # allocated now, not inside the first step
 
+    def check(self) -> None:
+        """Raise when the runner can no longer run steps; one device always can."""
+
+    def close(self) -> None:
+        """Release what outlives the runner's memory: nothing (the arrays go with it)."""
+
     def execute(self, step: StepInput) -> StepResult:
         """Launch and wait: one step, synchronously."""
         return self.launch(step).result()
