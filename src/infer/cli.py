@@ -283,7 +283,25 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--api-server-count={args.api_server_count}: must be >= 1")
     limits = ServerLimits(**{name: getattr(args, name) for name in HTTP_FLAGS})
     config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS})
+    if _headless(config):
+        return _run_headless(config)
     return serve(config, args.host, args.port, args.served_model_name, args.log_level, args.api_server_count, limits)
+
+
+def _headless(config) -> bool:  # (EngineConfig) imported lazily: startup time
+    from infer.distributed.startup import distributed_config, headless
+
+    return headless(distributed_config(config))
+
+
+def _run_headless(config) -> int:
+    """A node (or torchrun rank) other than 0: tensor-parallel workers only, until rank 0 stops."""
+    from infer.distributed.startup import distributed_config, run_headless
+
+    config = distributed_config(config)
+    print(f"[infer] headless: tensor-parallel ranks of node {config.node_rank} of {config.nnodes}, rendezvous at "
+          f"{config.master_addr}:{config.master_port}", file=sys.stderr, flush=True)
+    return run_headless(config)
 
 
 def _constraint(args: argparse.Namespace):  # -> Constraint | None (imported lazily: startup time)
@@ -299,7 +317,6 @@ def _constraint(args: argparse.Namespace):  # -> Constraint | None (imported laz
 def _generate(args: argparse.Namespace) -> int:
     from infer.llm import LLM
     from infer.sampling.params import SamplingParams
-    from omniscience.shading import legend, shade
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.show_probes is not None and args.probes is None:
@@ -309,11 +326,27 @@ def _generate(args: argparse.Namespace) -> int:
         repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, ignore_eos=args.ignore_eos,
         structured=_constraint(args), probes=True if args.probes else None,
     )
+    options = dict(dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
+                   probes=args.probes, quantization=args.quantization, runner=args.runner,
+                   tensor_parallel_size=args.tensor_parallel_size,
+                   **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
+    if "RANK" in os.environ:  # started by torchrun: the ranks other than 0 only run workers
+        from infer.engine.config import EngineConfig
+
+        config = EngineConfig(model=args.model, **options)  # type: ignore[arg-type]
+        if _headless(config):
+            return _run_headless(config)
     print(f"[infer] loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
-              probes=args.probes, quantization=args.quantization, runner=args.runner, tensor_parallel_size=args.tensor_parallel_size,
-              **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
-    print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s", file=sys.stderr)
+    with LLM(args.model, **options) as llm:  # closing stops a tensor-parallel engine's workers
+        print(f"[infer] loaded {llm.path.name} ({llm.model_config.model_type}) in {llm.load_seconds:.1f}s",
+              file=sys.stderr)
+        return _stream_answer(args, llm, prompt, params)
+
+
+def _stream_answer(args: argparse.Namespace, llm, prompt: str, params) -> int:
+    """Stream one answer to stdout, then its rates and probe scores to stderr."""
+    from omniscience.shading import legend, shade
+
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         ids = llm.encode_chat(messages + [{"role": "user", "content": prompt}])

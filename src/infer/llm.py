@@ -72,6 +72,17 @@ class LLM:
         self.load_seconds = self.built.load_seconds
         self.runner = self.engine.runner
 
+    def close(self) -> None:
+        """Release what outlives this object's memory: a tensor-parallel engine's worker processes and process group
+        (another tensor-parallel LLM in this process needs them gone)."""
+        self.runner.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     # prompts -----------------------------------------------------------------------------------
 
     def chat_template_name(self) -> str:

@@ -62,8 +62,10 @@ def resolve_torchrun(config: EngineConfig) -> EngineConfig:
     if config.tensor_parallel_size not in (1, world):
         raise EngineConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: torchrun started "
                                 f"WORLD_SIZE={world} processes; run one process per rank (or leave -tp out)")
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", config.nnodes)))
-    return replace(config, tensor_parallel_size=world, nnodes=nodes if world % nodes == 0 else config.nnodes,
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = world // local_world if world % local_world == 0 else 1
+    node = int(os.environ["RANK"]) // local_world if nodes > 1 else 0
+    return replace(config, tensor_parallel_size=world, nnodes=nodes, node_rank=node,
                    master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
 
 

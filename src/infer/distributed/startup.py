@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from infer.distributed.group import Groups, free_port, join, placement, under_torchrun
+from infer.distributed.group import Groups, free_port, join, placement, resolve_torchrun, under_torchrun
 from infer.distributed.workers import WorkerSet, run_worker, wait_all
 from infer.engine.config import EngineConfig
 
@@ -38,6 +38,16 @@ def start_rank0(config: EngineConfig, hard_exit: bool = False) -> tuple[Groups, 
             workers.join(0)
         raise
     return groups, workers, replace(config, device=place.device)
+
+
+def distributed_config(config: EngineConfig) -> EngineConfig:
+    """The config as this process runs it: under torchrun, its world and rendezvous."""
+    return resolve_torchrun(config) if under_torchrun() else config
+
+
+def headless(config: EngineConfig) -> bool:
+    """Whether this process runs workers only (a node other than 0, or a torchrun rank other than 0)."""
+    return int(os.environ["RANK"]) != 0 if under_torchrun() else config.node_rank > 0
 
 
 def run_headless(config: EngineConfig) -> int:

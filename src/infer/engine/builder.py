@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from infer.distributed.group import DistributedError, Groups
-from infer.distributed.startup import start_rank0
+from infer.distributed.startup import distributed_config, start_rank0
 from infer.distributed.tp_runner import TensorParallelRunner
 from infer.distributed.workers import WorkerSet
 from infer.engine.config import EngineConfig, EngineConfigError
@@ -214,6 +214,7 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
     `hard_exit` (a core process) ends the process when a worker dies and the engine loop is stuck in a collective."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
+    config = distributed_config(config)
     if config.resolved_runner == "mlx":  # the MLX engine (docs/apple.md)
         from infer.engine.mlx_builder import build_mlx_engine
 
@@ -232,11 +233,13 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
         drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None
         runner = build_rank_runner(config, loaded, groups, probe_bank(config, loaded.config), drafter, workers)
     except BaseException as exc:
-        if groups is not None:
+        if groups is not None:  # the workers may wait in a collective for this rank: end them
             failure = workers.failure if workers is not None else None
             if workers is not None:
                 workers.join(0)
             groups.close()
+            if isinstance(exc, ShardError):  # a checkpoint tensor that cannot be cut (on this rank, or on every one)
+                raise EngineConfigError(str(exc)) from None
             if failure is not None:
                 raise DistributedError(failure) from exc
         raise

@@ -29,6 +29,7 @@ from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.tokenizer import Tokenizer
+from infer.distributed.group import DistributedError
 from infer.runners.base import Runner
 from infer.runners.step import StepInput, StepKind
 from infer.sampling.params import SamplingParams
@@ -150,6 +151,8 @@ class EngineCore:
             request.first_scheduled_time = request.first_scheduled_time or now
         try:
             launched = self.runner.launch(self._step_input(batch))
+        except DistributedError:  # a tensor-parallel rank is gone: no step can run, the caller ends the engine
+            raise
         except Exception as exc:  # the batch fails, the engine keeps serving everyone else
             outputs += self._take_resolved_in_launch() + self._resolve()
             return outputs + [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]

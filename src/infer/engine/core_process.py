@@ -25,6 +25,7 @@ from typing import Any
 
 import zmq
 
+from infer.distributed.group import DistributedError
 from infer.engine import messages as m
 from infer.engine.builder import BuiltEngine, build_engine
 from infer.engine.config import EngineConfig, EngineConfigError
@@ -111,8 +112,8 @@ def run_core(config: EngineConfig, address: str, ready: Connection) -> None:
     logging.basicConfig(level=logging.INFO, format="[infer core] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
     try:
-        built = build_engine(config, core_only=True)
-    except (EngineConfigError, ValueError, OSError) as exc:
+        built = build_engine(config, core_only=True, hard_exit=True)
+    except (EngineConfigError, ValueError, OSError, DistributedError) as exc:
         ready.send(("error", (str(exc), isinstance(exc, (EngineConfigError, ValueError)))))
         raise SystemExit(2) from None
     except BaseException as exc:
@@ -166,12 +167,16 @@ class CoreLoop:
             raise
         finally:
             self.grammars.close()
+            self.engine.runner.close()
             self.socket.close()
             self._ctx.term()
 
     def _step(self) -> None:
         try:
             outputs = self.engine.step_core()
+        except DistributedError as exc:  # a tensor-parallel rank is gone: fail what is in flight, then exit
+            self._send(self.engine.fail_all(f"{type(exc).__name__}: {exc}"))
+            raise
         except Exception as exc:  # fail what is in flight, keep serving
             log.exception("engine step failed")
             outputs = self.engine.fail_all(f"{type(exc).__name__}: {exc}")
@@ -270,6 +275,7 @@ class CoreLoop:
         if now < self._next_check:
             return
         self._next_check = now + 1.0
+        self.engine.runner.check()  # a dead tensor-parallel worker ends the core, idle or not
         if os.getppid() != self._parent:
             log.warning("the process that started the engine core is gone; exiting")
             self._stopping = True

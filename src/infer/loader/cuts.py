@@ -77,8 +77,10 @@ def pad_value(name: str, value: torch.Tensor | Int4Groups | W8Tensor, cut: Cut) 
 def cut_w8(name: str, w8: W8Tensor, cut: Cut, weight: torch.Tensor | None = None) -> W8Tensor:
     """An 8-bit weight's slice with its scales' slice; `weight`: the cut weight when it was read as a slice."""
     length, block = w8.weight.shape[cut.dim], w8.block_size[cut.dim]
-    _aligned(name, cut, block, length, "8-bit scale")
-    blocks = Cut(cut.dim, cut.start // block, -(-min(cut.stop, length) // block), -(-cut.size // block))
+    end = min(cut.stop, length)
+    if cut.start // block != (end - 1) // block:  # a cut inside one scale block keeps its scale (per-channel ones)
+        _aligned(name, cut, block, length, "8-bit scale")
+    blocks = Cut(cut.dim, cut.start // block, (end - 1) // block + 1, -(-cut.size // block))
     part = W8Tensor(w8.weight[_index(cut, length)].contiguous() if weight is None else weight,
                     w8.scale[_index(blocks, w8.scale.shape[cut.dim])].contiguous(), w8.block_size)
     return pad_value(name, part, cut)  # type: ignore[return-value]

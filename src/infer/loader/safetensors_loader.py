@@ -12,10 +12,11 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from infer.loader.cuts import CutFor, cut_w8, pad_tensor, read_cut
+from infer.loader.cuts import CutFor, cut_tensor, cut_w8, pad_tensor, read_cut
 from infer.loader.hf_quant import W8_DTYPES, CheckpointQuant, W8Tensor, check_scales_used, is_auxiliary, pair_scales
 
 SINGLE = "model.safetensors"
+W8_NAMES = ("I8", "F8_E4M3")  # safetensors' names of the 8-bit weight dtypes
 INDEX = "model.safetensors.index.json"
 
 
@@ -59,19 +60,21 @@ def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant
                 if quant is not None and is_auxiliary(key, quant):
                     continue
                 part = cut(key) if cut is not None else None
-                if part is None:
-                    tensor = handle.get_tensor(key)
+                stored_w8 = quant is not None and key.endswith(".weight") and handle.get_slice(key).get_dtype() in W8_NAMES
+                if part is None or (stored_w8 and not keep_w8):  # whole (an 8-bit one is dequantized, then cut)
+                    tensor, sliced = handle.get_tensor(key), None
                 else:  # the slice alone; an 8-bit weight's scales are checked against its whole shape (on meta)
                     piece = handle.get_slice(key)
                     shape, sliced = piece.get_shape(), read_cut(piece, piece.get_shape(), part)
                     tensor = torch.empty(shape, dtype=sliced.dtype, device="meta")
                 if quant is not None and tensor.dtype in W8_DTYPES:
                     w8 = pair_scales(key, tensor, quant, get)
-                    if part is not None:
-                        w8 = cut_w8(key, w8, part, weight=sliced)
                     paired.add(key)
-                    yield key, w8 if keep_w8 else w8.dequantize(dtype)
+                    if keep_w8:
+                        yield key, w8 if part is None else cut_w8(key, w8, part, weight=sliced)
+                    else:
+                        yield key, w8.dequantize(dtype) if part is None else cut_tensor(w8.dequantize(dtype), part)
                 else:
-                    yield key, tensor.to(dtype) if part is None else pad_tensor(sliced.to(dtype), part)
+                    yield key, tensor.to(dtype) if sliced is None else pad_tensor(sliced.to(dtype), part)
         if quant is not None:
             check_scales_used(where, paired, quant)

@@ -75,6 +75,8 @@ def decode_rows(step: StepInput) -> DecodeRows:
         tables[row : row + q] = [step.block_tables[b]] * q
         prev[row] = prev_rows[b]
         start += q
+    if isinstance(step.block_tables, np.ndarray):  # an array of tables (a tensor-parallel worker's): one per row too
+        return DecodeRows(ids, positions, slots, prev, sampling, context, np.repeat(step.block_tables, width, axis=0))
     return DecodeRows(ids, positions, slots, prev, sampling, context, tables)
 
 

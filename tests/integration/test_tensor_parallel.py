@@ -1,0 +1,161 @@
+"""Tensor parallelism on the CPU (gloo, 2 processes): the same tokens and logits as one process, refusals, failures.
+
+Every TP engine here is rank 0 in the test process with one spawned worker; each family's engines are built once per
+module (graphs on and off) and closed at the end, so a run spawns six workers in all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpoints import quantize_checkpoint, save_tiny, save_tiny_with_tokenizer
+from infer import LLM, SamplingParams
+from infer.distributed.group import DistributedError, free_port
+from infer.engine.config import EngineConfigError
+
+PROMPTS = [[1, 5, 9, 33, 17, 3, 200, 41], [7, 7, 90], list(range(40, 75))]
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=10, ignore_eos=True)
+
+
+def _run(llm: LLM, params: SamplingParams) -> list[tuple[list[int], list[float], list[float]]]:
+    """Per prompt: the tokens, their logprobs and the prompt tokens' logprobs (teacher-forced logits)."""
+    out = []
+    for ids in PROMPTS:
+        tokens, logprobs, prompt = [], [], []
+        for step in llm.stream(ids, params):
+            if step.prompt_logprobs is not None:
+                prompt = [lp.logprob for lp in step.prompt_logprobs if lp is not None]
+            if step.token_id is not None:
+                tokens.append(step.token_id)
+                logprobs.append(step.logprob.logprob if step.logprob is not None else 0.0)
+        out.append((tokens, logprobs, prompt))
+    return out
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+def family_runs(request, tmp_path_factory):
+    """(TP=1 results, {graphs: TP=2 results}) for one family (gemma3 replicates its single KV head)."""
+    path = save_tiny_with_tokenizer(request.param, tmp_path_factory.mktemp(request.param))
+    with LLM(str(path)) as one:
+        reference = [_run(one, GREEDY), _run(one, SEEDED)]
+    sharded = {}
+    for graphs in (None, False):  # None: the CPU's recorded decode graphs (the default); False: eager
+        with LLM(str(path), tensor_parallel_size=2, use_cuda_graphs=graphs) as two:
+            sharded[graphs] = [_run(two, GREEDY), _run(two, SEEDED)]
+            if graphs is None:
+                assert two.runner.graph_stats.batch_sizes, "no decode graph was recorded"
+                assert not two.runner.graphs.eager
+    return reference, sharded
+
+
+@pytest.mark.parametrize("graphs", [None, False], ids=["graphs", "eager"])
+def test_tp2_tokens_and_logits_equal_tp1(family_runs, graphs):
+    reference, sharded = family_runs
+    for ref, got in zip(reference, sharded[graphs]):
+        for (ref_tokens, ref_lp, ref_prompt), (tokens, lp, prompt) in zip(ref, got):
+            assert tokens == ref_tokens
+            assert lp == pytest.approx(ref_lp, abs=2e-4)
+            assert prompt == pytest.approx(ref_prompt, abs=2e-4)
+
+
+def test_tp2_vocabulary_padding_and_ngram_speculation(tmp_path):
+    """A vocabulary that does not split evenly (the last rank's padding rows) and verify steps under TP."""
+    path = save_tiny("qwen3", tmp_path / "q", vocab_size=321)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    with LLM(str(path), speculative_method="ngram") as one:
+        want = one.generate_ids([prompt], params)[0].token_ids
+    with LLM(str(path), tensor_parallel_size=2, speculative_method="ngram",
+             speculative_disable_by_batch_size=0) as two:
+        assert two.generate_ids([prompt], params)[0].token_ids == want
+
+
+def test_bundled_gemma3_270m_tp2_answers_as_tp1():
+    from infer.loader.gguf_loader import bundled_gemma3_270m
+
+    model = str(bundled_gemma3_270m())
+    params = SamplingParams(temperature=0, max_tokens=8)
+    with LLM(model, quantization="none", max_seq_len=256, kv_cache_memory_gb=0.1) as one:
+        want = one.generate(["The capital of France is"], params)[0]
+    with LLM(model, quantization="none", max_seq_len=256, kv_cache_memory_gb=0.1, tensor_parallel_size=2) as two:
+        got = two.generate(["The capital of France is"], params)[0]
+    assert got.token_ids == want.token_ids and got.text == want.text
+
+
+def test_refusals_name_the_field_and_numbers(tmp_path):
+    llama = save_tiny_with_tokenizer("llama", tmp_path / "llama")  # 4 heads of 16, 2 KV heads, intermediate 128
+    with pytest.raises(EngineConfigError, match=r"tensor_parallel_size=3: the model's 4 attention heads"):
+        LLM(str(llama), tensor_parallel_size=3)
+    with pytest.raises(EngineConfigError, match=r"draft_model=.*tensor_parallel_size=2"):
+        LLM(str(llama), tensor_parallel_size=2, speculative_method="draft", draft_model=str(llama))
+    # 48 x 48 scale blocks: rank 0's down_proj columns [0, 64) straddle two of them (rank 1's q rows [32, 64) too)
+    fp8 = quantize_checkpoint(llama, tmp_path / "fp8", "fp8_block", block=(48, 48))
+    with pytest.raises(EngineConfigError, match=r"down_proj.weight.*reads \[0, 64\) of dimension 1 \(128\), which splits its 8-bit scale blocks of 48"):
+        LLM(str(fp8), tensor_parallel_size=2)
+    prompt, params = [[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with LLM(str(fp8), quantization="none") as one:
+        want = one.generate_ids(prompt, params)[0].token_ids
+    with LLM(str(fp8), tensor_parallel_size=2, quantization="none") as two:  # dequantized whole, then cut
+        assert two.generate_ids(prompt, params)[0].token_ids == want
+
+
+def test_per_channel_int8_stays_quantized_under_tp(tmp_path):
+    """Per-row scales cut with their rows; a column cut inside a row's one scale block keeps that scale."""
+    int8 = quantize_checkpoint(save_tiny_with_tokenizer("qwen3", tmp_path / "q"), tmp_path / "int8", "int8_channel")
+    prompt, params = [[9, 8, 7, 6]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with LLM(str(int8)) as one:
+        want = one.generate_ids(prompt, params)[0].token_ids
+    with LLM(str(int8), tensor_parallel_size=2) as two:
+        from infer.models.quant import W8Weight
+
+        assert isinstance(two.runner.model.blocks[0].mlp.down_proj, W8Weight)
+        assert two.generate_ids(prompt, params)[0].token_ids == want
+
+
+def test_killed_worker_fails_the_engine_instead_of_hanging(tmp_path):
+    path = save_tiny_with_tokenizer("llama", tmp_path / "llama")
+    llm = LLM(str(path), tensor_parallel_size=2, distributed_timeout_s=20)
+    try:
+        worker = llm.runner.workers.processes[1]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(10)
+        started = time.monotonic()
+        with pytest.raises(DistributedError, match="rank 1"):
+            for _ in range(20):
+                llm.generate_ids([[1, 2, 3]], SamplingParams(max_tokens=4))
+                time.sleep(0.2)
+        assert time.monotonic() - started < 15
+    finally:
+        llm.close()
+
+
+def test_two_node_torchrun_smoke(tmp_path):
+    """Two torchrun 'nodes' on localhost, one process each: rank 0 answers, rank 1 runs headless."""
+    path = save_tiny_with_tokenizer("llama", tmp_path / "llama")
+    argv = [sys.executable, "-m", "infer.cli", "generate", "--model", str(path), "The cat", "--temperature", "0",
+            "--max-tokens", "8", "--ignore-eos"]
+    want = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert want.returncode == 0, want.stderr
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    logs = [(open(tmp_path / f"node{rank}.out", "w+"), open(tmp_path / f"node{rank}.err", "w+")) for rank in (0, 1)]
+    nodes = [subprocess.Popen([*torchrun, "--node-rank", str(rank), "-m", "infer.cli", *argv[3:]], stdout=out,
+                              stderr=err, text=True, env=env) for rank, (out, err) in enumerate(logs)]
+    try:
+        codes = [node.wait(timeout=180) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    outs = [(Path(out.name).read_text(), Path(err.name).read_text()) for out, err in logs]
+    assert codes == [0, 0], outs
+    assert outs[0][0] == want.stdout and outs[1][0] == ""
+    assert "headless" in outs[1][1]
