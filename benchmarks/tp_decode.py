@@ -1,0 +1,125 @@
+"""Tensor-parallel decode: batch 1 and batch 32 at TP=1/2/4 in one run, each as a ratio to TP=1 and as a fraction of
+the per-rank bandwidth roofline (each rank reads its share of the weights and of the KV every step).
+
+    python benchmarks/tp_decode.py --shape llama-3.1-8b --tp 1 2 4 --report benchmarks/reports/distributed_h100.md
+
+Random bf16 weights (`load_format="dummy"`: each rank draws its own shard) from benchmarks/model_shapes.py, CUDA
+graphs on, greedy, EOS ignored. A batch's decode rate is (tokens of a long run - tokens of a one-token run) / the
+time between them, so the prompt's prefill is left out; each is the median of --repeats runs. GPU bandwidth for
+the roofline: --bandwidth-tbs (default: measured here with a device-to-device copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import model_shapes as ms  # noqa: E402
+
+from infer import LLM, SamplingParams  # noqa: E402
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy rate in bytes/s (read + write), the roofline's bandwidth."""
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 10 / (time.perf_counter() - start)
+
+
+def decode_rate(llm: LLM, batch: int, prompt_len: int, tokens: int, repeats: int) -> float:
+    """Decode tokens/s of `batch` sequences (all tokens of the batch per second)."""
+    rng = random.Random(batch)
+    prompts = [[rng.randrange(llm.model_config.vocab_size) for _ in range(prompt_len)] for _ in range(batch)]
+
+    def timed(n: int) -> float:
+        started = time.perf_counter()
+        llm.generate_ids(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        return time.perf_counter() - started
+
+    timed(tokens)  # warm
+    rates = []
+    for _ in range(repeats):
+        rates.append(batch * (tokens - 1) / (timed(tokens) - timed(1)))
+    return statistics.median(rates)
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
+    path = ms.write_model_dir(args.shape, Path(args.work))
+    cfg = ms.model_config(args.shape)
+    bandwidth = args.bandwidth_tbs * 1e12 if args.bandwidth_tbs else copy_bandwidth()
+    rows = []
+    for tp in args.tp:
+        llm = LLM(str(path), load_format="dummy", dtype="bfloat16", tensor_parallel_size=tp,
+                  max_batch_size=max(args.batches), max_seq_len=args.prompt_len + args.tokens + 64,
+                  kv_cache_memory_gb=args.kv_gb)
+        try:
+            for batch in args.batches:
+                rate = decode_rate(llm, batch, args.prompt_len, args.tokens, args.repeats)
+                context = args.prompt_len + args.tokens // 2
+                step_bytes = (ms.weight_bytes(cfg) + batch * ms.kv_read_bytes(cfg, context)) / tp
+                roofline = batch * bandwidth / step_bytes
+                rows.append(dict(tp=tp, batch=batch, tok_s=rate, roofline=roofline))
+                print(f"TP={tp} batch={batch}: {rate:.1f} tok/s = {rate / roofline:.2f} of the per-rank roofline "
+                      f"({roofline:.0f} tok/s)", flush=True)
+        finally:
+            llm.close()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+    for row in rows:
+        base = next(r["tok_s"] for r in rows if r["tp"] == rows[0]["tp"] and r["batch"] == row["batch"])
+        row["ratio"] = row["tok_s"] / base
+    return rows, bandwidth
+
+
+def report(rows: list[dict[str, float]], bandwidth: float, args: argparse.Namespace) -> str:
+    gpu = torch.cuda.get_device_name()
+    lines = [f"# Tensor-parallel decode, {args.shape} shape (random bf16 weights), {gpu} x{max(args.tp)}", "",
+             f"`python benchmarks/tp_decode.py --shape {args.shape} --tp {' '.join(map(str, args.tp))}` "
+             f"({platform.node()}, torch {torch.__version__}); prompt {args.prompt_len} tokens, {args.tokens} decoded, "
+             f"median of {args.repeats}; roofline bandwidth {bandwidth / 1e12:.2f} TB/s (device copy) per rank.", "",
+             "| TP | batch | tok/s | vs TP=1 | per-rank roofline tok/s | fraction |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['tp']} | {r['batch']} | {r['tok_s']:.1f} | {r['ratio']:.2f}x | {r['roofline']:.0f} | "
+                     f"{r['tok_s'] / r['roofline']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="llama-3.1-8b", choices=ms.GPU_SHAPES)
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv-gb", type=float, default=4.0)
+    parser.add_argument("--bandwidth-tbs", type=float, default=None)
+    parser.add_argument("--work", default="/tmp/tp_models")
+    parser.add_argument("--report", default=None)
+    args = parser.parse_args()
+    rows, bandwidth = run(args)
+    text = report(rows, bandwidth, args)
+    print(text)
+    if args.report:
+        Path(args.report).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
