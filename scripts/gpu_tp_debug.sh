@@ -4,7 +4,7 @@
 set -uo pipefail
 source scripts/gpu_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONFAULTHANDLER=1
-python3 - > "$out/tp_debug.log" 2>&1 <<'PY' &
+cat > /tmp/tp_debug.py <<'PY'
 import time, sys
 from pathlib import Path
 from checkpoints import save_tiny_with_tokenizer
@@ -17,6 +17,7 @@ if __name__ == "__main__":
         print(llm.generate_ids([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids, flush=True)
     print("done", time.time() - t, flush=True)
 PY
+python3 /tmp/tp_debug.py > "$out/tp_debug.log" 2>&1 &
 pid=$!
 for i in $(seq 1 "${1:-90}"); do sleep 1; kill -0 $pid 2>/dev/null || break; done
 if kill -0 $pid 2>/dev/null; then
