@@ -112,7 +112,14 @@ class Groups:
         return int(t.item())
 
     def close(self) -> None:
-        if dist.is_initialized():
+        """Leave the groups without waiting for the other ranks (NCCL's destroy would wait for peers that may be
+        gone, or be stopping themselves); another group can be joined afterwards."""
+        if not dist.is_initialized():
+            return
+        if self.place.backend == "nccl":
+            torch.cuda.synchronize()
+            dist.distributed_c10d._abort_process_group()
+        else:
             dist.destroy_process_group()
 
 

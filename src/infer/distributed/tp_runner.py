@@ -50,6 +50,6 @@ class TensorParallelRunner(TorchRunner):
                 self.channel.send(STOP)
             except RuntimeError:
                 pass
+        self.groups.close()  # before waiting for the workers: none waits for another to leave
         if self.workers is not None:
             self.workers.join()
-        self.groups.close()
