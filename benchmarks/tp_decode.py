@@ -3,8 +3,8 @@ the per-rank bandwidth roofline (each rank reads its share of the weights and of
 
     python benchmarks/tp_decode.py --shape llama-3.1-8b --tp 1 2 4 --report benchmarks/reports/distributed_h100.md
 
-Random bf16 weights (`load_format="dummy"`: each rank draws its own shard) from benchmarks/model_shapes.py, CUDA
-graphs on, greedy, EOS ignored. A batch's decode rate is (tokens of a long run - tokens of a one-token run) / the
+Random bf16 weights (`load_format="dummy"`: each rank draws its own shard) from benchmarks/model_shapes.py, each TP
+size in a process of its own, CUDA graphs on, greedy, EOS ignored. A batch's decode rate is (tokens of a long run - tokens of a one-token run) / the
 time between them, so the prompt's prefill is left out; each is the median of --repeats runs. GPU bandwidth for
 the roofline: --bandwidth-tbs (default: measured here with a device-to-device copy).
 """
@@ -12,10 +12,12 @@ the roofline: --bandwidth-tbs (default: measured here with a device-to-device co
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,31 +61,41 @@ def decode_rate(llm: LLM, batch: int, prompt_len: int, tokens: int, repeats: int
     return statistics.median(rates)
 
 
-def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
+def measure(args: argparse.Namespace, tp: int, bandwidth: float) -> list[dict[str, float]]:
+    """One TP size's rows (run in a process of its own: a process runs one NCCL tensor-parallel engine)."""
     path = ms.write_model_dir(args.shape, Path(args.work))
     cfg = ms.model_config(args.shape)
-    bandwidth = args.bandwidth_tbs * 1e12 if args.bandwidth_tbs else copy_bandwidth()
+    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", tensor_parallel_size=tp,
+              max_batch_size=max(args.batches), max_seq_len=args.prompt_len + args.tokens + 64,
+              kv_cache_memory_gb=args.kv_gb)
     rows = []
+    for batch in args.batches:
+        rate = decode_rate(llm, batch, args.prompt_len, args.tokens, args.repeats)
+        context = args.prompt_len + args.tokens // 2
+        step_bytes = (ms.weight_bytes(cfg) + batch * ms.kv_read_bytes(cfg, context)) / tp
+        rows.append(dict(tp=tp, batch=batch, tok_s=rate, roofline=batch * bandwidth / step_bytes))
+    llm.close()
+    return rows
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
+    bandwidth = args.bandwidth_tbs * 1e12 if args.bandwidth_tbs else copy_bandwidth()
+    rows: list[dict[str, float]] = []
     for tp in args.tp:
-        llm = LLM(str(path), load_format="dummy", dtype="bfloat16", tensor_parallel_size=tp,
-                  max_batch_size=max(args.batches), max_seq_len=args.prompt_len + args.tokens + 64,
-                  kv_cache_memory_gb=args.kv_gb)
-        try:
-            for batch in args.batches:
-                rate = decode_rate(llm, batch, args.prompt_len, args.tokens, args.repeats)
-                context = args.prompt_len + args.tokens // 2
-                step_bytes = (ms.weight_bytes(cfg) + batch * ms.kv_read_bytes(cfg, context)) / tp
-                roofline = batch * bandwidth / step_bytes
-                rows.append(dict(tp=tp, batch=batch, tok_s=rate, roofline=roofline))
-                print(f"TP={tp} batch={batch}: {rate:.1f} tok/s = {rate / roofline:.2f} of the per-rank roofline "
-                      f"({roofline:.0f} tok/s)", flush=True)
-        finally:
-            llm.close()
-            del llm
-            gc.collect()
-            torch.cuda.empty_cache()
+        argv = [sys.executable, __file__, "--one", str(tp), "--bandwidth-tbs", str(bandwidth / 1e12), "--shape",
+                args.shape, "--batches", *map(str, args.batches), "--prompt-len", str(args.prompt_len), "--tokens",
+                str(args.tokens), "--repeats", str(args.repeats), "--kv-gb", str(args.kv_gb), "--work", args.work]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        found = [line for line in done.stdout.splitlines() if line.startswith("ROWS ")]
+        if done.returncode != 0 or not found:
+            print(f"TP={tp} failed (exit {done.returncode}):\n{done.stderr[-3000:]}", flush=True)
+            continue
+        for row in json.loads(found[-1][5:]):
+            rows.append(row)
+            print(f"TP={tp} batch={row['batch']}: {row['tok_s']:.1f} tok/s = {row['tok_s'] / row['roofline']:.2f} of "
+                  f"the per-rank roofline ({row['roofline']:.0f} tok/s)", flush=True)
     for row in rows:
-        base = next(r["tok_s"] for r in rows if r["tp"] == rows[0]["tp"] and r["batch"] == row["batch"])
+        base = next((r["tok_s"] for r in rows if r["tp"] == 1 and r["batch"] == row["batch"]), float("nan"))
         row["ratio"] = row["tok_s"] / base
     return rows, bandwidth
 
@@ -113,7 +125,11 @@ def main() -> None:
     parser.add_argument("--bandwidth-tbs", type=float, default=None)
     parser.add_argument("--work", default="/tmp/tp_models")
     parser.add_argument("--report", default=None)
+    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child measuring one TP size
     args = parser.parse_args()
+    if args.one is not None:
+        print("ROWS " + json.dumps(measure(args, args.one, args.bandwidth_tbs * 1e12)), flush=True)
+        os._exit(0)  # no NCCL teardown (it can wait on ranks that are gone)
     rows, bandwidth = run(args)
     text = report(rows, bandwidth, args)
     print(text)

@@ -17,9 +17,10 @@ if [[ "$mode" == all || "$mode" == tests ]]; then
   tail -6 "$out/distributed_tests.log"
 fi
 if [[ "$mode" == all || "$mode" == bench ]]; then
-  timeout 120 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -14
-  timeout 360 python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --report "$out/tp_decode.md" 2>&1 \
+  timeout 60 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -14
+  timeout 250 python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --repeats 2 --report "$out/tp_decode.md" 2>&1 \
     | grep -v "Loading" | tail -16
-  timeout 300 python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --report "$out/dp_throughput.md" 2>&1 \
+  timeout 120 python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 256 --repeats 1 \
+    --report "$out/dp_throughput.md" 2>&1 \
     | grep -v "Loading" | tail -8
 fi

@@ -4,6 +4,10 @@ float32 greedy tokens equal to TP=1's with graphs on and off."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -38,22 +42,49 @@ def _greedy(llm: LLM) -> list[list[int]]:
     return [o.token_ids for o in llm.generate_ids(PROMPTS, params)]
 
 
+def _measure(path: str, what: str, options: dict) -> object:
+    """Build one engine, measure it, close it (a process of its own: one NCCL tensor-parallel engine per process)."""
+    with LLM(path, **options) as llm:
+        result = _prompt_logprobs(llm) if what == "logprobs" else _greedy(llm)
+        graphs = llm.runner.graph_stats.batch_sizes if llm.runner.graph_stats is not None else ()
+    return result, graphs
+
+
+def _child(queue: multiprocessing.Queue, path: str, what: str, options: dict) -> None:
+    try:
+        queue.put(("ok", _measure(path, what, options)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+    os._exit(0)  # no NCCL teardown at exit (it can wait on the worker, which has gone)
+
+
+def in_child(path: Path, what: str, **options: object) -> tuple[object, tuple[int, ...]]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=_child, args=(queue, str(path), what, options))
+    process.start()
+    try:
+        status, value = queue.get(timeout=300)
+    finally:
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+    assert status == "ok", value
+    return value
+
+
 @pytest.mark.parametrize("tp", [t for t in (2, 4) if t <= GPUS])
 def test_bf16_teacher_forced_logits_within_tolerance(model, tp):
-    with LLM(str(model), dtype="bfloat16") as one:
-        want = _prompt_logprobs(one)
-    with LLM(str(model), dtype="bfloat16", tensor_parallel_size=tp) as many:
-        got = _prompt_logprobs(many)
-        assert many.runner.graph_stats.batch_sizes  # decode graphs captured with their all-reduces on every rank
+    want, _ = in_child(model, "logprobs", dtype="bfloat16")
+    got, graphs = in_child(model, "logprobs", dtype="bfloat16", tensor_parallel_size=tp)
+    assert graphs  # decode graphs captured with their all-reduces on every rank
     for w, g in zip(want, got):
         assert g == pytest.approx(w, abs=0.05)  # bf16 sums in another order
 
 
 @pytest.mark.parametrize("graphs", [None, False], ids=["graphs", "eager"])
 def test_fp32_greedy_tokens_equal_tp1(model, graphs):
-    with LLM(str(model), dtype="float32", use_cuda_graphs=graphs) as one:
-        want = _greedy(one)
-    with LLM(str(model), dtype="float32", tensor_parallel_size=2, use_cuda_graphs=graphs) as two:
-        assert _greedy(two) == want
-        if graphs is None:
-            assert two.runner.graph_stats.batch_sizes
+    want, _ = in_child(model, "greedy", dtype="float32", use_cuda_graphs=graphs)
+    got, captured = in_child(model, "greedy", dtype="float32", tensor_parallel_size=2, use_cuda_graphs=graphs)
+    assert got == want
+    assert bool(captured) == (graphs is None)

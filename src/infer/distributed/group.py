@@ -112,20 +112,20 @@ class Groups:
         return int(t.item())
 
     def close(self) -> None:
-        """Leave the groups without waiting for the other ranks (NCCL's destroy would wait for peers that may be
-        gone, or be stopping themselves); another group can be joined afterwards."""
-        if not dist.is_initialized():
-            return
-        if self.place.backend == "nccl":
-            torch.cuda.synchronize()
-            dist.distributed_c10d._abort_process_group()
-        else:
+        """Leave the groups. gloo's are destroyed (another group can be joined in this process afterwards). NCCL's are
+        left as they are: destroying or aborting a NCCL communicator waits on peers that may be gone or stopping
+        themselves (seen to hang on H200s), so a process runs one NCCL tensor-parallel engine and ends with it."""
+        if dist.is_initialized() and self.place.backend != "nccl":
             dist.destroy_process_group()
 
 
 def join(place: Placement, failure: Callable[[], str | None] = lambda: None) -> Groups:
     """Meet the other ranks: blocks until all have joined; fails after the timeout, or at once when `failure` (the
     local workers' watch) reports one of them gone."""
+    if dist.is_initialized():
+        raise DistributedError("this process ran a NCCL tensor-parallel engine already (its groups cannot be left "
+                               "without waiting on the other ranks); start another tensor-parallel engine in a new "
+                               "process")
     if place.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(place.device))
     timeout = timedelta(seconds=place.timeout_s)

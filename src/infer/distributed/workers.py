@@ -15,6 +15,8 @@ import threading
 import time
 from dataclasses import replace
 
+import torch
+
 from infer.engine.config import EngineConfig
 
 log = logging.getLogger("infer.distributed")
@@ -83,7 +85,9 @@ def run_worker(config: EngineConfig, rank: int, init_method: str) -> None:
     except RuntimeError as exc:  # rank 0 is gone (its connection closed) or a collective failed
         log.error("stopping: %s", exc)
         raise SystemExit(1) from None
-    groups.close()
+    if place.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    os._exit(0)  # no teardown: leaving a NCCL group waits on the other ranks (Groups.close)
 
 
 def wait_all(workers: WorkerSet) -> int:
