@@ -220,6 +220,8 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
 
         return build_mlx_engine(config, path, core_only, started)
     groups, workers = None, None
+    if config.resolved_device.startswith("cuda:"):  # graphs capture on the current device's stream: make it ours
+        torch.cuda.set_device(torch.device(config.resolved_device))
     if config.tensor_parallel_size > 1:
         try:
             Shard(0, config.tensor_parallel_size).check(read_config(path))  # before any worker starts
