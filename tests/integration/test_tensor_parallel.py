@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from checkpoints import quantize_checkpoint, save_tiny, save_tiny_with_tokenizer
+from probe_sets import Spec, write_probe_set
 from infer import LLM, SamplingParams
 from infer.distributed.group import DistributedError, free_port
 from infer.engine.config import EngineConfigError
@@ -76,6 +77,21 @@ def test_tp2_vocabulary_padding_and_ngram_speculation(tmp_path):
     with LLM(str(path), tensor_parallel_size=2, speculative_method="ngram",
              speculative_disable_by_batch_size=0) as two:
         assert two.generate_ids([prompt], params)[0].token_ids == want
+
+
+def test_tp2_probe_scores_equal_tp1(tmp_path):
+    """Probes read on rank 0 (the residual after the all-reduce is every rank's): the scores TP=1 gives."""
+    path = save_tiny_with_tokenizer("gemma3", tmp_path / "g")
+    probes = str(write_probe_set(tmp_path / "probes", 64, [Spec("mid", 1), Spec("last", 2, "sigmoid")]))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with LLM(str(path), probes=probes) as one:
+        want = one.generate_ids(PROMPTS, params)
+    with LLM(str(path), probes=probes, tensor_parallel_size=2) as two:
+        got = two.generate_ids(PROMPTS, params)
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        for name in ("mid", "last"):
+            assert g.probes[name] == pytest.approx(w.probes[name], abs=1e-5)
 
 
 def test_bundled_gemma3_270m_tp2_answers_as_tp1():

@@ -96,6 +96,6 @@ class Shard(NamedTuple):
             return Cut(1, self.rank * inter, (self.rank + 1) * inter, inter)
         if name in _VOCAB_ROWS:
             rows = self.vocab_rows(cfg.vocab_size)
-            start = self.rank * rows
-            return Cut(0, start, min(start + rows, cfg.vocab_size), rows)
+            start = self.rank * rows  # a tiny vocabulary may leave the last ranks padding only: [start, start)
+            return Cut(0, start, max(start, min(start + rows, cfg.vocab_size)), rows)
         return None
