@@ -175,3 +175,38 @@ def test_two_node_torchrun_smoke(tmp_path):
     assert codes == [0, 0], outs
     assert outs[0][0] == want.stdout and outs[1][0] == ""
     assert "headless" in outs[1][1]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_serve_with_a_killed_worker_fails_streams_turns_unhealthy_and_exits_non_zero(tmp_path):
+    import httpx
+
+    from server_harness import serve_process
+
+    path = save_tiny_with_tokenizer("llama", tmp_path / "llama")
+    with serve_process("--model", str(path), "-tp", "2", "--max-seq-len", "512") as served:
+        base = served.base_url
+        core_pid = httpx.get(f"{base}/health", timeout=10).json()["core_pid"]
+        workers = _children(core_pid)
+        assert workers, "the core started no worker"
+        body = {"model": "llama", "prompt": "The cat", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+            for pid in workers:
+                os.kill(pid, signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert any("error" in line for line in rest)
+        assert served.proc.wait(timeout=30) == 1
+        assert "tensor-parallel worker rank 1" in served.output()
