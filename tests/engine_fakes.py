@@ -50,6 +50,12 @@ class FakeRunner:
         self.prev_rows: list[list[int]] = []  # per step: rows fed from the previous step's tokens
         self.slots: dict[int, list[int]] = {}  # sampling slot -> [seed, steps], as the real runner keeps them
 
+    def check(self) -> None:
+        """The runner protocol's liveness check: one fake process never loses a rank."""
+
+    def close(self) -> None:
+        """Nothing outlives the fake."""
+
     def launch(self, step: StepInput) -> "Done":
         """Runs at once; rows with prev_rows >= 0 take the previous step's token, as the device would."""
         for joined in step.joined:

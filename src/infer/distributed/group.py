@@ -39,6 +39,7 @@ class Placement:
     rank: int
     world_size: int
     local_rank: int
+    local_world: int  # ranks on this host
     device: str
     init_method: str  # "env://" under torchrun, else tcp://master_addr:master_port
     timeout_s: float
@@ -91,7 +92,7 @@ def device_of(config: EngineConfig, local_rank: int) -> str:
 def placement(config: EngineConfig, rank: int, init_method: str) -> Placement:
     per_node = config.tensor_parallel_size // config.nnodes
     local = int(os.environ["LOCAL_RANK"]) if under_torchrun() else rank % per_node
-    return Placement(rank, config.tensor_parallel_size, local, device_of(config, local), init_method,
+    return Placement(rank, config.tensor_parallel_size, local, per_node, device_of(config, local), init_method,
                      config.distributed_timeout_s)
 
 
@@ -128,6 +129,8 @@ def join(place: Placement, failure: Callable[[], str | None] = lambda: None) -> 
                                "process")
     if place.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(place.device))
+    elif "OMP_NUM_THREADS" not in os.environ:  # the host's cores split between its ranks, not each rank taking all
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // place.local_world))
     timeout = timedelta(seconds=place.timeout_s)
     kwargs: dict[str, Any] = {"device_id": torch.device(place.device)} if place.backend == "nccl" else {}
     if place.init_method == "env://":

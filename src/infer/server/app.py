@@ -45,8 +45,10 @@ def create_app(state: ServerState) -> FastAPI:
         s: ServerState = request.app.state.infer
         if not s.engine.alive:
             raise APIError(503, f"the engine core is gone: {s.engine.gone_reason}")
-        return {"status": "ok", "api_server": s.api_server_index, "pid": os.getpid(), "core_pid": s.engine.info.pid,
-                "core_pids": [info.pid for info in s.engine.infos]}
+        health = {"status": "ok", "api_server": s.api_server_index, "pid": os.getpid(), "core_pid": s.engine.info.pid}
+        if len(s.engine.infos) > 1:  # data parallelism: every engine core
+            health["core_pids"] = [info.pid for info in s.engine.infos]
+        return health
 
     def card(s: ServerState) -> dict[str, object]:
         return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
