@@ -210,3 +210,27 @@ def test_serve_with_a_killed_worker_fails_streams_turns_unhealthy_and_exits_non_
         assert any("error" in line for line in rest)
         assert served.proc.wait(timeout=30) == 1
         assert "tensor-parallel worker rank 1" in served.output()
+
+
+def test_two_nodes_by_our_flags_serve_as_one_and_the_headless_node_exits_with_rank_0(tmp_path):
+    """`infer serve --nnodes 2 --node-rank 1` runs headless; node 0 serves the TP=2 model; stopping node 0 ends node 1."""
+    import httpx
+
+    from server_harness import serve_process
+
+    path = save_tiny_with_tokenizer("llama", tmp_path / "llama")
+    body = {"model": "llama", "prompt": "The cat", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with serve_process("--model", str(path), "--max-seq-len", "256") as one:
+        want = httpx.post(f"{one.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    flags = ["--model", str(path), "--max-seq-len", "256", "-tp", "2", "--nnodes", "2", "--master-port", str(free_port())]
+    log = open(tmp_path / "node1.log", "w+")
+    node1 = subprocess.Popen([sys.executable, "-m", "infer.cli", "serve", *flags, "--node-rank", "1"], stdout=log,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        with serve_process(*flags, "--node-rank", "0") as node0:
+            got = httpx.post(f"{node0.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+            assert got == want
+        assert node1.wait(timeout=60) in (0, 1)  # its worker ends with rank 0 (stop message, or the closed connection)
+    finally:
+        node1.kill()
+    assert "headless: tensor-parallel ranks of node 1 of 2" in Path(log.name).read_text()

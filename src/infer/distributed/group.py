@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -57,8 +57,6 @@ def under_torchrun() -> bool:
 def resolve_torchrun(config: EngineConfig) -> EngineConfig:
     """The config a torchrun-started process runs: tensor_parallel_size is WORLD_SIZE (a different -tp fails naming
     both), the rendezvous torchrun's."""
-    from dataclasses import replace
-
     world = int(os.environ["WORLD_SIZE"])
     if config.tensor_parallel_size not in (1, world):
         raise EngineConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: torchrun started "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from infer.distributed.group import Groups, free_port, join, placement, resolve_torchrun, under_torchrun
+from infer.distributed.group import Groups, device_of, free_port, join, placement, resolve_torchrun, under_torchrun
 from infer.distributed.workers import WorkerSet, run_worker, wait_all
 from infer.engine.config import EngineConfig
 
@@ -28,9 +28,10 @@ def node_ranks(config: EngineConfig) -> list[int]:
 def start_rank0(config: EngineConfig, hard_exit: bool = False) -> tuple[Groups, WorkerSet | None, EngineConfig]:
     """Start this node's other ranks (torchrun started them already), join as rank 0; the config on rank 0's device."""
     init = rendezvous(config)
-    others = [] if under_torchrun() else node_ranks(config)[1:]
-    workers = WorkerSet(config, others, init, hard_exit) if others else None
     place = placement(config, 0, init)
+    others = [] if under_torchrun() else node_ranks(config)[1:]
+    device_of(config, len(others))  # this node's last device must exist: fails before any worker starts
+    workers = WorkerSet(config, others, init, hard_exit) if others else None
     try:
         groups = join(place, (lambda: workers.failure) if workers is not None else (lambda: None))
     except BaseException:

@@ -36,8 +36,9 @@ class TensorParallelRunner(TorchRunner):
         message = self.encoder.encode(step)
         try:
             self.channel.send(message)
-        except RuntimeError as exc:  # gloo: a worker's connection closed, or the send timed out
-            raise DistributedError(f"tensor-parallel workers unreachable: {exc}") from exc
+        except RuntimeError as exc:  # gloo: a worker's connection closed (it is exiting: say which), or a timeout
+            failure = self.workers.failure_within(2.0) if self.workers is not None else None
+            raise DistributedError(failure or f"tensor-parallel workers unreachable: {exc}") from exc
         return super().launch(step)
 
     def close(self) -> None:

@@ -45,6 +45,8 @@ class WorkerSet:
             return
         rank, process = by_sentinel[ready[0]]
         process.join(1)
+        if process.exitcode == 0:  # a worker exits 0 only after rank 0's stop message
+            return
         self.failure = (f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}; "
                         "the engine cannot run without it")
         log.error(self.failure)
@@ -52,6 +54,13 @@ class WorkerSet:
             time.sleep(HARD_EXIT_GRACE_S)
             log.error("the engine did not stop after its worker died; exiting")
             os._exit(1)
+
+    def failure_within(self, timeout_s: float) -> str | None:
+        """`failure`, waiting up to `timeout_s` for the watch to see a worker that is exiting."""
+        deadline = time.monotonic() + timeout_s
+        while self.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.failure
 
     def join(self, timeout_s: float = 10.0) -> int:
         """Wait for the workers to exit (killing those that do not); the largest exit code."""
