@@ -15,18 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from infer.runners.step import StepInput, StepKind
+from infer.runners.step import StepInput, StepKind, block_table_array
 
 STOP = b""  # the message that ends a worker's loop
-
-
-def _as_table(tables: list[list[int]] | np.ndarray) -> np.ndarray:
-    if isinstance(tables, np.ndarray):
-        return tables
-    out = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int32)
-    for i, table in enumerate(tables):
-        out[i, : len(table)] = table
-    return out
 
 
 class TableMirror:
@@ -61,7 +52,7 @@ class StepEncoder:
         if step.drafter_tokens is not None:
             raise ValueError("a draft model's steps cannot run tensor-parallel")
         slots = np.asarray(step.sampling_slots, dtype=np.int64)
-        tables = _as_table(step.block_tables)
+        tables = block_table_array(step.block_tables)
         fields: tuple[Any, ...] = (
             step.step_kind is StepKind.DECODE, step.token_ids, step.positions, step.query_lens, step.context_lens,
             step.slot_mapping, slots, step.prev_rows, step.drafts, step.prompt_logprobs, step.samples,

@@ -20,7 +20,7 @@ import torch
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, KVCache, cu_seqlens
 from infer.runners.graphs import Graphs, decode_graphs
-from infer.runners.step import StepInput
+from infer.runners.step import StepInput, block_table_array
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.speculative import draft_sample
 from infer.transfer import StagedUpload
@@ -50,9 +50,7 @@ def plan(step: StepInput, block_size: int) -> DraftPlan:
     num = np.array([len(step.drafts[b]) for b in rows], dtype=np.int64)
     cu_step = cu_seqlens(step.query_lens)
     starts = np.array([step.positions[cu_step[b]] for b in rows], dtype=np.int64)
-    tables = np.zeros((len(rows), max(len(step.block_tables[b]) for b in rows)), dtype=np.int32)
-    for i, b in enumerate(rows):
-        tables[i, : len(step.block_tables[b])] = step.block_tables[b]
+    tables = block_table_array([step.block_tables[b] for b in rows])
     tokens = [step.drafter_tokens[b] for b in rows]
     lengths = np.array([len(t) for t in tokens], dtype=np.int64)
     short = bool(lengths.max() <= 2)

@@ -62,6 +62,16 @@ class StepInput:
         return len(self.token_ids)
 
 
+def block_table_array(tables: list[list[int]] | np.ndarray) -> np.ndarray:
+    """A step's block tables as one zero-padded int32 array [seqs, the longest table] (an array already is one)."""
+    if isinstance(tables, np.ndarray):
+        return tables
+    out = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int32)
+    for i, table in enumerate(tables):
+        out[i, : len(table)] = table
+    return out
+
+
 @dataclass
 class StepResult:
     token_ids: list[int]

@@ -26,7 +26,7 @@ from infer.runners.cuda_graphs import GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.drafter import Drafter, Drafts
 from infer.runners.graphs import Graphs, decode_graphs
-from infer.runners.step import StepInput, StepKind, StepResult
+from infer.runners.step import StepInput, StepKind, StepResult, block_table_array
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
 from infer.sampling.logprobs import LogprobTensors, TokenLogprob, logprob_tensors
@@ -283,11 +283,7 @@ class TorchRunner:
         """(batch, input ids, the rows' sampling slots, the slots of rows whose token counts), uploaded in one
         copy. A row whose last input is still on the device (prev_rows) takes it from the previous step."""
         cu = cu_seqlens(step.query_lens)
-        tables = step.block_tables
-        if not isinstance(tables, np.ndarray):
-            tables = np.zeros((step.num_seqs, max(len(t) for t in step.block_tables)), dtype=np.int32)
-            for i, table in enumerate(step.block_tables):
-                tables[i, : len(table)] = table
+        tables = block_table_array(step.block_tables)
         prev = [(cu[i + 1] - 1, row) for i, row in enumerate(step.prev_rows or []) if row >= 0]
         advancing = self._advancing(step)
         ids, positions, slot_mapping, prev_index, slots, advancing_slots, cu_dev, context_lens, block_tables = (

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from infer.runners.step import StepInput
+from infer.runners.step import StepInput, block_table_array
 
 
 class BlockRangeError(ValueError):
@@ -60,8 +60,7 @@ def step_layout(step: StepInput, num_blocks: int, block_size: int) -> StepLayout
     contexts = np.asarray(step.context_lens, dtype=np.int64)
     widest = int(contexts.max())
     need = -(-widest // block_size)
-    tables = np.asarray(step.block_tables if isinstance(step.block_tables, np.ndarray) else _padded(step.block_tables),
-                        dtype=np.int64)[:, :need]
+    tables = block_table_array(step.block_tables).astype(np.int64)[:, :need]
     slots = np.asarray(step.slot_mapping, dtype=np.int64)
     if tables.shape[1] < need:
         raise BlockRangeError(f"block tables have {tables.shape[1]} columns; a context of {widest} needs {need}")
@@ -86,13 +85,6 @@ def step_layout(step: StepInput, num_blocks: int, block_size: int) -> StepLayout
         seq = np.repeat(np.arange(n), lens)
         layout.output_index = mx.array((seq * longest + np.arange(len(seq)) - starts[seq]).astype(np.int32))
     return layout
-
-
-def _padded(tables: list[list[int]]) -> np.ndarray:
-    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = t
-    return out
 
 
 def paged_attention(q: mx.array, k: mx.array, v: mx.array, cache: list[mx.array], layout: StepLayout, scale: float,
