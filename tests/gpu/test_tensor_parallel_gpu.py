@@ -55,6 +55,8 @@ def _child(queue: multiprocessing.Queue, path: str, what: str, options: dict) ->
         queue.put(("ok", _measure(path, what, options)))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
+    queue.close()
+    queue.join_thread()  # the put is written by a feeder thread: flushed before the exit below
     os._exit(0)  # no NCCL teardown at exit (it can wait on the worker, which has gone)
 
 
