@@ -19,6 +19,8 @@ def table_mirror(runner: TorchRunner) -> TableMirror:
 
 
 class TensorParallelRunner(TorchRunner):
+    """The torch runner on rank 0's shard that first sends each step to the workers (docs/distributed.md)."""
+
     def __init__(self, groups: Groups, workers: WorkerSet | None, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.groups, self.workers = groups, workers
