@@ -18,10 +18,10 @@ if [[ "$mode" == all || "$mode" == tests ]]; then
   tail -6 "$out/distributed_tests.log"
 fi
 if [[ "$mode" == all || "$mode" == bench ]]; then
-  timeout 180 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -14
+  timeout 120 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -14
   timeout 250 python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --repeats 2 --report "$out/tp_decode.md" 2>&1 \
     | grep -v "Loading" | tail -16
-  timeout 240 python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 1 \
+  timeout 200 python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 1 \
     --report "$out/dp_throughput.md" 2>&1 \
     | grep -v "Loading" | tail -8
 fi
