@@ -94,6 +94,19 @@ def test_tp2_probe_scores_equal_tp1(tmp_path):
             assert g.probes[name] == pytest.approx(w.probes[name], abs=1e-5)
 
 
+def test_tp2_structured_output_equals_tp1(tmp_path):
+    """The grammar's mask is applied on rank 0 only (it samples): constrained answers are TP=1's."""
+    from infer.structured import Constraint
+
+    path = save_tiny_with_tokenizer("qwen3", tmp_path / "q")
+    params = [SamplingParams(temperature=1.0, seed=2, max_tokens=20, structured=Constraint("regex", r"[a-z]{3}-\d{2}")),
+              SamplingParams(temperature=1.0, seed=3, max_tokens=8, structured=Constraint.choice(["yes", "no"]))]
+    with LLM(str(path)) as one:
+        want = [o.text for o in one.generate(["The cat", "Call"], params)]
+    with LLM(str(path), tensor_parallel_size=2) as two:
+        assert [o.text for o in two.generate(["The cat", "Call"], params)] == want
+
+
 def test_bundled_gemma3_270m_tp2_answers_as_tp1():
     from infer.loader.gguf_loader import bundled_gemma3_270m
 
