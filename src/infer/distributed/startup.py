@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 
 from infer.distributed.group import Groups, device_of, free_port, join, placement, resolve_torchrun, under_torchrun
-from infer.distributed.workers import WorkerSet, run_worker, wait_all
+from infer.distributed.workers import WorkerSet, run_worker
 from infer.engine.config import EngineConfig
 
 
@@ -56,4 +56,4 @@ def run_headless(config: EngineConfig) -> int:
     if under_torchrun():
         run_worker(config, int(os.environ["RANK"]), "env://")
         return 0
-    return wait_all(WorkerSet(config, node_ranks(config), rendezvous(config)))
+    return WorkerSet(config, node_ranks(config), rendezvous(config)).wait()

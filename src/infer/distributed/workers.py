@@ -62,6 +62,13 @@ class WorkerSet:
             time.sleep(0.01)
         return self.failure
 
+    def wait(self) -> int:
+        """A headless node: wait for the workers however long they serve; the largest exit code."""
+        for process in self.processes.values():
+            process.join()
+        self._closing = True
+        return max((p.exitcode or 0 for p in self.processes.values()), default=0)
+
     def join(self, timeout_s: float = 10.0) -> int:
         """Wait for the workers to exit (killing those that do not); the largest exit code."""
         self._closing = True
@@ -98,10 +105,3 @@ def run_worker(config: EngineConfig, rank: int, init_method: str) -> None:
         torch.cuda.synchronize()
     os._exit(0)  # no teardown: leaving a NCCL group waits on the other ranks (Groups.close)
 
-
-def wait_all(workers: WorkerSet) -> int:
-    """A headless node: wait for its workers however long they serve; the largest exit code."""
-    for process in workers.processes.values():
-        process.join()
-    workers._closing = True
-    return max((p.exitcode or 0 for p in workers.processes.values()), default=0)

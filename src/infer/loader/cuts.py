@@ -47,13 +47,6 @@ def cut_tensor(t: torch.Tensor, cut: Cut) -> torch.Tensor:
     return pad_tensor(t[_index(cut, t.shape[cut.dim])].contiguous(), cut)
 
 
-def cut_value(name: str, value: torch.Tensor | Int4Groups | W8Tensor, cut: Cut) -> torch.Tensor | Int4Groups | W8Tensor:
-    """Any checkpoint value's slice (read whole already: a checkpoint format that cannot be read in slices)."""
-    if isinstance(value, torch.Tensor):
-        return cut_tensor(value, cut)
-    return cut_int4(name, value, cut) if isinstance(value, Int4Groups) else cut_w8(name, value, cut)
-
-
 def read_cut(read_slice: object, shape: list[int], cut: Cut) -> torch.Tensor:
     """Only the cut's part of a safetensors tensor, unpadded (`read_slice`: safe_open(...).get_slice(name))."""
     return read_slice[_index(cut, shape[cut.dim])]  # type: ignore[index]

@@ -60,8 +60,9 @@ def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant
                 if quant is not None and is_auxiliary(key, quant):
                     continue
                 part = cut(key) if cut is not None else None
-                stored_w8 = quant is not None and key.endswith(".weight") and handle.get_slice(key).get_dtype() in W8_NAMES
-                if part is None or (stored_w8 and not keep_w8):  # whole (an 8-bit one is dequantized, then cut)
+                # read whole: no cut, or an 8-bit weight that is dequantized (and then cut)
+                dequantized_w8 = quant is not None and not keep_w8
+                if part is None or (dequantized_w8 and handle.get_slice(key).get_dtype() in W8_NAMES):
                     tensor, sliced = handle.get_tensor(key), None
                 else:  # the slice alone; an 8-bit weight's scales are checked against its whole shape (on meta)
                     piece = handle.get_slice(key)
