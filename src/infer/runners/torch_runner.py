@@ -29,7 +29,7 @@ from infer.runners.graphs import Graphs, decode_graphs
 from infer.runners.step import StepInput, StepKind, StepResult, block_table_array
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
-from infer.sampling.logprobs import LogprobTensors, TokenLogprob, logprob_tensors
+from infer.sampling.logprobs import LogprobTensors, by_sequence, logprob_tensors, prompt_positions
 from infer.sampling.sampler import sample
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.speculative import verify
@@ -64,12 +64,9 @@ class LaunchedStep:
                 out.prompt_probe_scores = [scores[self.num_seqs + a : self.num_seqs + b] for a, b in zip(bounds, bounds[1:])]
         if self.logprobs is not None:
             rows, tensors = self.logprobs
-            found: list[TokenLogprob | None] = [None] * self.num_seqs
-            for row, lp in zip(rows, tensors.to_host()):
-                found[row] = lp
-            out.logprobs = found
+            out.logprobs = by_sequence(self.num_seqs, rows, tensors.to_host())
         if self.prompt_logprobs is not None:
-            out.prompt_logprobs = [None if t is None else [None, *t.to_host()] for t in self.prompt_logprobs]
+            out.prompt_logprobs = [None if t is None else prompt_positions(t.to_host()) for t in self.prompt_logprobs]
         return out
 
 

@@ -33,6 +33,19 @@ class LogprobTensors(NamedTuple):
         ]
 
 
+def by_sequence(num_seqs: int, rows: list[int], values: list[TokenLogprob]) -> list[TokenLogprob | None]:
+    """The logprobs read back for `rows` (the sequences that asked), placed at their rows; None for the others."""
+    found: list[TokenLogprob | None] = [None] * num_seqs
+    for row, value in zip(rows, values):
+        found[row] = value
+    return found
+
+
+def prompt_positions(values: list[TokenLogprob]) -> list[TokenLogprob | None]:
+    """A prompt's logprobs by position: the first token has none, each other one its logprob given those before."""
+    return [None, *values]
+
+
 def logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> LogprobTensors:
     """Logprobs of token_ids [N] under logits [N, V], with each row's num_top[i] best tokens; no host sync."""
     logp = torch.log_softmax(logits.float(), dim=-1)

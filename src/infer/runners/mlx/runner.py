@@ -22,7 +22,7 @@ from infer.runners.mlx.sampler import MxLogprobs, column_words, logprobs, sample
 from infer.runners.mlx.slots import MxSamplingSlots
 from infer.runners.mlx.strict import Phase, phase
 from infer.runners.step import StepInput, StepResult
-from infer.sampling.logprobs import TokenLogprob
+from infer.sampling.logprobs import by_sequence, prompt_positions
 from omniscience import ProbeBank
 
 
@@ -49,12 +49,10 @@ class MlxLaunchedStep:
             out = StepResult(token_ids=self.token_ids.tolist())
             if self.logprobs is not None:
                 rows, lp = self.logprobs
-                found: list[TokenLogprob | None] = [None] * self.num_seqs
-                for row, value in zip(rows, lp.to_host()):
-                    found[row] = value
-                out.logprobs = found
+                out.logprobs = by_sequence(self.num_seqs, rows, lp.to_host())
             if self.prompt_logprobs is not None:
-                out.prompt_logprobs = [None if p is None else [None, *p.to_host()] for p in self.prompt_logprobs]
+                out.prompt_logprobs = [None if p is None else prompt_positions(p.to_host())
+                                       for p in self.prompt_logprobs]
         return out
 
 
