@@ -5,6 +5,7 @@ state; or the whole `infer serve` command in a subprocess."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -54,6 +55,18 @@ class RunningServer:
             if time.monotonic() > deadline:
                 raise TimeoutError("engine still busy")
             time.sleep(0.05)
+
+
+def process_gone(pid: int, within_s: float) -> bool:
+    """Whether process `pid` has exited within `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def free_port() -> int:

@@ -9,13 +9,12 @@ import json
 import os
 import re
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from server_harness import MODEL, running_server, serve_process
+from server_harness import MODEL, process_gone, running_server, serve_process
 
 pytestmark = pytest.mark.slow
 
@@ -114,15 +113,4 @@ def test_infer_serve_dp2_with_a_killed_core_answers_503_and_exits_1():
         assert served.proc.wait(timeout=30) == 1
         out = served.output()
         assert f"engine core process (pid {pids[1]}) exited" in out and "Traceback" not in out
-        assert not _alive(pids[0], within_s=15)
-
-
-def _alive(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        time.sleep(0.1)
-    return True
+        assert process_gone(pids[0], within_s=15)

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from server_harness import serve_process
+from server_harness import process_gone, serve_process
 
 pytestmark = pytest.mark.slow
 
@@ -50,23 +50,12 @@ def test_a_killed_core_gives_503s_and_a_non_zero_exit_with_the_reason():
         assert f"engine core process (pid {core_pid}) exited" in out and "Traceback" not in out
 
 
-def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_sigterm_stops_the_server_and_its_core():
     with serve_process("--max-seq-len", "256") as served:
         core_pid = _health(served.base_url)["core_pid"]
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=30) == 0
-        assert _gone(core_pid, within_s=15)
+        assert process_gone(core_pid, within_s=15)
 
 
 def test_a_killed_server_does_not_leave_its_core_running():
@@ -74,7 +63,7 @@ def test_a_killed_server_does_not_leave_its_core_running():
         core_pid = _health(served.base_url)["core_pid"]
         served.proc.kill()
         served.proc.wait(timeout=10)
-        assert _gone(core_pid, within_s=15)  # the core notices its parent is gone (checked once a second)
+        assert process_gone(core_pid, within_s=15)  # the core notices its parent is gone (checked once a second)
 
 
 def test_two_api_servers_share_the_port_and_count_metrics_together():
