@@ -1,5 +1,6 @@
 """All-reduce time per call inside CUDA graphs, 8 KB to 1 MB (the decode step's sizes: batch x hidden x 2 bytes),
-through layerzero's all_reduce (NCCL), beside the same calls run eagerly.
+through layerzero's all_reduce (NCCL), beside the same calls run eagerly and torch's symmetric-memory one-shot
+all-reduce in a graph (the candidate small-message path; multicast stays off).
 
     python benchmarks/allreduce_latency.py --world 2 --report benchmarks/reports/allreduce_h100.md
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,31 +38,73 @@ def _time(fn, replays: int) -> float:
     return statistics.median(times)
 
 
-def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: dict) -> None:
+def _per_call(call: Callable[[], object], args: argparse.Namespace) -> tuple[float, float]:
+    """(µs per call inside a CUDA graph of --calls calls, µs per call eagerly)."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(args.calls):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    in_graph = _time(graph.replay, args.replays) / args.calls
+    eager = _time(lambda: [call() for _ in range(args.calls)], args.replays) / args.calls
+    return in_graph, eager
+
+
+class SymmetricOneShot:
+    """torch's symmetric-memory one-shot all-reduce (each rank reads every peer's buffer over NVLink; no multicast),
+    measured beside NCCL as the candidate small-message path."""
+
+    def __init__(self, group: dist.ProcessGroup, numel: int) -> None:
+        self.error: str | None = None
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            self.name = group.group_name
+            self.buffer = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
+            symm_mem.rendezvous(self.buffer, self.name)
+        except Exception as exc:  # noqa: BLE001 - reported beside the NCCL rows
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.symm_mem.one_shot_all_reduce_copy(self.buffer[: x.numel()], x, "sum", self.name)
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60), device_id=torch.device(f"cuda:{rank}"))
     group = dist.group.WORLD
     site = lz.bind("all_reduce")
+    symm = SymmetricOneShot(group, max(SIZES_KB) * 512)
     rows = []
     for kb in SIZES_KB:
         x = torch.ones(kb * 512, dtype=torch.bfloat16, device="cuda")
-        for _ in range(3):
-            site(x, group=group)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(args.calls):
-                site(x, group=group)
-        graph.replay()
-        torch.cuda.synchronize()
-        in_graph = _time(graph.replay, args.replays) / args.calls
-        eager = _time(lambda: [site(x, group=group) for _ in range(args.calls)], args.replays) / args.calls
-        rows.append((kb, in_graph, eager))
+        nccl = _per_call(lambda: site(x, group=group), args)
+        one_shot = _per_call(lambda: symm(x), args) if symm.error is None else (float("nan"), float("nan"))
+        rows.append((kb, *nccl, one_shot[0]))
+    if rank == 0 and symm.error is not None:
+        print(f"symmetric-memory one-shot all-reduce unavailable: {symm.error}", flush=True)
     if rank == 0:
-        results["rows"] = rows
+        text = report(rows, world, args)
+        print(text, flush=True)
+        if args.report:
+            Path(args.report).write_text(text)
     dist.barrier()
-    dist.destroy_process_group()
+    os._exit(0)  # no NCCL teardown: destroying the group can hang on some hosts
+
+
+def report(rows: list[tuple[int, float, float, float]], world: int, args: argparse.Namespace) -> str:
+    lines = [f"## All-reduce per call, {world} x {torch.cuda.get_device_name()} (NCCL through lz.all_reduce)", "",
+             f"`python benchmarks/allreduce_latency.py --world {world}`; median of {args.replays} replays of "
+             f"{args.calls} calls; NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE', 'unset')}.", "",
+             "| size | NCCL in a CUDA graph (us) | NCCL eager (us) | symmetric-memory one-shot in a graph (us) |",
+             "|---|---|---|---|"]
+    lines += [f"| {kb} KB | {g:.1f} | {e:.1f} | {o:.1f} |" for kb, g, e, o in rows]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -72,17 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     from infer.distributed.group import free_port
 
-    results = mp.Manager().dict()
-    mp.spawn(worker, args=(args.world, free_port(), args, results), nprocs=args.world)
-    lines = [f"## All-reduce per call, {args.world} x {torch.cuda.get_device_name()} (NCCL through lz.all_reduce)", "",
-             f"`python benchmarks/allreduce_latency.py --world {args.world}`; median of {args.replays} replays of "
-             f"{args.calls} calls; NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE', 'unset')}.", "",
-             "| size | in a CUDA graph (us) | eager (us) |", "|---|---|---|"]
-    lines += [f"| {kb} KB | {g:.1f} | {e:.1f} |" for kb, g, e in results["rows"]]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.report:
-        Path(args.report).write_text(text)
+    mp.spawn(worker, args=(args.world, free_port(), args), nprocs=args.world)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
     python benchmarks/profile_generation.py --model llama-3.2-1b --batch 1 --steps 20 --graphs --out DIR
     python benchmarks/profile_generation.py --model tiny-llama --steps 4 --out /tmp/prof   # on the CPU
+    python benchmarks/profile_generation.py --model llama-3.1-8b --tp 2 --out DIR   # rank 0 of tensor parallelism
 
 Writes DIR/trace.json (Chrome trace: ui.perfetto.dev or chrome://tracing; gzipped to trace.json.gz when over
 15 MiB) and DIR/kernels.md: the top kernels by total GPU time (count, average µs, share of the step time),
 and GPU busy time (union of kernel intervals) against wall time per step; the difference is the GPU idle gap
 that launch overhead and host work leave. On the CPU the table lists operators by self CPU time instead.
+With --tp N the profile is rank 0's: its collectives' kernels include the time spent waiting for the other ranks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import statistics
 import time
@@ -47,7 +50,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
     kv_gb = 1.2 * (args.batch + 1) * seq * kv_bytes_per_token(ms.model_config(args.model), dtype) / 2**30
     path = ms.write_model_dir(args.model, Path(args.model_root))
     return LLM(str(path), load_format="dummy", dtype=args.dtype, device=args.device, use_cuda_graphs=args.graphs,
-               max_batch_size=args.batch, max_seq_len=seq, kv_cache_memory_gb=kv_gb)
+               max_batch_size=args.batch, max_seq_len=seq, kv_cache_memory_gb=kv_gb, tensor_parallel_size=args.tp)
 
 
 def step(llm: LLM) -> int:
@@ -144,7 +147,8 @@ def summary_md(args: argparse.Namespace, llm: LLM, prof: profile, walls: list[fl
     per_step = wall_us / args.steps
     where = torch.cuda.get_device_name() if cuda else "CPU"
     lines = [
-        f"# Decode profile: {args.model}, batch {args.batch}, CUDA graphs {MODES[args.graphs]}",
+        f"# Decode profile: {args.model}, batch {args.batch}, CUDA graphs {MODES[args.graphs]}"
+        + (f", TP={args.tp} (rank 0)" if args.tp > 1 else ""),
         "",
         f"{where}; torch {torch.__version__}; {args.dtype}; prompt {args.prompt_len} tokens; {args.steps} decode steps "
         f"profiled after {args.warmup} warm-up steps; {tokens} tokens out. Trace: `{trace.name}`.",
@@ -189,6 +193,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--top", type=int, default=30, help="kernels listed")
+    parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (the profile is rank 0's)")
     parser.add_argument("--model-root", default="/tmp/infer_bench_models")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -205,7 +210,9 @@ def main() -> None:
     trace = export_trace(prof, args.out)
     text = summary_md(args, llm, prof, walls, tokens, trace)
     (args.out / "kernels.md").write_text(text)
-    print(text)
+    print(text, flush=True)
+    if args.tp > 1:
+        os._exit(0)  # no NCCL teardown (it can wait on ranks that are gone)
 
 
 if __name__ == "__main__":
