@@ -161,9 +161,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="queued requests beyond this are answered 503")
     g.add_argument("--seed", type=int, default=d.seed, help="engine seed for requests that do not set one")
     g.add_argument("--cuda-graphs", dest="use_cuda_graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="replay decode steps as CUDA graphs captured at startup (default: on with the paged cache; "
-                        "on the CPU each batch size's decode is recorded on its second step and replayed without "
-                        "Python); --no-cuda-graphs runs decode eagerly on either")
+                   help="replay steps as CUDA graphs captured at startup: decode by batch size, and prefill and "
+                        "mixed steps by token count up to 8192 (default: on with the paged cache; on the CPU each "
+                        "batch size's decode is recorded on its second step and replayed without Python, and "
+                        "prefill runs eagerly); --no-cuda-graphs runs every step eagerly")
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS,
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
     g.add_argument("--structured-compile-timeout-s", type=float, default=d.structured_compile_timeout_s,

@@ -31,8 +31,10 @@ class StagedUpload:
         self._staging = [torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)]
         self._next = 0
 
-    def __call__(self, *arrays: np.ndarray) -> list[torch.Tensor]:
-        """Device tensors with the arrays' dtypes and shapes, in order."""
+    def __call__(self, *arrays: np.ndarray, into: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Device tensors with the arrays' dtypes and shapes, in order: views of fresh device memory, or of the
+        device byte buffer `into` (the same arrays' shapes then give the same addresses every call: what a
+        captured graph reads)."""
         offsets, end = [], 0
         for a in arrays:
             offsets.append(end)
@@ -48,7 +50,13 @@ class StagedUpload:
         for a, offset in zip(arrays, offsets):
             host[offset : offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         used = staging[:end]
-        raw = used.to(self.device, non_blocking=True) if self._pinned else used.clone()
+        if into is not None:
+            if into.numel() < end:
+                raise ValueError(f"an upload of {end} bytes does not fit the {into.numel()}-byte device buffer")
+            raw = into[:end]
+            raw.copy_(used, non_blocking=self._pinned)
+        else:
+            raw = used.to(self.device, non_blocking=True) if self._pinned else used.clone()
         return [
             raw[offset : offset + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape) for a, offset in zip(arrays, offsets)
         ]

@@ -31,7 +31,7 @@ from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_c
 from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
 from infer.models.shard import Shard, ShardError
-from infer.runners.cuda_graphs import bucket_sizes
+from infer.runners.cuda_graphs import bucket_sizes, prefill_bucket_sizes
 from infer.runners.drafter import Drafter
 from infer.runners.torch_runner import TorchRunner
 from infer.speculative.gate import gate_speculation
@@ -187,7 +187,8 @@ def bounded(config: EngineConfig, model: ModelConfig) -> EngineConfig:
 def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups | None, probes: ProbeBank | None,
                       drafter: LoadedModel | None = None, workers: WorkerSet | None = None) -> TorchRunner:
     """The runner of one rank (or of the only one): its KV cache sized by its own KV heads, the block count agreed
-    as the minimum over the ranks, decode graphs captured (every rank captures the same buckets in the same order)."""
+    as the minimum over the ranks, prefill and decode graphs captured (every rank captures the same buckets in the
+    same order)."""
     config = bounded(config, loaded.config)
     local = loaded.model.local
     layout = kv_layout(
@@ -198,7 +199,9 @@ def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups 
     num_blocks = layout.num_blocks if groups is None else groups.agree_min(layout.num_blocks)
     args = (loaded.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
             bucket_sizes(config.decode_rows) if config.decode_graphs else (), probes)
-    kwargs: dict[str, Any] = dict(max_drafts=config.speculative_tokens, drafter=None if drafter is None else Drafter(
+    kwargs: dict[str, Any] = dict(
+        prefill_graph_tokens=prefill_bucket_sizes(config.max_num_batched_tokens or 0) if config.prefill_graphs else (),
+        max_drafts=config.speculative_tokens, drafter=None if drafter is None else Drafter(
         drafter.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
         bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()))
     if groups is not None and groups.shard.rank == 0:

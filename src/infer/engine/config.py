@@ -46,7 +46,8 @@ class EngineConfig:
     prefill_chunk_size: int = 512  # most prompt tokens of one request in one step
     max_prefill_chunks_per_step: int | None = None  # None = as many as the token budget and batch size allow
     use_prefix_caching: bool | None = None  # None = on with chunked prefill and the paged cache (docs/engine.md)
-    use_cuda_graphs: bool | None = None  # None = on with the paged cache (on the CPU: recorded calls); decode only
+    # None = on with the paged cache: decode (on the CPU: recorded calls), and on CUDA prefill and mixed steps too
+    use_cuda_graphs: bool | None = None
     quantization: str = "auto"  # "auto": weights stay as stored (8-bit HF, 4-bit / Q8_0 GGUF); "none"; "int4" | "int8" | "fp8" at load: docs/quantization.md
     probes: str | None = None  # a probe-set YAML file (omniscience): probe scores per token, docs/omniscience.md
     speculative_method: str | None = None  # "ngram" (prompt lookup) or "draft" (a smaller model): docs/speculative.md
@@ -194,6 +195,11 @@ class EngineConfig:
         if self.use_cuda_graphs is not None:
             return self.use_cuda_graphs
         return self.kv_cache_backend == "paged" and self.batching_mode == "continuous"
+
+    @property
+    def prefill_graphs(self) -> bool:
+        """Whether prefill and mixed steps replay CUDA graphs by token bucket: with decode graphs, on CUDA."""
+        return self.decode_graphs and self.resolved_device.startswith("cuda")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -8,7 +8,7 @@ from torch import nn
 import layerzero as lz
 from infer.models.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
-from infer.models.layers import RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
+from infer.models.layers import HookPoint, RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
 from infer.models.quant import LinearSite, QuantWeight
 from infer.models.shard import Shard
 
@@ -16,15 +16,36 @@ LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block'
 
 
 class Block(nn.Module):
-    """A transformer block; families define the norm arrangement. `rope_kind` picks global or local rope."""
+    """A transformer block; families define the norm arrangement. `rope_kind` picks global or local rope.
+
+    The residual stream travels as (x, pending): the stream is x + pending, the block's closing add left undone so
+    the next block's input norm does it in the same kernel (fused add + RMSNorm); pending is None when the stream
+    is x itself. A block whose `resid_post` is observed (a probe tap, a forward hook) does its add and passes the
+    sum through `resid_post`, so whatever reads the residual stream reads it whole."""
 
     rope_kind: str = "global"
+    input_norm: RMSNorm
+    resid_post: HookPoint
 
     def weight_map(self) -> WeightMap:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
+
+    def enter(self, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_norm(stream), stream): the previous block's add done inside the norm's kernel."""
+        if pending is None:
+            return self.input_norm(x), x
+        return self.input_norm.add_and_norm(pending, x)
+
+    def leave(self, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stream after the block, x + out: left pending for the next block's norm unless it is observed."""
+        hook = self.resid_post
+        if type(hook) is HookPoint and not (hook._forward_hooks or hook._forward_pre_hooks):
+            return x, out
+        return self.resid_post(x + out), None
 
 
 class CausalLM(nn.Module):
@@ -86,12 +107,12 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden]."""
         with lz.plan(batch.signature(input_ids)):  # one check per forward vouches for every bound call site
-            x = self.embed_tokens(input_ids)
+            x, pending = self.embed_tokens(input_ids), None
             tables = {kind: rope(batch.positions) for kind, rope in self.ropes.items()}
             for block in self.blocks:
                 cos, sin = tables[block.rope_kind]
-                x = block(x, cos, sin, batch)
-            return self.final_norm(x)
+                x, pending = block(x, pending, cos, sin, batch)
+            return self.final_norm(x) if pending is None else self.final_norm.add_and_norm(pending, x)[0]
 
     def hold_head_in(self, dtype: torch.dtype) -> None:
         """Keep the LM head as its own copy in `dtype` (a tied embedding stays as it is, for the lookup)."""

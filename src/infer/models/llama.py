@@ -29,10 +29,11 @@ class LlamaBlock(Block):
             **prefixed(self.mlp.weight_map(), "mlp.", "mlp."),
         }
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        attn_out = self.attn(self.input_norm(x), cos, sin, batch)
-        h, x = self.mlp_norm.add_and_norm(attn_out, x)
-        return self.resid_post(x + self.mlp(h))
+    def forward(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h, x = self.enter(x, pending)
+        h, x = self.mlp_norm.add_and_norm(self.attn(h, cos, sin, batch), x)
+        return self.leave(x, self.mlp(h))
 
 
 class LlamaForCausalLM(CausalLM):

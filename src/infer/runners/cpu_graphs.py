@@ -135,7 +135,7 @@ class _Recording:
 
 
 class CpuDecodeGraphs:
-    """Recorded decode forwards keyed by padded batch size (the interface of DecodeGraphs)."""
+    """Recorded decode forwards keyed by padded batch size (the interface of CudaGraphs)."""
 
     def __init__(self, forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...],
                  model: nn.Module | None = None) -> None:

@@ -1,10 +1,11 @@
-"""CUDA graphs for decode: one graph per batch-size bucket, captured at startup, replayed every step.
+"""CUDA graphs: one graph per size bucket, captured at startup, replayed every step.
 
-Each graph runs the whole decode forward (input ids, every layer, final norm, LM head) on the fixed
-buffers of DecodeBuffers and writes float32 logits to its own output tensor. A batch is padded to the
-smallest bucket that holds it; above the largest bucket decode runs eagerly on the same buffers.
-All graphs share one memory pool and are captured largest first, so they reuse the same activations.
-Kernel selection (layerzero) runs once per bucket at capture time and never on the replay path.
+Decode: each graph runs the whole decode forward (input ids, every layer, final norm, LM head) on the
+fixed buffers of DecodeBuffers and writes float32 logits to its own output tensor; a batch is padded to
+the smallest bucket of rows that holds it. Prefill and mixed steps: each graph runs the model over a
+token bucket of PrefillBuffers (runners/prefill_graphs.py). Above the largest bucket a step runs eagerly.
+The graphs of a runner share one memory pool and are captured largest first, so they reuse the same
+activations. Kernel selection (layerzero) runs once per bucket at capture time and never on the replay path.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
+
+Out = TypeVar("Out")
 
 
 @dataclass(frozen=True)
@@ -35,38 +39,58 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
     return tuple(sorted({*sizes, top}))
 
 
+MIN_PREFILL_GRAPH_TOKENS = 16
+# above this a prefill's host launch time is small next to its GEMMs, and a bucket's activations only cost memory
+MAX_PREFILL_GRAPH_TOKENS = 8192
+
+
+def prefill_bucket_sizes(max_tokens: int) -> tuple[int, ...]:
+    """Token buckets of prefill and mixed steps: powers of two from 16 up to max_tokens (at most
+    MAX_PREFILL_GRAPH_TOKENS), and that cap itself."""
+    top = min(max_tokens, MAX_PREFILL_GRAPH_TOKENS)
+    sizes = [1 << i for i in range(top.bit_length()) if MIN_PREFILL_GRAPH_TOKENS <= 1 << i <= top]
+    return tuple(sorted({*sizes, top}))
+
+
 def smallest_bucket(sizes: tuple[int, ...], rows: int) -> int | None:
     """The smallest of the ascending `sizes` holding `rows` sequences, or None (run eagerly)."""
     i = bisect.bisect_left(sizes, rows)
     return sizes[i] if i < len(sizes) else None
 
 
-class DecodeGraphs:
-    """Captured decode forwards keyed by padded batch size."""
+class CudaGraphs(Generic[Out]):
+    """Captured forwards keyed by padded size (decode: rows; prefill: tokens); `forward(size)` returns what a
+    replay hands back (a tensor, or a tuple of them), in memory the graph owns."""
 
-    def __init__(self, forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...], device: torch.device) -> None:
+    def __init__(self, forward: Callable[[int], Out], sizes: tuple[int, ...], device: torch.device,
+                 pool: tuple[int, int] | None = None, before: Callable[[int], None] | None = None) -> None:
+        """Capture `forward(size)` for each size, largest first, in `pool` (a new one when None); `before(size)`
+        runs ahead of each size's warm-up, outside the capture (it may upload the inputs the graph reads)."""
         self.sizes = sizes
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Out]] = {}
         torch.cuda.synchronize(device)
         free_before = torch.cuda.mem_get_info(device)[0]
         started = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
+        pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         for size in sorted(sizes, reverse=True):
+            if before is not None:
+                before(size)
             forward(size)  # warm-up: Triton compiles and layerzero selects outside the capture
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = forward(size)
-            self._graphs[size] = (graph, logits)
+                out = forward(size)
+            self._graphs[size] = (graph, out)
         torch.cuda.synchronize(device)
         self.stats = GraphStats(sizes, time.perf_counter() - started, free_before - torch.cuda.mem_get_info(device)[0])
 
     def bucket(self, rows: int) -> int | None:
-        """The smallest captured size holding `rows` sequences, or None (run eagerly)."""
+        """The smallest captured size holding `rows` rows (or tokens), or None (run eagerly)."""
         return smallest_bucket(self.sizes, rows)
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Run the graph for `size` rows; returns its logits [size, vocab] (overwritten by the next replay)."""
-        graph, logits = self._graphs[size]
+    def replay(self, size: int) -> Out:
+        """Run the graph for `size`; returns its outputs (decode: logits [size, vocab]), overwritten by the next
+        replay."""
+        graph, out = self._graphs[size]
         graph.replay()
-        return logits
+        return out

@@ -8,18 +8,18 @@ import torch
 from torch import nn
 
 from infer.runners.cpu_graphs import CpuDecodeGraphs
-from infer.runners.cuda_graphs import DecodeGraphs
+from infer.runners.cuda_graphs import CudaGraphs
 
-Graphs = DecodeGraphs | CpuDecodeGraphs
+Graphs = CudaGraphs[torch.Tensor] | CpuDecodeGraphs
 
 
 def decode_graphs(forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...], device: torch.device,
-                  model: nn.Module) -> Graphs:
+                  model: nn.Module, pool: tuple[int, int] | None = None) -> Graphs:
     """Graphs of `forward` (`model`'s decode forward over fixed buffers, by padded batch size) for each size in
-    `sizes`."""
+    `sizes`; on CUDA in `pool` when given (the runner's prefill graphs share it)."""
     if device.type == "cuda":
         with torch.inference_mode():
-            return DecodeGraphs(forward, sizes, device)
+            return CudaGraphs(forward, sizes, device, pool)
     if device.type == "cpu":
         return CpuDecodeGraphs(forward, sizes, model)
     raise ValueError(f"decode graphs need a CUDA device or the CPU; the model is on {device}")

@@ -4,7 +4,8 @@ A step is launched without any host synchronization: inputs go up through pinned
 sampling runs on the device from per-slot parameters written when a request joins (sampling/slots.py),
 and the sampled ids come back through a pinned slot that is read only when the engine asks for the
 result (the step boundary). Decode steps run from fixed buffers, through a CUDA
-graph when one is captured for the batch's bucket. With INFER_STRICT_SYNC=1 any other sync raises.
+graph when one is captured for the batch's bucket; so do prefill and mixed steps, by token bucket
+(runners/prefill_buffers.py). With INFER_STRICT_SYNC=1 any other sync raises.
 With a probe bank, taps at the probed layers' `resid_post` fill its score buffer during the forward (and
 inside the graphs); the rows a step's requests asked for travel back with the sampled ids.
 A step with draft tokens (speculation) is verified on the device (runners/verify.py, sampling/speculative.py);
@@ -22,11 +23,12 @@ import torch
 import layerzero as lz
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
-from infer.runners.cuda_graphs import GraphStats
+from infer.runners.cuda_graphs import CudaGraphs, GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.drafter import Drafter, Drafts
 from infer.runners.graphs import Graphs, decode_graphs
-from infer.runners.step import StepInput, StepKind, StepResult, block_table_array
+from infer.runners.prefill_buffers import PrefillBuffers, PrefillInputs, PrefillShape
+from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
 from infer.sampling.logprobs import LogprobTensors, by_sequence, logprob_tensors, prompt_positions
@@ -34,7 +36,7 @@ from infer.sampling.sampler import sample
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.speculative import verify
 from infer.sampling.token_mask import apply_token_bitmask
-from infer.transfer import Readback, StagedUpload, upload
+from infer.transfer import Readback, upload
 from omniscience import ProbeBank, ProbeLayout
 
 
@@ -89,7 +91,7 @@ class TorchRunner:
     def __init__(
         self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
         max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (), probes: ProbeBank | None = None,
-        max_drafts: int = 0, drafter: Drafter | None = None,
+        max_drafts: int = 0, drafter: Drafter | None = None, prefill_graph_tokens: tuple[int, ...] = (),
     ) -> None:
         cfg = model.config
         self.model = model
@@ -112,7 +114,8 @@ class TorchRunner:
         max_blocks = -(-max_seq_len // block_size)
         self.decode_rows = max_batch_size * (max_drafts + 1)  # a verify step decodes K + 1 rows per sequence
         self.buffers = DecodeBuffers(self.device, self.decode_rows, max_blocks, max_seq_len)
-        self.prefill_upload = StagedUpload(self.device)
+        largest = self._prefill_shape(max(prefill_graph_tokens)) if prefill_graph_tokens else None
+        self.prefill_buffers = PrefillBuffers(self.device, self.kv_caches, max_blocks, max_seq_len, largest)
         self.sampling_slots = SamplingSlots(max_batch_size, cfg.vocab_size, self.device)
         self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
         scores = (probes.scores.shape[0] + max_batch_size, probes.scores.shape[1]) if probes is not None else None
@@ -121,15 +124,23 @@ class TorchRunner:
         self._readbacks = [Readback(self.device, readback_rows, scores) for _ in range(2)]
         self._next_readback = 0
         self.graphs: Graphs | None = None
+        self.prefill_graphs: CudaGraphs[tuple[torch.Tensor, torch.Tensor]] | None = None
+        pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill's, then decode's
+        if prefill_graph_tokens:
+            self.prefill_graphs = self._capture_prefill(tuple(sorted(prefill_graph_tokens)), pool)
         if graph_batch_sizes:
             if max(graph_batch_sizes) > self.decode_rows:
                 raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed the {self.decode_rows} rows of a decode step")
             self.graphs = decode_graphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device,
-                                        self.model)
+                                        self.model, pool)
 
     @property
     def graph_stats(self) -> GraphStats | None:
         return self.graphs.stats if self.graphs is not None else None
+
+    @property
+    def prefill_graph_stats(self) -> GraphStats | None:
+        return self.prefill_graphs.stats if self.prefill_graphs is not None else None
 
     def execute(self, step: StepInput) -> StepResult:
         """Launch and wait: one step, synchronously."""
@@ -211,10 +222,8 @@ class TorchRunner:
                 verifying = verify_inputs(step, self.device)
             advancing = slots if step.samples is None else upload(self._advancing(step), torch.int64, self.device)
             return Forward(logits, slots, advancing, verifying)
-        batch, ids, slots, advancing = self._prefill_inputs(step)
-        if drafted is not None:
-            self._place_drafts(step, ids, drafted.tokens)
-        hidden = self.model(ids, batch)
+        inputs, hidden, ids = self._prefill(step, drafted)
+        batch, slots, advancing = inputs.batch, inputs.sampling_slots, inputs.advancing
         if step.drafts is not None:
             verifying = verify_inputs(step, self.device, batch.cu_seqlens_q_host)
             assert verifying.logit_rows is not None
@@ -276,37 +285,42 @@ class TorchRunner:
         index = upload(np.array(pairs, dtype=np.int64).T.tolist(), torch.int64, self.device)
         ids[index[0]] = drafted.view(-1)[index[1]]
 
-    def _prefill_inputs(self, step: StepInput) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(batch, input ids, the rows' sampling slots, the slots of rows whose token counts), uploaded in one
-        copy. A row whose last input is still on the device (prev_rows) takes it from the previous step."""
-        cu = cu_seqlens(step.query_lens)
-        tables = block_table_array(step.block_tables)
-        prev = [(cu[i + 1] - 1, row) for i, row in enumerate(step.prev_rows or []) if row >= 0]
-        advancing = self._advancing(step)
-        ids, positions, slot_mapping, prev_index, slots, advancing_slots, cu_dev, context_lens, block_tables = (
-            self.prefill_upload(
-                np.array(step.token_ids, dtype=np.int64), np.array(step.positions, dtype=np.int64),
-                np.array(step.slot_mapping, dtype=np.int64), np.array(prev, dtype=np.int64).reshape(-1, 2),
-                np.array(step.sampling_slots, dtype=np.int64), np.array(advancing, dtype=np.int64),
-                np.array(cu, dtype=np.int32), np.array(step.context_lens, dtype=np.int32), tables,
-            )
-        )
-        if prev:
-            ids[prev_index[:, 0]] = self.last_tokens[prev_index[:, 1]]
-        batch = ForwardBatch(
-            is_prefill=True,
-            positions=positions,
-            cu_seqlens_q=cu_dev,
-            cu_seqlens_q_host=cu,
-            max_seqlen_q=max(step.query_lens),
-            context_lens=context_lens,
-            context_lens_host=step.context_lens,
-            max_context_len=max(step.context_lens),
-            block_tables=block_tables,
-            slot_mapping=slot_mapping,
-            kv_caches=self.kv_caches,
-        )
-        return batch, ids, slots, advancing_slots
+    def _prefill_shape(self, tokens: int) -> PrefillShape:
+        """A token bucket's shape: every step of at most `tokens` tokens has at most this many sequences."""
+        return PrefillShape(tokens, min(tokens, self.max_batch_size))
+
+    def _capture_prefill(self, sizes: tuple[int, ...], pool: tuple[int, int] | None
+                         ) -> CudaGraphs[tuple[torch.Tensor, torch.Tensor]]:
+        """One CUDA graph per token bucket of the prefill forward over the fixed (padded) inputs."""
+        views: dict[int, PrefillInputs] = {}
+
+        def pad(size: int) -> None:
+            views[size] = self.prefill_buffers.padding(self._prefill_shape(size))
+
+        with torch.inference_mode():
+            return CudaGraphs(lambda size: self._prefill_forward(views[size]), sizes, self.device, pool, pad)
+
+    def _prefill(self, step: StepInput, drafted: Drafts | None) -> tuple[PrefillInputs, torch.Tensor, torch.Tensor]:
+        """A prefill or mixed step's inputs, final hidden states [T, hidden] and input ids [T]: replayed in the graph
+        of the step's token bucket, else eagerly."""
+        tokens = step.num_scheduled_tokens
+        bucket = self.prefill_graphs.bucket(tokens) if self.prefill_graphs is not None else None
+        shape = self._prefill_shape(bucket) if bucket is not None else None
+        inputs = self.prefill_buffers.fill(step, shape, self._advancing(step))
+        if drafted is not None:
+            self._place_drafts(step, inputs.token_ids, drafted.tokens)
+        if bucket is None or self.prefill_graphs is None:
+            hidden, ids = self._prefill_forward(inputs)
+        else:
+            hidden, ids = self.prefill_graphs.replay(bucket)
+        return inputs, hidden[:tokens], ids[:tokens]
+
+    def _prefill_forward(self, inputs: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model over a prefill step's (padded) inputs; a row whose last input is still on the device (prev_rows)
+        takes the previous step's sampled id. What a prefill graph captures."""
+        prev = inputs.prev_rows
+        ids = torch.where(prev >= 0, self.last_tokens[prev.clamp(min=0)], inputs.token_ids)
+        return self.model(ids, inputs.padded), ids
 
     @staticmethod
     def _advancing(step: StepInput) -> list[int]:

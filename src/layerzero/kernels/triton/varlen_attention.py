@@ -1,11 +1,16 @@
 """Variable-length (packed) prefill attention in Triton, flash-attention style, over packed K/V or a paged cache.
 
-Grid (query tiles of max_seqlen_q, sequences, query heads): a program loads a BLOCK_M x D query tile
-once and streams the sequence's keys in BLOCK_N tiles with an online float32 softmax (base 2),
-skipping key tiles that the causal limit or the sliding window hide. Each sequence's queries are the
-last q_len positions of its k_len keys (decode-after-prefix and chunked prefill). GQA reads the
-query head's KV head directly. Sequence bounds are read from cu_seqlens on the device; the grid
-comes from max_seqlen_q, a host int, so no launch reads device memory.
+Grid (query tiles, query heads): a program loads a BLOCK_M x D query tile once and streams the
+sequence's keys in BLOCK_N tiles with an online float32 softmax (base 2), skipping key tiles that the
+causal limit or the sliding window hide. Each sequence's queries are the last q_len positions of its
+k_len keys (decode-after-prefix and chunked prefill). GQA reads the query head's KV head directly.
+
+The query tiles are flat over the packed tokens: sequence s owns the tiles from cu_q[s] // BLOCK_M + s,
+at least the cdiv(q_len, BLOCK_M) it needs, so T // BLOCK_M + N programs cover N sequences of T tokens
+in all, and a program finds its sequence by a binary search of cu_seqlens on the device. The grid thus
+depends only on the tensors' shapes, never on a host copy of the lengths: one launch serves every
+step of a padded shape, which is what a captured prefill graph replays (runners/prefill_graphs.py);
+tiles past a sequence's queries, and sequences of length 0 (padding), do no work.
 
 Paged (`paged_prefill_attention`): the keys are the sequence's context_lens[seq] cached tokens, each
 row resolved through its block table inside the kernel, so a prefill chunk attends to earlier chunks
@@ -59,6 +64,7 @@ def _varlen_fwd_kernel(
     cu_k_ptr,
     bt_ptr,
     ctx_ptr,
+    n_seqs,
     block_size,
     k_sb,
     v_sb,
@@ -83,9 +89,18 @@ def _varlen_fwd_kernel(
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    m_block = tl.program_id(0)
-    seq = tl.program_id(1)
-    h = tl.program_id(2)
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    # the sequence owning this tile: the last s with cu_q[s] // BLOCK_M + s <= tile (s = 0 always qualifies)
+    lo = tile * 0
+    hi = lo + n_seqs
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        owns = tl.load(cu_q_ptr + mid) // BLOCK_M + mid <= tile
+        lo = tl.where(owns, mid, lo)
+        hi = tl.where(owns, hi, mid)
+    seq = lo
+    m_block = tile - (tl.load(cu_q_ptr + seq) // BLOCK_M + seq)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     if PAGED:
@@ -191,10 +206,9 @@ def varlen_attention(
 ) -> torch.Tensor:
     """Packed q [Tq, H, D], k/v [Tk, Hkv, D] with int32 cu_seqlens [N+1] -> [Tq, H, D] in query.dtype.
 
-    max_seqlen_q sizes the grid; max_seqlen_k and cu_seqlens_host are not needed (bounds are read
-    on the device).
+    No host bound is needed (the grid follows the shapes; bounds are read on the device).
     """
-    del max_seqlen_k, cu_seqlens_host
+    del max_seqlen_q, max_seqlen_k, cu_seqlens_host
     n_tokens, n_heads, head_dim = query.shape
     n_kv_heads = key.shape[1]
     if n_heads % n_kv_heads:
@@ -204,10 +218,9 @@ def varlen_attention(
     query, key, value = (last_dim_contiguous(t) for t in (query, key, value))
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     n_seqs = cu_seqlens_q.shape[0] - 1
-    if n_tokens == 0 or n_seqs == 0 or max_seqlen_q == 0:
+    if n_tokens == 0 or n_seqs == 0:
         return out
-    _launch(query, key, value, out, cu_seqlens_q, max_seqlen_q, n_kv_heads, scale, sliding_window, causal,
-            cu_seqlens_k=cu_seqlens_k)
+    _launch(query, key, value, out, cu_seqlens_q, n_kv_heads, scale, sliding_window, causal, cu_seqlens_k=cu_seqlens_k)
     return out
 
 
@@ -228,22 +241,22 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """Packed q [T, H, D] against caches [NB, BS, Hkv, D] -> [T, H, D] in query.dtype; sequence i's queries are
     the last q_len of its context_lens[i] cached keys (causal). Host copies of the bounds are not needed."""
-    del max_context_len, cu_seqlens_q_host, context_lens_host
+    del max_seqlen_q, max_context_len, cu_seqlens_q_host, context_lens_host
     n_tokens, n_heads, head_dim = query.shape
     n_kv_heads = key_cache.shape[2]
     check_paged_caches(query, key_cache, value_cache)
     query = last_dim_contiguous(query)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    if n_tokens == 0 or cu_seqlens_q.shape[0] < 2 or max_seqlen_q == 0:
+    if n_tokens == 0 or cu_seqlens_q.shape[0] < 2:
         return out
-    _launch(query, key_cache, value_cache, out, cu_seqlens_q, max_seqlen_q, n_kv_heads, scale, sliding_window,
-            True, block_tables=block_tables, context_lens=context_lens)
+    _launch(query, key_cache, value_cache, out, cu_seqlens_q, n_kv_heads, scale, sliding_window, True,
+            block_tables=block_tables, context_lens=context_lens)
     return out
 
 
 def _launch(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor, cu_seqlens_q: torch.Tensor,
-    max_seqlen_q: int, n_kv_heads: int, scale: float, sliding_window: int | None, causal: bool, *,
+    n_kv_heads: int, scale: float, sliding_window: int | None, causal: bool, *,
     cu_seqlens_k: torch.Tensor | None = None, block_tables: torch.Tensor | None = None,
     context_lens: torch.Tensor | None = None,
 ) -> None:
@@ -252,7 +265,8 @@ def _launch(
     paged = block_tables is not None
     token_dim = 1 if paged else 0  # the per-token stride of K/V: inside a block, or along the packed rows
     cfg = tile_config(head_dim, query.dtype)
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), cu_seqlens_q.shape[0] - 1, n_heads)
+    n_seqs = cu_seqlens_q.shape[0] - 1
+    grid = (query.shape[0] // cfg.block_m + n_seqs, n_heads)
     _VARLEN_FWD(grid,
         query,
         key,
@@ -262,6 +276,7 @@ def _launch(
         cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
         block_tables if paged else cu_seqlens_q,
         context_lens if paged else cu_seqlens_q,
+        n_seqs,
         key.shape[1] if paged else 1,
         key.stride(0) if paged else 0,
         value.stride(0) if paged else 0,

@@ -85,3 +85,21 @@ def test_context_beyond_the_tables_is_refused(rng):
     with pytest.raises(ValueError, match="exceeds the block tables' capacity"):
         lz.paged_prefill_attention(q, kc, vc, tables, torch.tensor(bounds, dtype=torch.int32),
                                    torch.tensor(ctx, dtype=torch.int32), 7, 10_000)
+
+
+def test_triton_padded_like_a_captured_graph(triton_interpreted, rng, assert_matches):
+    """The shapes a prefill graph replays: query rows past the last sequence and sequences of length 0 (padding)
+    do no work, and sequences spanning several query tiles at unaligned offsets are covered by the flat grid."""
+    kernels = triton_interpreted("varlen_attention")
+    seqs = [(37, 40), (1, 11), (20, 20), (3, 9)]
+    q, kc, vc, tables, bounds, ctx = _inputs(rng, torch.float32, seqs=seqs)
+    pad_rows, pad_seqs = 29, 3
+    q_padded = torch.cat([q, torch.randn(pad_rows, *q.shape[1:], generator=rng)])
+    tables_padded = torch.cat([tables, torch.zeros(pad_seqs, tables.shape[1], dtype=tables.dtype)])
+    out = kernels.paged_prefill_attention(
+        q_padded, kc, vc, block_tables=tables_padded,
+        cu_seqlens_q=torch.tensor(bounds + [bounds[-1]] * pad_seqs, dtype=torch.int32),
+        context_lens=torch.tensor(ctx + [0] * pad_seqs, dtype=torch.int32), max_seqlen_q=q_padded.shape[0],
+        max_context_len=40, scale=0.3, sliding_window=None,
+    )
+    assert_matches(out[: q.shape[0]], ref.paged_prefill_attention(q, kc, vc, tables, bounds, ctx, 0.3, None))

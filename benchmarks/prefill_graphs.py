@@ -1,0 +1,136 @@
+"""Prefill as a fraction of the bf16 GEMM rate, with prefill graphs and without, and a 1k prompt's TTFT on the server.
+
+    python benchmarks/prefill_graphs.py --models llama-3.2-1b llama-3.1-8b --out benchmarks/reports/prefill_graphs_h100
+
+Per model shape (random bf16 weights), one engine per row: a `--tokens` prompt in one step (prefill_chunk_size =
+tokens) and in the default 512-token chunks, CUDA graphs on (prefill and mixed steps replay the graph of their
+token bucket) and off (every step eager). Each number is the median of `--repeats` prefills (add request -> first
+token, synchronized) after a warm-up; prefix caching is off so every repeat computes the whole prompt. FLOPs as in
+gpu_decode (projections, causal attention, one LM-head row) / seconds / the bf16 GEMM rate (8192^3 matmul) measured
+in the same run. Then `infer serve` on the first shape, graphs on and off: time to the first SSE chunk of a
+streamed completion of a `--tokens`-token prompt, median of `--repeats`, read by an HTTP client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+import model_shapes as ms
+from gpu_decode_baselines import gemm_rate
+from gpu_decode_engine import prefill_once
+from gpu_decode_plan import Plan, prompt_ids
+from infer import LLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
+
+MODES = {"graphs": None, "eager": False}
+MAX_TOKENS_PER_STEP = 2048  # prefill buckets 16 ... 2048
+
+
+def engine_prefill(path: Path, graphs: bool | None, chunk: int, tokens: int, repeats: int) -> dict[str, Any]:
+    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", use_cuda_graphs=graphs, max_batch_size=8,
+              max_seq_len=tokens + 64, max_num_batched_tokens=MAX_TOKENS_PER_STEP, prefill_chunk_size=chunk,
+              use_prefix_caching=False, kv_cache_memory_gb=2.0)
+    ids = prompt_ids(llm.runner.vocab_size, tokens, seed=tokens)
+    prefill_once(llm, ids, "cuda")
+    seconds = [prefill_once(llm, ids, "cuda") for _ in range(repeats)]
+    stats = llm.runner.prefill_graph_stats
+    out = {"median_s": statistics.median(seconds), "seconds": seconds,
+           "prefill_graphs": None if stats is None else {"buckets": stats.batch_sizes,
+                                                         "capture_s": stats.capture_seconds,
+                                                         "memory_bytes": stats.memory_bytes}}
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def server_ttft(path: Path, graphs: bool, tokens: int, repeats: int) -> dict[str, Any]:
+    flag = "--cuda-graphs" if graphs else "--no-cuda-graphs"
+    started = time.perf_counter()
+    with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning", flag,
+                       "--max-seq-len", str(tokens + 64), timeout=600) as server:
+        startup = time.perf_counter() - started
+        model = httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["id"]
+        vocab = ms.model_config(path.name).vocab_size
+        times = []
+        with httpx.Client(timeout=60) as http:
+            for i in range(repeats + 1):  # distinct prompts: no prefix-cache hit
+                body = {"model": model, "prompt": prompt_ids(vocab, tokens, seed=100 + i), "max_tokens": 1,
+                        "stream": True, "temperature": 0}
+                sent = time.perf_counter()
+                with http.stream("POST", f"{server.base_url}/v1/completions", json=body) as r:
+                    r.raise_for_status()
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            times.append(time.perf_counter() - sent)
+                            break
+    return {"ttft_ms": 1e3 * statistics.median(times[1:]), "runs_ms": [1e3 * t for t in times[1:]],
+            "startup_s": startup}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["llama-3.2-1b", "llama-3.1-8b"], choices=ms.GPU_SHAPES)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-server", action="store_true", help="skip the server's TTFT")
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
+    args = parser.parse_args()
+    gemm = gemm_rate(Plan(models=tuple(args.models)))["tflops"]
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "gemm_tflops": gemm,
+                              "tokens": args.tokens, "rows": []}
+    lines = [f"# Prefill vs the bf16 GEMM rate, prefill graphs on and off ({result['gpu']})", "",
+             f"`python benchmarks/prefill_graphs.py --models {' '.join(args.models)}`; torch {result['torch']}; "
+             f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s; a {args.tokens}-token prompt, add request -> first token, median "
+             f"of {args.repeats}; max_num_batched_tokens {MAX_TOKENS_PER_STEP}.", "",
+             "| shape | prompt in | graphs | ms | TFLOP/s | / GEMM rate | eager / graphs |", "|---|---|---|---:|---:|---:|---:|"]
+    with tempfile.TemporaryDirectory() as root:
+        for name in args.models:
+            path = ms.write_model_dir(name, Path(root))
+            flops = ms.prefill_flops(ms.model_config(name), args.tokens)
+            for label, chunk in (("one step", args.tokens), ("512-token chunks", 512)):
+                runs = {mode: engine_prefill(path, graphs, chunk, args.tokens, args.repeats)
+                        for mode, graphs in MODES.items()}
+                for mode, run in runs.items():
+                    s = run["median_s"]
+                    fraction = flops / s / 1e12 / gemm
+                    result["rows"].append({"shape": name, "chunk": chunk, "mode": mode, "fraction": fraction} | run)
+                    speedup = runs["eager"]["median_s"] / s
+                    lines.append(f"| {name} | {label} | {mode} | {1e3 * s:.2f} | {flops / s / 1e12:.1f} | "
+                                 f"{fraction:.2f} | {speedup:.2f}x |")
+                    print(lines[-1], flush=True)
+        graphs_run = next((r for r in result["rows"] if r["prefill_graphs"]), None)
+        if graphs_run is not None:
+            g = graphs_run["prefill_graphs"]
+            lines += ["", f"Prefill graphs ({graphs_run['shape']}): buckets {g['buckets']}, captured in "
+                          f"{g['capture_s']:.1f} s, {g['memory_bytes'] / 2**20:.0f} MiB of device memory."]
+        if not args.no_server:
+            name = args.models[0]
+            lines += ["", f"## TTFT of a {args.tokens}-token prompt through `infer serve` ({name})", "",
+                      "| graphs | TTFT ms (median) | server start s |", "|---|---:|---:|"]
+            for mode, graphs in (("graphs", True), ("eager", False)):
+                ttft = server_ttft(ms.write_model_dir(name, Path(root)), graphs, args.tokens, args.repeats)
+                result[f"server_{mode}"] = ttft
+                lines.append(f"| {mode} | {ttft['ttft_ms']:.1f} | {ttft['startup_s']:.0f} |")
+                print(lines[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

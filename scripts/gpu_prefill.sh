@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# GPU step anatomy on the lent GPU: the GPU tests under INFER_STRICT_SYNC=1 (prefill graphs, and every engine test,
+# which now replays them), then prefill against the bf16 GEMM rate with graphs on and off (Llama-3.2-1B and
+# Llama-3.1-8B shapes, a 1k prompt's TTFT through `infer serve`), and batch-1 decode beside gpt-fast with the
+# kernels per decode step. Reports under $OUT.
+# Usage (device tool, from the repo root, carrying .whl and .peers, the git-ignored copy of ../shared/peers):
+#   bash scripts/gpu_prefill.sh [tests|prefill|decode|all]   (one device call holds 10 minutes: at most two of them)
+set -uo pipefail
+source scripts/gpu_env.sh
+mode="${1:-all}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if [[ "$mode" == all || "$mode" == *tests* ]]; then
+  INFER_STRICT_SYNC=1 timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider tests/gpu tests/unit/engine \
+    tests/integration/test_chunked_prefill.py 2>&1 | tail -30 > "$out/gpu_tests.log"
+  tail -4 "$out/gpu_tests.log"
+fi
+if [[ "$mode" == all || "$mode" == *prefill* ]]; then
+  timeout 280 python3 benchmarks/prefill_graphs.py --repeats 5 --out "$out/prefill_graphs" 2>&1 | grep -v Loading | tail -16
+fi
+if [[ "$mode" == all || "$mode" == *decode* ]]; then
+  timeout 300 python3 benchmarks/decode_vs_gptfast.py --out "$out/decode_vs_gptfast" 2>&1 | grep -v Loading | tail -8
+fi
