@@ -1,6 +1,6 @@
 """All-reduce time per call inside CUDA graphs, 8 KB to 1 MB (the decode step's sizes: batch x hidden x 2 bytes),
-through layerzero's all_reduce (NCCL), beside the same calls run eagerly and torch's symmetric-memory one-shot
-all-reduce in a graph (the candidate small-message path; multicast stays off).
+through layerzero's all_reduce (the symmetric-memory one-shot path up to 512 KB, NCCL above; multicast stays off), beside
+NCCL's all-reduce in a graph and eagerly.
 
     python benchmarks/allreduce_latency.py --world 2 --report benchmarks/reports/allreduce_h100.md
 
@@ -54,40 +54,18 @@ def _per_call(call: Callable[[], object], args: argparse.Namespace) -> tuple[flo
     return in_graph, eager
 
 
-class SymmetricOneShot:
-    """torch's symmetric-memory one-shot all-reduce (each rank reads every peer's buffer over NVLink; no multicast),
-    measured beside NCCL as the candidate small-message path."""
-
-    def __init__(self, group: dist.ProcessGroup, numel: int) -> None:
-        self.error: str | None = None
-        try:
-            import torch.distributed._symmetric_memory as symm_mem
-
-            self.name = group.group_name
-            self.buffer = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
-            symm_mem.rendezvous(self.buffer, self.name)
-        except Exception as exc:  # noqa: BLE001 - reported beside the NCCL rows
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.symm_mem.one_shot_all_reduce_copy(self.buffer[: x.numel()], x, "sum", self.name)
-
-
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60), device_id=torch.device(f"cuda:{rank}"))
     group = dist.group.WORLD
     site = lz.bind("all_reduce")
-    symm = SymmetricOneShot(group, max(SIZES_KB) * 512)
     rows = []
     for kb in SIZES_KB:
         x = torch.ones(kb * 512, dtype=torch.bfloat16, device="cuda")
-        nccl = _per_call(lambda: site(x, group=group), args)
-        one_shot = _per_call(lambda: symm(x), args) if symm.error is None else (float("nan"), float("nan"))
-        rows.append((kb, *nccl, one_shot[0]))
-    if rank == 0 and symm.error is not None:
-        print(f"symmetric-memory one-shot all-reduce unavailable: {symm.error}", flush=True)
+        ours = _per_call(lambda: site(x, group=group), args)
+        nccl = _per_call(lambda: dist.all_reduce(x, group=group), args)
+        rows.append((kb, ours[0], *nccl))
     if rank == 0:
         text = report(rows, world, args)
         print(text, flush=True)
@@ -98,12 +76,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 
 def report(rows: list[tuple[int, float, float, float]], world: int, args: argparse.Namespace) -> str:
-    lines = [f"## All-reduce per call, {world} x {torch.cuda.get_device_name()} (NCCL through lz.all_reduce)", "",
+    lines = [f"## All-reduce per call, {world} x {torch.cuda.get_device_name()}", "",
              f"`python benchmarks/allreduce_latency.py --world {world}`; median of {args.replays} replays of "
              f"{args.calls} calls; NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE', 'unset')}.", "",
-             "| size | NCCL in a CUDA graph (us) | NCCL eager (us) | symmetric-memory one-shot in a graph (us) |",
+             "| size | lz.all_reduce in a CUDA graph (us) | NCCL in a CUDA graph (us) | NCCL eager (us) |",
              "|---|---|---|---|"]
-    lines += [f"| {kb} KB | {g:.1f} | {e:.1f} | {o:.1f} |" for kb, g, e, o in rows]
+    lines += [f"| {kb} KB | {o:.1f} | {g:.1f} | {e:.1f} |" for kb, o, g, e in rows]
     return "\n".join(lines) + "\n"
 
 

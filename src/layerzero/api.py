@@ -234,7 +234,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """Sum x over a tensor-parallel process group's ranks, in place; returns x."""
+    """Sum x over a tensor-parallel process group's ranks; returns the sum (x itself, or a new tensor on the GPUs'
+    small-message path: use the returned tensor)."""
     return _call("all_reduce", x, group=group)
 
 
