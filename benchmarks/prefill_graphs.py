@@ -39,22 +39,49 @@ MODES = {"graphs": None, "eager": False}
 MAX_TOKENS_PER_STEP = 2048  # prefill buckets 16 ... 2048
 
 
-def engine_prefill(path: Path, graphs: bool | None, chunk: int, tokens: int, repeats: int) -> dict[str, Any]:
-    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", use_cuda_graphs=graphs, max_batch_size=8,
-              max_seq_len=tokens + 64, max_num_batched_tokens=MAX_TOKENS_PER_STEP, prefill_chunk_size=chunk,
-              use_prefix_caching=False, kv_cache_memory_gb=2.0)
-    ids = prompt_ids(llm.runner.vocab_size, tokens, seed=tokens)
-    prefill_once(llm, ids, "cuda")
-    seconds = [prefill_once(llm, ids, "cuda") for _ in range(repeats)]
+def engine_prefill(path: Path, graphs: bool | None, chunk: int, tokens: int, repeats: int,
+                   server_config: bool = False) -> dict[str, Any]:
+    """Median prefill seconds; `server_config`: the engine as `infer serve` builds it (its batch size, token budget
+    and prefix caching; a 2 GiB KV cache), else a small engine with prefix caching off."""
+    options: dict[str, Any] = dict(max_seq_len=tokens + 64, prefill_chunk_size=chunk, kv_cache_memory_gb=2.0)
+    if not server_config:
+        options |= dict(max_batch_size=8, max_num_batched_tokens=MAX_TOKENS_PER_STEP, use_prefix_caching=False)
+    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", use_cuda_graphs=graphs, **options)
+    prompts = [prompt_ids(llm.runner.vocab_size, tokens, seed=tokens + i) for i in range(repeats + 1)]  # no cache hit
+    prefill_once(llm, prompts[0], "cuda")
+    seconds = [prefill_once(llm, ids, "cuda") for ids in prompts[1:]]
     stats = llm.runner.prefill_graph_stats
     out = {"median_s": statistics.median(seconds), "seconds": seconds,
            "prefill_graphs": None if stats is None else {"buckets": stats.batch_sizes,
                                                          "capture_s": stats.capture_seconds,
                                                          "memory_bytes": stats.memory_bytes}}
+    if server_config:
+        out["profile"] = device_profile(llm, prompt_ids(llm.runner.vocab_size, tokens, seed=7))
     del llm
     gc.collect()
     torch.cuda.empty_cache()
     return out
+
+
+def device_profile(llm: LLM, ids: list[int]) -> str:
+    """One prefill under torch.profiler: wall and GPU-busy ms, kernels, and the longest kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = prefill_once(llm, ids, "cuda")
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy, end = busy + b - max(a, end), b
+    totals: dict[str, float] = {}
+    for e in kernels:
+        totals[e.name[:70]] = totals.get(e.name[:70], 0.0) + e.time_range.elapsed_us()
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:8]
+    return (f"wall {1e3 * wall:.2f} ms (profiled), GPU busy {busy / 1e3:.2f} ms, {len(kernels)} kernels; longest: "
+            + "; ".join(f"`{name}` {us / 1e3:.2f} ms" for name, us in top))
 
 
 def server_ttft(path: Path, graphs: bool, tokens: int, repeats: int) -> dict[str, Any]:
@@ -77,7 +104,7 @@ def server_ttft(path: Path, graphs: bool, tokens: int, repeats: int) -> dict[str
                         if line.startswith("data: {"):
                             times.append(time.perf_counter() - sent)
                             break
-    return {"ttft_ms": 1e3 * statistics.median(times[1:]), "runs_ms": [1e3 * t for t in times[1:]],
+    return {"ttft_ms": 1e3 * statistics.median(times[1:]), "runs_ms": [1e3 * t for t in times],
             "startup_s": startup}
 
 
@@ -119,13 +146,24 @@ def main() -> None:
                           f"{g['capture_s']:.1f} s, {g['memory_bytes'] / 2**20:.0f} MiB of device memory."]
         if not args.no_server:
             name = args.models[0]
+            path = ms.write_model_dir(name, Path(root))
             lines += ["", f"## TTFT of a {args.tokens}-token prompt through `infer serve` ({name})", "",
-                      "| graphs | TTFT ms (median) | server start s |", "|---|---:|---:|"]
+                      "Server defaults (512-token chunks, prefix caching on, distinct prompts); beside it the offline "
+                      "engine built with the same settings, add request -> first token.", "",
+                      "| graphs | server TTFT ms (median) | every request, ms (the first is a warm-up) | server start s "
+                      "| offline, same config, ms |", "|---|---:|---|---:|---:|"]
             for mode, graphs in (("graphs", True), ("eager", False)):
-                ttft = server_ttft(ms.write_model_dir(name, Path(root)), graphs, args.tokens, args.repeats)
-                result[f"server_{mode}"] = ttft
-                lines.append(f"| {mode} | {ttft['ttft_ms']:.1f} | {ttft['startup_s']:.0f} |")
+                ttft = server_ttft(path, graphs, args.tokens, args.repeats)
+                offline = engine_prefill(path, graphs, 512, args.tokens, args.repeats, server_config=True)
+                result[f"server_{mode}"] = ttft | {"offline_same_config": offline}
+                runs = ", ".join(f"{t:.1f}" for t in ttft["runs_ms"])
+                lines.append(f"| {mode} | {ttft['ttft_ms']:.1f} | {runs} | {ttft['startup_s']:.0f} | "
+                             f"{1e3 * offline['median_s']:.2f} |")
                 print(lines[-1], flush=True)
+                lines_profile = f"Offline, {mode}, profiled: {offline['profile']}"
+                result[f"server_{mode}"]["profile"] = lines_profile
+                print(lines_profile, flush=True)
+            lines += [""] + [result[f"server_{mode}"]["profile"] for mode in ("graphs", "eager")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")

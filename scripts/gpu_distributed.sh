@@ -3,8 +3,10 @@
 # all-reduce time per call in graphs, TP decode (Llama-3.1-8B shape, batch 1 and 32, TP=1/2/4 in one run) and DP=2 vs
 # DP=1 offline throughput (Llama-3.2-1B shape), and a profile of TP=1 and TP=2 batch-1 decode. Reports under $OUT. NVLink multicast stays off (never unset
 # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1; they are set here if absent).
-# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_distributed.sh [tests|bench|all]
-# One call of the device tool holds at most 10 minutes: run `tests` (tests, all-reduce, profiles) and `bench` as two calls.
+# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_distributed.sh MODES
+# MODES joins any of tests (the tests and the all-reduce table), profiles (TP=1 and TP=2), tp (the decode table;
+# tp2profile adds a TP=2 profile after it) and dp, e.g. `tests,tp,tp2profile`; all is every one. One call of the
+# device tool holds at most 10 minutes: split the modes over calls.
 set -uo pipefail
 source scripts/gpu_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -12,21 +14,27 @@ mode="${1:-all}"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 tps="1 2"; [[ $gpus -ge 4 ]] && tps="1 2 4"
 echo "GPUs: $gpus ($(python3 -c 'import torch; print(torch.cuda.get_device_name())')); TP sizes: $tps"
-if [[ "$mode" == all || "$mode" == tests ]]; then
-  INFER_STRICT_SYNC=1 timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider \
+profile() {  # where TP=$1's batch-1 step time goes (rank 0's kernels; collectives include waiting for the peers)
+  timeout "$2" python3 benchmarks/profile_generation.py --model llama-3.1-8b --batch 1 --steps 20 --tp "$1" \
+    --out "/tmp/profile_tp$1" > /dev/null 2>&1 && cp "/tmp/profile_tp$1/kernels.md" "$out/profile_tp$1.md"
+  sed -n 5,7p "$out/profile_tp$1.md" 2>/dev/null
+}
+if [[ "$mode" == all || "$mode" == *tests* ]]; then
+  INFER_STRICT_SYNC=1 timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_tensor_parallel_gpu.py 2>&1 | tail -25 > "$out/distributed_tests.log"
-  tail -6 "$out/distributed_tests.log"
-  timeout 100 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -14
-  for tp in 1 2; do  # where TP=2's step time goes (rank 0's kernels; collectives include waiting for the peer)
-    timeout 90 python3 benchmarks/profile_generation.py --model llama-3.1-8b --batch 1 --steps 20 --tp $tp \
-      --out "/tmp/profile_tp$tp" > /dev/null 2>&1 && cp "/tmp/profile_tp$tp/kernels.md" "$out/profile_tp$tp.md"
-    sed -n 5,7p "$out/profile_tp$tp.md" 2>/dev/null
-  done
+  tail -3 "$out/distributed_tests.log"
+  timeout 80 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -13
 fi
-if [[ "$mode" == all || "$mode" == bench ]]; then
-  timeout 300 python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --repeats 2 --report "$out/tp_decode.md" 2>&1 \
+if [[ "$mode" == all || "$mode" == *profiles* ]]; then
+  profile 1 90
+  profile 2 90
+fi
+if [[ "$mode" == all || "$mode" == *tp* ]]; then
+  timeout 270 python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --repeats 2 --report "$out/tp_decode.md" 2>&1 \
     | grep -v "Loading" | tail -16
+  [[ "$mode" == *tp2profile* ]] && profile 2 70
+fi
+if [[ "$mode" == all || "$mode" == *dp* ]]; then
   timeout 240 python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 1 \
-    --report "$out/dp_throughput.md" 2>&1 \
-    | grep -v "Loading" | tail -8
+    --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | tail -8
 fi

@@ -2,9 +2,11 @@
 # GPU step anatomy on the lent GPU: the GPU tests under INFER_STRICT_SYNC=1 (prefill graphs, and every engine test,
 # which now replays them), then prefill against the bf16 GEMM rate with graphs on and off (Llama-3.2-1B and
 # Llama-3.1-8B shapes, a 1k prompt's TTFT through `infer serve`), and batch-1 decode beside gpt-fast with the
-# kernels per decode step. Reports under $OUT.
+# kernels per decode step, and the decode projections' GEMMs against copy bandwidth (cuBLAS beside a Triton GEMV).
+# Reports under $OUT.
 # Usage (device tool, from the repo root, carrying .whl and .peers, the git-ignored copy of ../shared/peers):
-#   bash scripts/gpu_prefill.sh [tests|prefill|decode|all]   (one device call holds 10 minutes: at most two of them)
+#   bash scripts/gpu_prefill.sh MODES   (tests, prefill, decode, gemv joined by commas, or all; one device call
+#   holds 10 minutes: split them over calls)
 set -uo pipefail
 source scripts/gpu_env.sh
 mode="${1:-all}"
@@ -19,4 +21,7 @@ if [[ "$mode" == all || "$mode" == *prefill* ]]; then
 fi
 if [[ "$mode" == all || "$mode" == *decode* ]]; then
   timeout 300 python3 benchmarks/decode_vs_gptfast.py --out "$out/decode_vs_gptfast" 2>&1 | grep -v Loading | tail -8
+fi
+if [[ "$mode" == all || "$mode" == *gemv* ]]; then
+  timeout 180 python3 benchmarks/gemv_bandwidth.py --out "$out/gemv_bandwidth" 2>&1 | tail -20
 fi

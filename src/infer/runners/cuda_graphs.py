@@ -11,6 +11,7 @@ activations. Kernel selection (layerzero) runs once per bucket at capture time a
 from __future__ import annotations
 
 import bisect
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class CudaGraphs(Generic[Out]):
         self.sizes = sizes
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Out]] = {}
         torch.cuda.synchronize(device)
+        gc.collect()
+        torch.cuda.empty_cache()  # a capture empties the allocator's cache: do it first, or the memory it frees counts
         free_before = torch.cuda.mem_get_info(device)[0]
         started = time.perf_counter()
         pool = pool if pool is not None else torch.cuda.graph_pool_handle()

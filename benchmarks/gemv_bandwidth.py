@@ -1,0 +1,136 @@
+"""Skinny GEMMs (batch 1-8 decode projections) as a fraction of copy bandwidth: cuBLAS beside a Triton GEMV sweep.
+
+    python benchmarks/gemv_bandwidth.py --out DIR
+
+For each projection of the Llama-3.2-1B and Llama-3.1-8B shapes (QKV, O, gate+up, down, LM head) and M in --rows:
+y [M, N] = x [M, K] @ W [N, K]^T in bf16, timed inside a CUDA graph of 20 calls (no launch gaps), median of 10
+replays; bytes = the weight (N x K x 2) plus x and y; fraction = bytes / time / the device copy bandwidth
+(1 GiB device-to-device copy, read + write). Beside cuBLAS (torch.mm, what the linear op runs today): a
+one-pass Triton GEMV (each program owns BLOCK_N output columns over all of K; M padded to 16 for tl.dot) over a
+small grid of tiles, reporting the best. It says where cuBLAS leaves bandwidth unused and whether a plain Triton
+kernel takes it; nothing here changes what the engine runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+SHAPES = {  # (N, K) per projection
+    "llama-3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+                     "lm_head": (128256, 2048)},
+    "llama-3.1-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
+}
+TILES = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s)
+         for n, k, w, s in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4))]
+
+
+@triton.jit
+def _gemv(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * K + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + cols[None, :].to(tl.int64) * K + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K),
+                    other=0.0)
+        acc = tl.dot(x, w, acc)
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def triton_gemv(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: dict[str, int]) -> None:
+    m, k = x.shape
+    n = w.shape[0]
+    _gemv[(triton.cdiv(n, tile["BLOCK_N"]),)](x, w, y, m, n, k, BLOCK_M=16, BLOCK_N=tile["BLOCK_N"],
+                                              BLOCK_K=tile["BLOCK_K"], num_warps=tile["num_warps"],
+                                              num_stages=tile["num_stages"])
+
+
+def graph_us(fn: Any, calls: int = 20, replays: int = 10) -> float:
+    """Median µs per call of `fn` captured `calls` times in one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / (graph_us(lambda: y.copy_(x), calls=5, replays=5) * 1e-6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    gpu = torch.cuda.get_device_name(0)
+    lines = [f"# Skinny GEMMs vs copy bandwidth ({gpu})", "",
+             f"`python benchmarks/gemv_bandwidth.py`; torch {torch.__version__}; bf16; copy bandwidth "
+             f"{bandwidth / 1e12:.2f} TB/s; µs per call inside a CUDA graph of 20 calls, median of 10 replays.", "",
+             "| shape | projection | M | weight MB | cuBLAS µs | fraction | best Triton GEMV µs | fraction | tile |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows: list[dict[str, Any]] = []
+    for shape, projections in SHAPES.items():
+        for name, (n, k) in projections.items():
+            w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+            for m in args.rows:
+                x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+                y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+                nbytes = (n * k + m * k + m * n) * 2
+                cublas = graph_us(lambda: torch.mm(x, w.t(), out=y))
+                want = x.float() @ w.float().t()
+                best: tuple[float, dict[str, int]] | None = None
+                for tile in TILES:
+                    try:
+                        triton_gemv(x, w, y, tile)
+                        torch.cuda.synchronize()
+                        if not torch.allclose(y.float(), want, rtol=2e-2, atol=2e-2):
+                            continue
+                        us = graph_us(lambda t=tile: triton_gemv(x, w, y, t))
+                    except Exception:  # noqa: BLE001 - a tile that does not compile or fit is skipped
+                        continue
+                    if best is None or us < best[0]:
+                        best = (us, tile)
+                frac = nbytes / (cublas * 1e-6) / bandwidth
+                row = {"shape": shape, "projection": name, "m": m, "cublas_us": cublas, "cublas_fraction": frac}
+                if best is not None:
+                    row |= {"triton_us": best[0], "triton_fraction": nbytes / (best[0] * 1e-6) / bandwidth,
+                            "tile": best[1]}
+                rows.append(row)
+                tile_text = " ".join(f"{k_}={v}" for k_, v in best[1].items()) if best else "—"
+                lines.append(f"| {shape} | {name} | {m} | {n * k * 2 / 1e6:.1f} | {cublas:.1f} | {frac:.2f} | "
+                             + (f"{best[0]:.1f} | {row['triton_fraction']:.2f} | {tile_text} |" if best else "— | — | — |"))
+                print(lines[-1], flush=True)
+            del w
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"gpu": gpu, "copy_bandwidth": bandwidth, "rows": rows},
+                                                        indent=1) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
