@@ -145,6 +145,30 @@ def store_kv_cache(
     _call("store_kv_cache", key, value, key_cache, value_cache, slot_mapping)
 
 
+def rope_store_kv(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    *,
+    num_heads: int,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    """The attention prologue in one op, as rms_norm (both weights or neither), rope and store_kv_cache would do it on
+    qkv [T, H + 2*Hkv, D]'s q and k heads (v stored raw); returns the rotated q [T, H, D]."""
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("rope_store_kv takes both QK-norm weights or neither")
+    return _call("rope_store_kv", qkv, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight, k_norm_weight,
+                 num_heads=int(num_heads), eps=float(eps), weight_offset=float(weight_offset),
+                 interleaved=bool(interleaved))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_offset: float = 0.0) -> torch.Tensor:
     """RMSNorm over the last dim; weight_offset=1.0 gives Gemma's x * (1 + w)."""
     return _call("rms_norm", x, weight, eps=float(eps), weight_offset=float(weight_offset))

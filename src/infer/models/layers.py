@@ -13,7 +13,7 @@ from torch import nn
 
 import layerzero as lz
 from infer.models.config import ModelConfig, RopeConfig
-from infer.models.forward_batch import ForwardBatch
+from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.models.quant import LinearSite
 
 
@@ -122,8 +122,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, norm_offset) if qk_norm else None
         # one bound kernel per call site (layerzero.dispatch.bound): chosen on the first call, then called directly
         self.qkv_site, self.o_site = LinearSite(), LinearSite()
-        self.rope_q_site, self.rope_k_site = lz.bind("rope"), lz.bind("rope")
-        self.store_site = lz.bind("store_kv_cache")
+        self.rope_q_site, self.rope_k_site = lz.bind("rope"), lz.bind("rope")  # the cache-free path
+        self.rope_store_site = lz.bind("rope_store_kv")  # with a KV cache: QK-norm, rope and the K/V store in one op
         self.prefill_site, self.varlen_site = lz.bind("paged_prefill_attention"), lz.bind("varlen_attention")
         self.decode_site = lz.bind("paged_attention")
         self.tp_group: object | None = None  # tensor parallel: o_proj holds this rank's columns, summed over ranks
@@ -150,24 +150,24 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_site(x, self.qkv_proj, self.qkv_bias)
-        v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, dim)
-        if self.q_norm is None:  # q and k heads are adjacent in qkv: one rope launch rotates both
-            qk = self.rope_q_site(qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), cos, sin,
-                                  interleaved=False)
-            q, k = qk[:, :heads], qk[:, heads:]
+        if batch.kv_caches is not None:
+            qkv_heads = qkv.view(tokens, heads + 2 * kv_heads, dim)
+            o = self._attend_cached(qkv_heads, cos, sin, batch.kv_caches[self.layer], batch)
         else:
-            q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
-            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, kv_heads, dim))
-            q, k = self.rope_q_site(q, cos, sin, interleaved=False), self.rope_k_site(k, cos, sin, interleaved=False)
-        o = self._attend(q, k, v, batch)
+            o = self._attend_uncached(qkv, cos, sin, batch)
         out = self.o_site(o.reshape(tokens, self.q_size), self.o_proj)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        cache = batch.kv_caches[self.layer] if batch.kv_caches is not None else None
-        if cache is not None:
-            self.store_site(k, v, cache[0], cache[1], batch.slot_mapping)
-        if batch.is_prefill and cache is not None:
+    def _attend_cached(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                       batch: ForwardBatch) -> torch.Tensor:
+        """qkv [T, H + 2*Hkv, D]: norm, rope and store in one op, then attention reads K/V from the paged cache."""
+        if self.q_norm is not None and self.k_norm is not None:
+            norms, eps, offset = (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps, self.q_norm.weight_offset
+        else:
+            norms, eps, offset = (None, None), 1e-6, 0.0
+        q = self.rope_store_site(qkv, cos, sin, cache[0], cache[1], batch.slot_mapping, *norms,
+                                 num_heads=self.num_heads, eps=eps, weight_offset=offset, interleaved=False)
+        if batch.is_prefill:
             host = batch.context_lens_host is not None
             return self.prefill_site(
                 q, cache[0], cache[1], block_tables=batch.block_tables, cu_seqlens_q=batch.cu_seqlens_q,
@@ -175,17 +175,30 @@ class Attention(nn.Module):
                 scale=self.scale, sliding_window=self.window, cu_seqlens_q_host=batch.cu_seqlens_q_host if host else None,
                 context_lens_host=batch.context_lens_host,
             )
-        if batch.is_prefill:
-            cu, host = batch.cu_seqlens_q, batch.cu_seqlens_q_host
-            return self.varlen_site(
-                q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=batch.max_seqlen_q, max_seqlen_k=batch.max_seqlen_q,
-                causal=True, scale=self.scale, sliding_window=self.window, cu_seqlens_host=(host, host),
-            )
-        if cache is None:
-            raise ValueError("a decode step needs the KV cache (ForwardBatch.kv_caches is None)")
         return self.decode_site(
             q, cache[0], cache[1], block_tables=batch.block_tables, context_lens=batch.context_lens,
             scale=self.scale, sliding_window=self.window, max_context_len=batch.max_context_len,
+        )
+
+    def _attend_uncached(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         batch: ForwardBatch) -> torch.Tensor:
+        """A forward without a KV cache (a prefill only): separate norm and rope ops, varlen attention over k and v."""
+        tokens, heads, kv_heads, dim = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        if not batch.is_prefill:
+            raise ValueError("a decode step needs the KV cache (ForwardBatch.kv_caches is None)")
+        v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, dim)
+        if self.q_norm is None or self.k_norm is None:  # q and k heads are adjacent in qkv: one rope rotates both
+            qk = self.rope_q_site(qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), cos, sin,
+                                  interleaved=False)
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, kv_heads, dim))
+            q, k = self.rope_q_site(q, cos, sin, interleaved=False), self.rope_k_site(k, cos, sin, interleaved=False)
+        cu, host = batch.cu_seqlens_q, batch.cu_seqlens_q_host
+        return self.varlen_site(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=batch.max_seqlen_q, max_seqlen_k=batch.max_seqlen_q,
+            causal=True, scale=self.scale, sliding_window=self.window, cu_seqlens_host=(host, host),
         )
 
 

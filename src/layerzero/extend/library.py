@@ -150,6 +150,24 @@ def _(key, value, key_cache, value_cache, slot_mapping):
     return None
 
 
+@custom_op("layerzero::rope_store_kv", mutates_args=("key_cache", "value_cache"))
+def rope_store_kv(
+    qkv: Tensor, cos: Tensor, sin: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
+    q_norm_weight: Tensor | None, k_norm_weight: Tensor | None, *, num_heads: int, eps: float, weight_offset: float,
+    interleaved: bool,
+) -> Tensor:
+    """Optional QK-norm and RoPE of qkv's q and k heads, K/V stored in the caches in place; returns q [T, H, D]."""
+    out = _dispatch("rope_store_kv", qkv, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight,
+                    k_norm_weight, num_heads=num_heads, eps=eps, weight_offset=weight_offset, interleaved=interleaved)
+    return _fresh(out, (qkv, cos, sin, key_cache, value_cache, q_norm_weight, k_norm_weight))
+
+
+@rope_store_kv.register_fake
+def _(qkv, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight, k_norm_weight, *, num_heads, eps,
+      weight_offset, interleaved):
+    return qkv.new_empty([qkv.shape[0], num_heads, qkv.shape[2]])
+
+
 @custom_op("layerzero::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor, *, eps: float, weight_offset: float) -> Tensor:
     """RMSNorm over the last dim, output in x.dtype."""
@@ -319,7 +337,8 @@ def _(q, scale, *, axis, out_dtype):
 
 OPS: dict[str, Any] = {
     "attention": attention, "varlen_attention": varlen_attention, "paged_attention": paged_attention,
-    "paged_prefill_attention": paged_prefill_attention, "store_kv_cache": store_kv_cache, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
+    "paged_prefill_attention": paged_prefill_attention, "store_kv_cache": store_kv_cache,
+    "rope_store_kv": rope_store_kv, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
     "layer_norm": layer_norm, "rope": rope, "silu_and_mul": silu_and_mul, "gelu_and_mul": gelu_and_mul,
     "linear": linear, "linear_int4": linear_int4, "linear_w8": linear_w8, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
     "quantize": quantize, "dequantize": dequantize,

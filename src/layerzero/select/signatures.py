@@ -85,6 +85,17 @@ def _store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+def _rope_store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    qkv, key_cache, q_norm_weight = args[0], args[3], args[6]
+    heads = int(kw["num_heads"])
+    return dict(
+        tokens=qkv.shape[0], num_heads=heads, num_kv_heads=key_cache.shape[2], head_dim=qkv.shape[2],
+        hidden=qkv.shape[2], kv_cache_layout="NHD", kv_cache_dtype=key_cache.dtype, kv_strategy="paged",
+        params=(("interleaved", bool(kw.get("interleaved", False))), ("qk_norm", q_norm_weight is not None),
+                ("block_size", key_cache.shape[1])),
+    )
+
+
 def _rowwise(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x = args[0]
     extra = tuple((name, kw[name]) for name in ("approximate", "interleaved") if name in kw)
@@ -182,6 +193,7 @@ SIGNATURES: dict[str, OpSignature] = {
         _paged_prefill, (0, 1, 2), ("block_tables", "cu_seqlens_q", "max_seqlen_q", "max_context_len", "sliding_window")
     ),
     "store_kv_cache": OpSignature(_store, (0, 1, 2, 3), ()),
+    "rope_store_kv": OpSignature(_rope_store, (0, 1, 2, 3, 4, 6, 7), ("num_heads", "interleaved")),
     "rms_norm": OpSignature(_rowwise, (0, 1), ()),
     "fused_add_rms_norm": OpSignature(_rowwise, (0, 1, 2), ()),
     "layer_norm": OpSignature(_layer_norm, (0, 1, 2, 3), ()),

@@ -27,6 +27,13 @@ def _builds(library: str, symbol: str, argtypes: tuple[type, ...]) -> Callable[[
     return available
 
 
+def _all(*probes: Callable[[], Reason | None]) -> Callable[[], Reason | None]:
+    """Available when every probe is: a composite of several native libraries."""
+    def available() -> Reason | None:
+        return next((reason for reason in (probe() for probe in probes) if reason is not None), None)
+    return available
+
+
 def _groups(ctx: SelectionContext) -> list[Reason]:
     group = ctx.param("group_size")
     if group is not None and group % linear.CHUNK:
@@ -48,6 +55,8 @@ def kernel_specs() -> list[KernelSpec]:
     norms = _builds("norm", "rms_norm", norm.ARGS)
     paged = _builds("attention", "paged_attention", attention.ARGS)
     gates = _builds("activation", "gated_activation", activation.ARGS)
+    ropes = _builds("rope", "rope", rope_kv.ROPE_ARGS)
+    stores = _builds("kv_cache", "store_kv_cache", rope_kv.STORE_ARGS)
     return [
         KernelSpec("native.linear_int4_cpu", "linear_int4", "native", linear.linear_int4, VERSION, platforms=cpu,
                    dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, check=_groups,
@@ -70,8 +79,10 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.gelu_and_mul_cpu", "gelu_and_mul", "native", activation.gelu_and_mul, VERSION,
                    platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=gates),
         KernelSpec("native.rope_cpu", "rope", "native", rope_kv.rope, VERSION, platforms=cpu, dtypes=FLOAT32,
-                   priority=PRIORITY, available=_builds("rope", "rope", rope_kv.ROPE_ARGS)),
+                   priority=PRIORITY, available=ropes),
         KernelSpec("native.store_kv_cache_cpu", "store_kv_cache", "native", rope_kv.store_kv_cache, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=stores),
+        KernelSpec("native.rope_store_kv_cpu", "rope_store_kv", "native", rope_kv.rope_store_kv, VERSION,
                    platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY,
-                   available=_builds("kv_cache", "store_kv_cache", rope_kv.STORE_ARGS)),
+                   available=_all(norms, ropes, stores)),
     ]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from layerzero.kernels.reference import activation, kv_cache, norm
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import rope as rope_ref
+from layerzero.kernels.reference import rope_store_kv as rope_kv_ref
 from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import BACKEND_IMPORT_FAILED, Reason
 
@@ -74,14 +75,15 @@ def gelu_and_mul(x, *, approximate: str) -> torch.Tensor:
     return activation.gelu_and_mul(x, approximate)
 
 
-# op -> (impl, graph_safe). Unsafe: varlen reads cu_seqlens back without host bounds, the KV store
-# selects its non-padding slots with a boolean index (both synchronize with the device).
+# op -> (impl, graph_safe). Unsafe: varlen reads cu_seqlens back without host bounds, the KV store (and the
+# fused prologue around it) selects its non-padding slots with a boolean index (both synchronize with the device).
 _CORE = {
     "attention": (attention, True),
     "varlen_attention": (varlen_attention, False),
     "paged_attention": (paged_attention, True),
     "paged_prefill_attention": (paged_prefill_attention, False),
     "store_kv_cache": (kv_cache.store_kv_cache, False),
+    "rope_store_kv": (rope_kv_ref.rope_store_kv, False),
     "rms_norm": (rms_norm, True),
     "fused_add_rms_norm": (fused_add_rms_norm, True),
     "layer_norm": (layer_norm, True),

@@ -130,6 +130,8 @@ def kernel_specs() -> list[KernelSpec]:
                    check=_int4_groups, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
+        KernelSpec("triton.rope_store_kv", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv"),
+                   priority=PRIORITY, head_dim_multiple=2, **common, **kv),
         KernelSpec("triton.paged_attention", "paged_attention", impl=_lazy("paged_attention", "paged_attention"),
                    priority=PRIORITY, launch=_paged_launch, **attention, **kv),
         KernelSpec("triton.paged_prefill_attention", "paged_prefill_attention",

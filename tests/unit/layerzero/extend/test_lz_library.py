@@ -13,6 +13,7 @@ from layerzero.extend.library import OPS, call_op
 from layerzero.kernels.reference import activation, kv_cache, norm, quantize, sampling
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import rope as rope_ref
+from layerzero.kernels.reference import rope_store_kv
 
 
 def _rand(*shape: int) -> torch.Tensor:
@@ -125,10 +126,10 @@ def _schema_call(op: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 def test_every_tensor_op_is_registered() -> None:
     expected = {"attention", "varlen_attention", "paged_attention", "paged_prefill_attention", "store_kv_cache", "rms_norm",
                 "fused_add_rms_norm", "layer_norm", "rope", "silu_and_mul", "gelu_and_mul", "linear", "linear_int4", "linear_w8",
-                "embedding", "sample_topk", "sample_topp", "quantize", "dequantize"}
+                "embedding", "sample_topk", "sample_topp", "quantize", "dequantize", "rope_store_kv"}
     assert set(OPS) == expected
     assert all(hasattr(torch.ops.layerzero, op) for op in expected)
-    assert {c[0] for c in CASES} | {"store_kv_cache"} == expected
+    assert {c[0] for c in CASES} | {"store_kv_cache", "rope_store_kv"} == expected  # in-place ops: tested below
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
@@ -164,6 +165,28 @@ def test_store_kv_cache_mutates_caches() -> None:
     torch.testing.assert_close(kc, want_k)
     torch.testing.assert_close(vc, want_v)
     assert kc.view(-1, 2, 8)[13].equal(key[1]) and kc.view(-1, 2, 8)[0].equal(key[0])
+
+
+def _rope_store_inputs(qk_norm: bool) -> tuple[tuple, dict]:
+    torch.manual_seed(0)
+    norms = (_rand(8), _rand(8)) if qk_norm else (None, None)
+    args = (_rand(3, 4 + 2 * 2, 8), _rand(3, 4), _rand(3, 4), torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8),
+            torch.tensor([0, 13, -1]), *norms)
+    return args, dict(num_heads=4, eps=1e-6, weight_offset=1.0, interleaved=False)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_store_kv_returns_q_and_mutates_caches(qk_norm: bool) -> None:
+    args, kwargs = _rope_store_inputs(qk_norm)
+    torch.library.opcheck(torch.ops.layerzero.rope_store_kv, args, kwargs)
+    args, kwargs = _rope_store_inputs(qk_norm)
+    want_k, want_v = args[3].clone(), args[4].clone()
+    want_q = rope_store_kv.rope_store_kv(*args[:3], want_k, want_v, *args[5:], **kwargs)
+    got_q = call_op("rope_store_kv", *args, **kwargs)
+    assert got_q.is_contiguous()
+    torch.testing.assert_close(got_q, want_q)
+    torch.testing.assert_close(args[3], want_k)
+    torch.testing.assert_close(args[4], want_v)
 
 
 def test_call_op_rejects_unknown_op_and_generators() -> None:

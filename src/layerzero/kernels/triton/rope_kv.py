@@ -1,0 +1,171 @@
+"""The attention prologue in one Triton kernel: optional QK-norm, RoPE of the q and k heads, K/V store.
+
+Grid: one program per (token, block of q-and-k heads); the token's cos/sin row and slot are loaded once. A q head
+is normalized (optionally), rotated and written to the new q; a k head is normalized, rotated and written to the
+key cache at the token's slot together with its v head, copied to the value cache (slot < 0: nothing written).
+qkv may be a strided [T, H + 2*Hkv, D] view of the QKV projection. Launch parameters are fixed (no autotune): the
+first call may come inside a CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from layerzero.kernels.reference.rope_store_kv import split_heads
+from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
+
+if interpreting():
+    from layerzero.kernels.triton import interpreter_fixes
+
+    interpreter_fixes.install()
+
+
+@triton.jit
+def _rope_store_kv_kernel(
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    qw_ptr,
+    kw_ptr,
+    out_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    n_heads,
+    n_kv_heads,
+    half,
+    block_size,
+    x_st,
+    x_sh,
+    cos_st,
+    sin_st,
+    kc_sb,
+    kc_ss,
+    kc_sh,
+    vc_sb,
+    vc_ss,
+    vc_sh,
+    eps,
+    w_offset,
+    HAS_NORM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+    j = tl.arange(0, BLOCK_D)
+    jm = j < half
+    c = tl.load(cos_ptr + t * cos_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + t * sin_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    if INTERLEAVED:
+        i1 = 2 * j
+        i2 = 2 * j + 1
+    else:
+        i1 = j
+        i2 = j + half
+    is_q = heads < n_heads
+    is_k = (heads >= n_heads) & (heads < n_heads + n_kv_heads)
+    mask = (is_q | is_k)[:, None] & jm[None, :]
+    x_base = qkv_ptr + t * x_st + heads[:, None] * x_sh
+    x1 = tl.load(x_base + i1[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_base + i2[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        # rms_norm of each head row, rounded to the input dtype as the unfused norm's output is before rope
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
+        wq1 = tl.load(qw_ptr + i1, mask=jm, other=0.0).to(tl.float32)[None, :]
+        wq2 = tl.load(qw_ptr + i2, mask=jm, other=0.0).to(tl.float32)[None, :]
+        wk1 = tl.load(kw_ptr + i1, mask=jm, other=0.0).to(tl.float32)[None, :]
+        wk2 = tl.load(kw_ptr + i2, mask=jm, other=0.0).to(tl.float32)[None, :]
+        w1 = tl.where(is_q[:, None], wq1, wk1) + w_offset
+        w2 = tl.where(is_q[:, None], wq2, wk2) + w_offset
+        x1 = (x1 * rstd[:, None] * w1).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+        x2 = (x2 * rstd[:, None] * w2).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+    o1 = (x1 * c - x2 * s).to(qkv_ptr.dtype.element_ty)
+    o2 = (x2 * c + x1 * s).to(qkv_ptr.dtype.element_ty)
+
+    q_mask = is_q[:, None] & jm[None, :]
+    q_base = out_ptr + (t * n_heads + heads[:, None]) * (2 * half)
+    tl.store(q_base + i1[None, :], o1, mask=q_mask)
+    tl.store(q_base + i2[None, :], o2, mask=q_mask)
+
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    block = slot // block_size
+    offset = slot % block_size
+    kv_heads = heads[:, None] - n_heads
+    k_mask = (slot >= 0) & is_k[:, None] & jm[None, :]
+    kc = kc_ptr + block * kc_sb + offset * kc_ss + kv_heads * kc_sh
+    tl.store(kc + i1[None, :], o1.to(kc_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(kc + i2[None, :], o2.to(kc_ptr.dtype.element_ty), mask=k_mask)
+    v_base = x_base + n_kv_heads * x_sh  # v head h of the cache sits n_kv_heads heads after k head h in qkv
+    v1 = tl.load(v_base + i1[None, :], mask=k_mask)
+    v2 = tl.load(v_base + i2[None, :], mask=k_mask)
+    vc = vc_ptr + block * vc_sb + offset * vc_ss + kv_heads * vc_sh
+    tl.store(vc + i1[None, :], v1.to(vc_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(vc + i2[None, :], v2.to(vc_ptr.dtype.element_ty), mask=k_mask)
+
+
+_ROPE_STORE_KV = Launcher(_rope_store_kv_kernel)
+
+
+def rope_store_kv(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+    *, num_heads: int, eps: float, weight_offset: float, interleaved: bool,
+) -> torch.Tensor:
+    """Norm (optional) and rotate qkv's q and k heads, store k and v at their slots; returns q [T, H, D]."""
+    split_heads(qkv, key_cache, num_heads)
+    n_tokens, _, head_dim = qkv.shape
+    n_kv_heads, half = key_cache.shape[2], head_dim // 2
+    if head_dim % 2 or cos.shape != (n_tokens, half) or sin.shape != (n_tokens, half):
+        raise ValueError(f"cos/sin must be [T, D/2] = [{n_tokens}, {half}] for qkv {tuple(qkv.shape)}")
+    if value_cache.shape != key_cache.shape or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError(f"caches {tuple(key_cache.shape)} / {tuple(value_cache.shape)} must match and be contiguous "
+                         "in their last dimension (they are written in place)")
+    has_norm = q_norm_weight is not None and k_norm_weight is not None
+    if (q_norm_weight is None) != (k_norm_weight is None) or (
+            has_norm and (q_norm_weight.shape != (head_dim,) or k_norm_weight.shape != (head_dim,))):
+        raise ValueError(f"QK-norm weights must both be [{head_dim}] or both None")
+    qkv, cos, sin = last_dim_contiguous(qkv), last_dim_contiguous(cos), last_dim_contiguous(sin)
+    out = torch.empty(n_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if n_tokens == 0:
+        return out
+    qw = q_norm_weight.contiguous() if has_norm else cos  # any tensor: unread without the norm
+    kw = k_norm_weight.contiguous() if has_norm else cos
+    block_d = next_pow2(half)
+    block_h = min(next_pow2(num_heads + n_kv_heads), max(1, 2048 // block_d))
+    _ROPE_STORE_KV((n_tokens, triton.cdiv(num_heads + n_kv_heads, block_h)),
+        qkv,
+        cos,
+        sin,
+        qw,
+        kw,
+        out,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        num_heads,
+        n_kv_heads,
+        half,
+        key_cache.shape[1],
+        qkv.stride(0),
+        qkv.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        float(eps),
+        float(weight_offset),
+        HAS_NORM=has_norm,
+        INTERLEAVED=interleaved,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out
