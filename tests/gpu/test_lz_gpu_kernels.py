@@ -333,3 +333,46 @@ def test_attention_compiles_once_whatever_the_block_table_width():
         knobs.runtime.jit_post_compile_hook = hook
     assert after_width[1:] == after_width[:1] * (len(after_width) - 1), \
         f"binaries compiled by the end of each width: {after_width} ({compiled})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,qk_norm", [(32, 8, 64, False), (32, 8, 128, True), (4, 1, 256, True)])
+def test_rope_store_kv(dtype, heads, kv_heads, head_dim, qk_norm):
+    """The fused attention prologue (QK-norm, RoPE, K/V store) matches the reference composition, slot -1 skipped,
+    and replays in a graph with new inputs."""
+    from layerzero.kernels.reference import rope_store_kv as fused_ref
+    from layerzero.kernels.triton import rope_kv
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    tokens, blocks, block_size = 300, 64, 16
+    wide = torch.randn(tokens, heads + 2 * kv_heads + 1, head_dim, device="cuda", dtype=dtype, generator=g)
+    qkv = wide[:, : heads + 2 * kv_heads]  # a strided view, as sliced from the projection
+    angles = torch.rand(tokens, head_dim // 2, device="cuda", generator=g) * 6.28
+    cos, sin = angles.cos(), angles.sin()
+    weights = [torch.rand(head_dim, device="cuda", dtype=dtype, generator=g) + 0.5 for _ in range(2)] if qk_norm \
+        else [None, None]
+    slots = torch.randperm(blocks * block_size, device="cuda", generator=g)[:tokens]
+    slots[::5] = -1
+    k_cache = torch.randn(blocks, block_size, kv_heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    v_cache = torch.randn_like(k_cache)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    options = dict(num_heads=heads, eps=1e-6, weight_offset=1.0 if qk_norm else 0.0, interleaved=False)
+
+    def run() -> torch.Tensor:
+        return rope_kv.rope_store_kv(qkv, cos, sin, k_cache, v_cache, slots, *weights, **options)
+
+    with _NoSync():
+        q = run()
+    want = fused_ref.rope_store_kv(qkv, cos, sin, ref_k, ref_v, slots, *weights, **options)
+    _close(q, want)
+    _close(k_cache, ref_k)
+    _close(v_cache, ref_v)
+
+    def refresh() -> None:
+        wide.copy_(torch.randn_like(wide))
+
+    def check(out: torch.Tensor) -> None:
+        _close(out, fused_ref.rope_store_kv(qkv, cos, sin, ref_k, ref_v, slots, *weights, **options))
+        _close(k_cache, ref_k)
+
+    _graph_replay(run, refresh, check)
