@@ -7,8 +7,9 @@ tokens) and in the default 512-token chunks, CUDA graphs on (prefill and mixed s
 token bucket) and off (every step eager). Each number is the median of `--repeats` prefills (add request -> first
 token, synchronized) after a warm-up; prefix caching is off so every repeat computes the whole prompt. FLOPs as in
 gpu_decode (projections, causal attention, one LM-head row) / seconds / the bf16 GEMM rate (8192^3 matmul) measured
-in the same run. Then `infer serve` on the first shape, graphs on and off: time to the first SSE chunk of a
-streamed completion of a `--tokens`-token prompt, median of `--repeats`, read by an HTTP client.
+in the same run. Then, on the first shape with graphs on and off, the server's settings: the offline engine built with
+them (with a profile of one prefill), and `infer serve` itself: time to the first SSE chunk of a streamed completion of
+a `--tokens`-token prompt, median of `--repeats`, read by an HTTP client.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["llama-3.2-1b", "llama-3.1-8b"], choices=ms.GPU_SHAPES)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--no-server", action="store_true", help="skip the server's TTFT")
+    parser.add_argument("--no-server", action="store_true", help="skip `infer serve` (its settings still run offline)")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
     args = parser.parse_args()
     gemm = gemm_rate(Plan(models=tuple(args.models)))["tflops"]
@@ -144,26 +145,29 @@ def main() -> None:
             g = graphs_run["prefill_graphs"]
             lines += ["", f"Prefill graphs ({graphs_run['shape']}): buckets {g['buckets']}, captured in "
                           f"{g['capture_s']:.1f} s, {g['memory_bytes'] / 2**20:.0f} MiB of device memory."]
-        if not args.no_server:
-            name = args.models[0]
-            path = ms.write_model_dir(name, Path(root))
-            lines += ["", f"## TTFT of a {args.tokens}-token prompt through `infer serve` ({name})", "",
-                      "Server defaults (512-token chunks, prefix caching on, distinct prompts); beside it the offline "
-                      "engine built with the same settings, add request -> first token.", "",
-                      "| graphs | server TTFT ms (median) | every request, ms (the first is a warm-up) | server start s "
-                      "| offline, same config, ms |", "|---|---:|---|---:|---:|"]
-            for mode, graphs in (("graphs", True), ("eager", False)):
+        name = args.models[0]
+        path = ms.write_model_dir(name, Path(root))
+        lines += ["", f"## TTFT of a {args.tokens}-token prompt with the server's settings ({name})", "",
+                  "Server defaults (512-token chunks, prefix caching on, distinct prompts): the offline engine built "
+                  "with them, add request -> first token, and (unless --no-server) `infer serve` itself, time to the "
+                  "first SSE chunk read by an HTTP client.", "",
+                  "| graphs | offline, server settings, ms | server TTFT ms (median) | every request, ms (the first "
+                  "is a warm-up) | server start s |", "|---|---:|---:|---|---:|"]
+        for mode, graphs in (("graphs", True), ("eager", False)):
+            offline = engine_prefill(path, graphs, 512, args.tokens, args.repeats, server_config=True)
+            row = f"| {mode} | {1e3 * offline['median_s']:.2f} |"
+            result[f"server_{mode}"] = {"offline_same_config": offline}
+            if args.no_server:
+                row += " — | — | — |"
+            else:
                 ttft = server_ttft(path, graphs, args.tokens, args.repeats)
-                offline = engine_prefill(path, graphs, 512, args.tokens, args.repeats, server_config=True)
-                result[f"server_{mode}"] = ttft | {"offline_same_config": offline}
+                result[f"server_{mode}"] |= ttft
                 runs = ", ".join(f"{t:.1f}" for t in ttft["runs_ms"])
-                lines.append(f"| {mode} | {ttft['ttft_ms']:.1f} | {runs} | {ttft['startup_s']:.0f} | "
-                             f"{1e3 * offline['median_s']:.2f} |")
-                print(lines[-1], flush=True)
-                lines_profile = f"Offline, {mode}, profiled: {offline['profile']}"
-                result[f"server_{mode}"]["profile"] = lines_profile
-                print(lines_profile, flush=True)
-            lines += [""] + [result[f"server_{mode}"]["profile"] for mode in ("graphs", "eager")]
+                row += f" {ttft['ttft_ms']:.1f} | {runs} | {ttft['startup_s']:.0f} |"
+            lines.append(row)
+            print(row, flush=True)
+        lines += [""] + [f"Offline, {mode}, profiled: {result[f'server_{mode}']['offline_same_config']['profile']}"
+                         for mode in ("graphs", "eager")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")

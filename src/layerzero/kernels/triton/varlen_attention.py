@@ -9,8 +9,9 @@ The query tiles are flat over the packed tokens: sequence s owns the tiles from 
 at least the cdiv(q_len, BLOCK_M) it needs, so T // BLOCK_M + N programs cover N sequences of T tokens
 in all, and a program finds its sequence by a binary search of cu_seqlens on the device. The grid thus
 depends only on the tensors' shapes, never on a host copy of the lengths: one launch serves every
-step of a padded shape, which is what a captured prefill graph replays (runners/prefill_graphs.py);
-tiles past a sequence's queries, and sequences of length 0 (padding), do no work.
+step of a padded shape, which is what a captured prefill graph replays (runners/prefill_buffers.py);
+tiles past a sequence's queries do no work, and the tiles of sequences of length 0 (padding) return after two
+loads, before the search.
 
 Paged (`paged_prefill_attention`): the keys are the sequence's context_lens[seq] cached tokens, each
 row resolved through its block table inside the kernel, so a prefill chunk attends to earlier chunks
@@ -91,6 +92,15 @@ def _varlen_fwd_kernel(
 ):
     tile = tl.program_id(0)
     h = tl.program_id(1)
+    # Padding first, in two loads: past the last real sequence, tile t can only belong to sequence
+    # t - total // BLOCK_M, which is padding (no tokens) exactly when its bound equals the total.
+    total = tl.load(cu_q_ptr + n_seqs)
+    beyond = tile - total // BLOCK_M
+    if beyond >= n_seqs:
+        return
+    if beyond >= 0:
+        if tl.load(cu_q_ptr + beyond) == total:
+            return
     # the sequence owning this tile: the last s with cu_q[s] // BLOCK_M + s <= tile (s = 0 always qualifies)
     lo = tile * 0
     hi = lo + n_seqs
