@@ -60,8 +60,8 @@ def test_buckets_follow_the_step_budget(checkpoint):
     llm = LLM(checkpoint, device="cuda", dtype="float32", max_batch_size=4, max_seq_len=256,
               kv_cache_memory_gb=0.05, max_num_batched_tokens=256, prefill_chunk_size=256)
     stats = llm.runner.prefill_graph_stats
-    assert stats is not None and stats.batch_sizes == (16, 32, 64, 128, 256)
+    assert stats is not None and stats.batch_sizes == ((16, 4), (32, 4), (64, 4), (128, 4), (256, 4))
     assert stats.memory_bytes > 0
     graphs = llm.runner.prefill_graphs
-    assert graphs is not None and graphs.bucket(256) == 256 and graphs.bucket(257) is None
+    assert graphs is not None and graphs.shape(256, 4) == (256, 4) and graphs.shape(257, 1) is None
     llm.close()

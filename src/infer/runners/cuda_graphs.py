@@ -3,7 +3,7 @@
 Decode: each graph runs the whole decode forward (input ids, every layer, final norm, LM head) on the
 fixed buffers of DecodeBuffers and writes float32 logits to its own output tensor; a batch is padded to
 the smallest bucket of rows that holds it. Prefill and mixed steps: each graph runs the model over a
-token bucket of PrefillBuffers (runners/prefill_graphs.py). Above the largest bucket a step runs eagerly.
+token bucket and sequence slots of PrefillBuffers (runners/prefill_graphs.py). Above the largest bucket a step runs eagerly.
 The graphs of a runner share one memory pool and are captured largest first, so they reuse the same
 activations. Kernel selection (layerzero) runs once per bucket at capture time and never on the replay path.
 """
@@ -19,12 +19,13 @@ from typing import Generic, TypeVar
 
 import torch
 
+Key = TypeVar("Key", int, tuple[int, int])  # decode: rows; prefill: (tokens, sequence slots)
 Out = TypeVar("Out")
 
 
 @dataclass(frozen=True)
 class GraphStats:
-    batch_sizes: tuple[int, ...]
+    batch_sizes: tuple  # the captured keys: rows (decode), or PrefillShape (tokens, sequence slots) for prefill
     capture_seconds: float
     # what the graphs hold: device memory (pool, outputs) measured around a CUDA capture; the kept tensors on the CPU
     memory_bytes: int
@@ -59,16 +60,16 @@ def smallest_bucket(sizes: tuple[int, ...], rows: int) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
-class CudaGraphs(Generic[Out]):
-    """Captured forwards keyed by padded size (decode: rows; prefill: tokens); `forward(size)` returns what a
-    replay hands back (a tensor, or a tuple of them), in memory the graph owns."""
+class CudaGraphs(Generic[Key, Out]):
+    """Captured forwards keyed by padded size (decode: rows; prefill: (tokens, sequence slots)); `forward(size)`
+    returns what a replay hands back (a tensor, or a tuple of them), in memory the graph owns."""
 
-    def __init__(self, forward: Callable[[int], Out], sizes: tuple[int, ...], device: torch.device,
-                 pool: tuple[int, int] | None = None, before: Callable[[int], None] | None = None) -> None:
+    def __init__(self, forward: Callable[[Key], Out], sizes: tuple[Key, ...], device: torch.device,
+                 pool: tuple[int, int] | None = None, before: Callable[[Key], None] | None = None) -> None:
         """Capture `forward(size)` for each size, largest first, in `pool` (a new one when None); `before(size)`
         runs ahead of each size's warm-up, outside the capture (it may upload the inputs the graph reads)."""
         self.sizes = sizes
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Out]] = {}
+        self._graphs: dict[Key, tuple[torch.cuda.CUDAGraph, Out]] = {}
         torch.cuda.synchronize(device)
         gc.collect()
         torch.cuda.empty_cache()  # a capture empties the allocator's cache: do it first, or the memory it frees counts
@@ -88,10 +89,10 @@ class CudaGraphs(Generic[Out]):
         self.stats = GraphStats(sizes, time.perf_counter() - started, free_before - torch.cuda.mem_get_info(device)[0])
 
     def bucket(self, rows: int) -> int | None:
-        """The smallest captured size holding `rows` rows (or tokens), or None (run eagerly)."""
-        return smallest_bucket(self.sizes, rows)
+        """Decode: the smallest captured size holding `rows` rows, or None (run eagerly)."""
+        return smallest_bucket(self.sizes, rows)  # type: ignore[arg-type]
 
-    def replay(self, size: int) -> Out:
+    def replay(self, size: Key) -> Out:
         """Run the graph for `size`; returns its outputs (decode: logits [size, vocab]), overwritten by the next
         replay."""
         graph, out = self._graphs[size]

@@ -10,7 +10,7 @@ from torch import nn
 from infer.runners.cpu_graphs import CpuDecodeGraphs
 from infer.runners.cuda_graphs import CudaGraphs
 
-Graphs = CudaGraphs[torch.Tensor] | CpuDecodeGraphs
+Graphs = CudaGraphs[int, torch.Tensor] | CpuDecodeGraphs
 
 
 def decode_graphs(forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...], device: torch.device,

@@ -23,11 +23,12 @@ import torch
 import layerzero as lz
 from infer.models.base import CausalLM
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
-from infer.runners.cuda_graphs import CudaGraphs, GraphStats
+from infer.runners.cuda_graphs import GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.drafter import Drafter, Drafts
 from infer.runners.graphs import Graphs, decode_graphs
 from infer.runners.prefill_buffers import PrefillBuffers, PrefillInputs, PrefillShape
+from infer.runners.prefill_graphs import PrefillGraphs, prefill_shapes
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
@@ -114,7 +115,8 @@ class TorchRunner:
         max_blocks = -(-max_seq_len // block_size)
         self.decode_rows = max_batch_size * (max_drafts + 1)  # a verify step decodes K + 1 rows per sequence
         self.buffers = DecodeBuffers(self.device, self.decode_rows, max_blocks, max_seq_len)
-        largest = self._prefill_shape(max(prefill_graph_tokens)) if prefill_graph_tokens else None
+        shapes = prefill_shapes(prefill_graph_tokens, max_batch_size) if prefill_graph_tokens else ()
+        largest = PrefillShape(max(s.tokens for s in shapes), max(s.seqs for s in shapes)) if shapes else None
         self.prefill_buffers = PrefillBuffers(self.device, self.kv_caches, max_blocks, max_seq_len, largest)
         self.sampling_slots = SamplingSlots(max_batch_size, cfg.vocab_size, self.device)
         self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
@@ -124,10 +126,10 @@ class TorchRunner:
         self._readbacks = [Readback(self.device, readback_rows, scores) for _ in range(2)]
         self._next_readback = 0
         self.graphs: Graphs | None = None
-        self.prefill_graphs: CudaGraphs[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill's, then decode's
-        if prefill_graph_tokens:
-            self.prefill_graphs = self._capture_prefill(tuple(sorted(prefill_graph_tokens)), pool)
+        if shapes:
+            self.prefill_graphs = PrefillGraphs(self._prefill_forward, self.prefill_buffers, shapes, self.device, pool)
         if graph_batch_sizes:
             if max(graph_batch_sizes) > self.decode_rows:
                 raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed the {self.decode_rows} rows of a decode step")
@@ -285,34 +287,16 @@ class TorchRunner:
         index = upload(np.array(pairs, dtype=np.int64).T.tolist(), torch.int64, self.device)
         ids[index[0]] = drafted.view(-1)[index[1]]
 
-    def _prefill_shape(self, tokens: int) -> PrefillShape:
-        """A token bucket's shape: every step of at most `tokens` tokens has at most this many sequences."""
-        return PrefillShape(tokens, min(tokens, self.max_batch_size))
-
-    def _capture_prefill(self, sizes: tuple[int, ...], pool: tuple[int, int] | None
-                         ) -> CudaGraphs[tuple[torch.Tensor, torch.Tensor]]:
-        """One CUDA graph per token bucket of the prefill forward over the fixed (padded) inputs."""
-        views: dict[int, PrefillInputs] = {}
-
-        def pad(size: int) -> None:
-            views[size] = self.prefill_buffers.padding(self._prefill_shape(size))
-
-        with torch.inference_mode():
-            return CudaGraphs(lambda size: self._prefill_forward(views[size]), sizes, self.device, pool, pad)
-
     def _prefill(self, step: StepInput, drafted: Drafts | None) -> tuple[PrefillInputs, torch.Tensor, torch.Tensor]:
         """A prefill or mixed step's inputs, final hidden states [T, hidden] and input ids [T]: replayed in the graph
-        of the step's token bucket, else eagerly."""
+        of the smallest shape holding the step, else eagerly."""
         tokens = step.num_scheduled_tokens
-        bucket = self.prefill_graphs.bucket(tokens) if self.prefill_graphs is not None else None
-        shape = self._prefill_shape(bucket) if bucket is not None else None
+        graphs = self.prefill_graphs
+        shape = graphs.shape(tokens, step.num_seqs) if graphs is not None else None
         inputs = self.prefill_buffers.fill(step, shape, self._advancing(step))
         if drafted is not None:
             self._place_drafts(step, inputs.token_ids, drafted.tokens)
-        if bucket is None or self.prefill_graphs is None:
-            hidden, ids = self._prefill_forward(inputs)
-        else:
-            hidden, ids = self.prefill_graphs.replay(bucket)
+        hidden, ids = self._prefill_forward(inputs) if graphs is None or shape is None else graphs.replay(shape)
         return inputs, hidden[:tokens], ids[:tokens]
 
     def _prefill_forward(self, inputs: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:

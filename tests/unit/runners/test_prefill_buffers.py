@@ -13,9 +13,10 @@ import torch
 from checkpoints import FAMILIES, save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
 from infer.engine.config import EngineConfig
-from infer.runners import torch_runner
+from infer.runners import prefill_graphs
 from infer.runners.cuda_graphs import prefill_bucket_sizes
 from infer.runners.prefill_buffers import PrefillBuffers, PrefillShape
+from infer.runners.prefill_graphs import PrefillGraphs, prefill_shapes
 from infer.runners.step import StepInput, StepKind
 
 
@@ -23,17 +24,15 @@ class EagerReplay:
     """CudaGraphs' contract without CUDA: `before(size)` sets a bucket's inputs up once, and each replay re-runs
     `forward(size)` over them, so a step reaches the forward only through the addresses the bucket was set up at."""
 
-    def __init__(self, forward: Callable[[int], object], sizes: tuple[int, ...], device: torch.device,
-                 pool: object = None, before: Callable[[int], None] | None = None) -> None:
+    def __init__(self, forward: Callable[[PrefillShape], object], sizes: tuple[PrefillShape, ...],
+                 device: torch.device, pool: object = None, before: Callable[[PrefillShape], None] | None = None) -> None:
         self.sizes, self.forward, self.replays = sizes, forward, 0
+        self.stats = None
         for size in sorted(sizes, reverse=True):
             if before is not None:
                 before(size)
 
-    def bucket(self, tokens: int) -> int | None:
-        return next((s for s in self.sizes if s >= tokens), None)
-
-    def replay(self, size: int) -> object:
+    def replay(self, size: PrefillShape) -> object:
         self.replays += 1
         return self.forward(size)
 
@@ -88,11 +87,25 @@ def test_prefill_buckets() -> None:
     assert prefill_bucket_sizes(300) == (16, 32, 64, 128, 256, 300)
 
 
+def test_a_step_replays_the_smallest_shape_holding_its_tokens_and_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    shapes = prefill_shapes((16, 32, 64, 512), max_batch_size=256)
+    assert shapes == ((16, 16), (32, 16), (32, 32), (64, 16), (64, 64), (512, 16), (512, 256))
+    assert prefill_shapes((16, 64), max_batch_size=8) == ((16, 8), (64, 8))
+    monkeypatch.setattr(prefill_graphs, "CudaGraphs", EagerReplay)
+    buffers = PrefillBuffers(torch.device("cpu"), [], max_blocks=4, max_context_len=16, largest=PrefillShape(512, 256))
+    graphs = PrefillGraphs(lambda inputs: (inputs.token_ids, inputs.token_ids), buffers, shapes, torch.device("cpu"))
+    assert graphs.shape(20, 3) == (32, 16)
+    assert graphs.shape(20, 17) == (32, 32)
+    assert graphs.shape(40, 40) == (64, 64)
+    assert graphs.shape(100, 100) == (512, 256)
+    assert graphs.shape(513, 1) is None
+
+
 def _run(path: str, padded: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list, list, int]:
     with monkeypatch.context() as patch:
         if padded:
             patch.setattr(EngineConfig, "prefill_graphs", property(lambda self: True))
-            patch.setattr(torch_runner, "CudaGraphs", EagerReplay)
+            patch.setattr(prefill_graphs, "CudaGraphs", EagerReplay)
         llm = LLM(path, max_seq_len=96, max_batch_size=4, block_size=4, prefill_chunk_size=8,
                   max_num_batched_tokens=96)
     prompts = [list(range(3, 3 + n)) for n in (21, 2, 13, 7)] + [list(range(3, 24)) + [40, 41]]  # the last shares a prefix
@@ -101,7 +114,7 @@ def _run(path: str, padded: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list
                 for step in llm.stream(prompts[2], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))
                 if step.prompt_logprobs is not None]
     graphs = llm.engine.runner.prefill_graphs
-    replays = graphs.replays if isinstance(graphs, EagerReplay) else 0
+    replays = graphs._graphs.replays if graphs is not None else 0
     return tokens, logprobs, replays
 
 
