@@ -380,3 +380,31 @@ def test_rope_store_kv(dtype, heads, kv_heads, head_dim, qk_norm):
         torch.testing.assert_close(k_cache, ref_k, rtol=2 * TOL[dtype], atol=4 * TOL[dtype])
 
     _graph_replay(run, refresh, check)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("n,k", [(16384, 2048), (4096, 14336)])  # Llama-3.2-1B gate+up, Llama-3.1-8B down
+def test_skinny_linear_gemv(rows, n, k):
+    """Decode's projections through the Triton GEMV: close to cuBLAS's result, chosen by layerzero at these shapes,
+    replayed in a graph with new inputs."""
+    import layerzero as lz
+    from layerzero.kernels.triton import gemv
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    assert lz.which("linear", x, w)["kernel_id"] == "triton.linear"
+    with _NoSync():
+        y = gemv.linear_gemv(x, w, bias)
+    want = (x.float() @ w.float().T + bias.float()).to(torch.bfloat16)
+    torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+
+    def refresh() -> None:
+        x.copy_(torch.randn_like(x))
+
+    def check(out: torch.Tensor) -> None:
+        torch.testing.assert_close(out, (x.float() @ w.float().T + bias.float()).to(torch.bfloat16), rtol=2e-2,
+                                   atol=2e-2)
+
+    _graph_replay(lambda: gemv.linear_gemv(x, w, bias), refresh, check)

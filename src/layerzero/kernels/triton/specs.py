@@ -88,9 +88,27 @@ def _int4_groups(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+GEMV_MAX_ROWS = 8  # decode's batch 1-8; more rows are a GEMM's work
+# where the GEMV measured faster than cuBLAS: weights past the H100's 50 MB L2 (4-9%; below it cuBLAS won)
+GEMV_MIN_WEIGHT_BYTES = 64 * 2**20
+
+
+def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
+    """The skinny-linear kernel runs where it measured faster than cuBLAS: few rows, a weight larger than L2."""
+    reasons = []
+    if ctx.tokens > GEMV_MAX_ROWS:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the GEMV takes at most {GEMV_MAX_ROWS} "
+                                                   "(more rows are a GEMM's)"))
+    nbytes = (ctx.param("out_features") or 0) * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    if nbytes < GEMV_MIN_WEIGHT_BYTES:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight: under "
+                                                   f"{GEMV_MIN_WEIGHT_BYTES // 2**20} MiB cuBLAS measured faster"))
+    return reasons
+
+
 def _varlen_launch(ctx: SelectionContext) -> LaunchConfig:
-    # Grid (query tiles, sequences, heads); 64 rows per tile is the smallest tile used on CUDA.
-    return LaunchConfig((max(1, -(-ctx.seq_q // 64)), ctx.batch, max(ctx.num_heads, 1)), 256)
+    # Grid (query tiles over every sequence's tokens, heads): T / 64 + N tiles, 64 the smallest tile used on CUDA.
+    return LaunchConfig((max(1, ctx.tokens // 64 + ctx.batch), max(ctx.num_heads, 1), 1), 256)
 
 
 def _paged_launch(ctx: SelectionContext) -> LaunchConfig:
@@ -124,6 +142,8 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, **common),
         KernelSpec("triton.gelu_and_mul", "gelu_and_mul", impl=_lazy("activation", "gelu_and_mul"),
                    priority=PRIORITY, check=_gelu_mode, **common),
+        KernelSpec("triton.linear", "linear", impl=_lazy("gemv", "linear_gemv"), priority=PRIORITY,
+                   check=_gemv_shape, **common),
         KernelSpec("triton.linear_w8", "linear_w8", impl=_lazy("linear_w8", "linear_w8"), priority=PRIORITY,
                    quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_w8_blocks, **common),
         KernelSpec("triton.linear_int4", "linear_int4", impl=_lazy("linear_int4", "linear_int4"), priority=PRIORITY,

@@ -12,7 +12,7 @@ from layerzero.select import reasons as R
 from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache", "rope_store_kv",
-       "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4"}
+       "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4", "linear"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):
@@ -64,7 +64,9 @@ def test_int4_group_check(group, ok):
     assert [r.code for r in int4.check(ctx)] == ([] if ok else [R.CONSTRAINT_FAILED])
 
 
-def test_varlen_launch_reports_the_sequence_grid_dimension():
+def test_varlen_launch_reports_the_flat_tile_grid():
+    """Query tiles over every sequence's tokens (T / 64 + N) by heads: 70,000 sequences no longer need a grid
+    dimension of their own."""
     varlen = next(s for s in specs.kernel_specs() if s.op == "varlen_attention")
-    ctx = SelectionContext(op="varlen_attention", batch=70000, seq_q=300, num_heads=32)
-    assert varlen.launch(ctx).grid == (5, 70000, 32)
+    ctx = SelectionContext(op="varlen_attention", batch=70000, seq_q=300, tokens=70000 * 300, num_heads=32)
+    assert varlen.launch(ctx).grid == (70000 * 300 // 64 + 70000, 32, 1)

@@ -1,0 +1,42 @@
+"""The skinny-linear Triton kernel (decode's batch 1-8) against float64 on fresh random inputs, interpreted on the
+CPU, and the rule that lets it run only where it measured faster than cuBLAS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layerzero.kernels.triton import specs
+from layerzero.select.context import SelectionContext
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "n", "k", "bias"), [(1, 48, 256, False), (8, 100, 384, True), (20, 33, 130, True)])
+def test_gemv_matches_float64(triton_interpreted, rng, assert_matches, dtype, rows, n, k, bias):
+    gemv = triton_interpreted("gemv")
+    x = torch.randn(rows, k + 3, generator=rng).to(dtype)[:, :k]  # a strided view: rows 3 elements apart
+    w = (torch.randn(n, k, generator=rng) * 0.1).to(dtype)
+    b = torch.randn(n, generator=rng).to(dtype) if bias else None
+    want = x.double() @ w.double().T + (0 if b is None else b.double())
+    got = gemv.linear_gemv(x, w, b)
+    assert_matches(got, want.to(dtype))
+
+
+def test_gemv_keeps_leading_dims(triton_interpreted, rng):
+    gemv = triton_interpreted("gemv")
+    x, w = torch.randn(2, 3, 64, generator=rng), torch.randn(40, 64, generator=rng)
+    assert gemv.linear_gemv(x, w).shape == (2, 3, 40)
+
+
+def _ctx(tokens: int, out: int, hidden: int) -> SelectionContext:
+    return SelectionContext(op="linear", platform="cuda", device="cuda", dtype=torch.bfloat16, tokens=tokens,
+                            hidden=hidden, params=(("out_features", out), ("bias", False)))
+
+
+def test_the_gemv_runs_on_few_rows_and_weights_past_l2():
+    check = next(s for s in specs.kernel_specs() if s.op == "linear").check
+    assert check is not None
+    assert check(_ctx(1, 14336 * 2, 4096)) == []  # Llama-3.1-8B gate+up, batch 1
+    assert check(_ctx(8, 128256, 2048)) == []  # Llama-3.2-1B LM head, batch 8
+    assert "at most 8" in check(_ctx(16, 14336 * 2, 4096))[0].message
+    assert "cuBLAS measured faster" in check(_ctx(1, 3072, 2048))[0].message  # Llama-3.2-1B QKV: 12 MiB
