@@ -4,8 +4,8 @@ A step is launched without any host synchronization: inputs go up through pinned
 sampling runs on the device from per-slot parameters written when a request joins (sampling/slots.py),
 and the sampled ids come back through a pinned slot that is read only when the engine asks for the
 result (the step boundary). Decode steps run from fixed buffers, through a CUDA
-graph when one is captured for the batch's bucket; so do prefill and mixed steps, by token bucket
-(runners/prefill_buffers.py). With INFER_STRICT_SYNC=1 any other sync raises.
+graph when one is captured for the batch's bucket; so do prefill and mixed steps, by token bucket and
+sequence slots (runners/prefill_graphs.py). With INFER_STRICT_SYNC=1 any other sync raises.
 With a probe bank, taps at the probed layers' `resid_post` fill its score buffer during the forward (and
 inside the graphs); the rows a step's requests asked for travel back with the sampled ids.
 A step with draft tokens (speculation) is verified on the device (runners/verify.py, sampling/speculative.py);
