@@ -14,7 +14,6 @@ step from a torch.profiler record of 20 steps (CUDA graphs replayed: the graph's
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 import model_shapes as ms
 from gpu_decode_engine import decode_once
 from gpu_decode_plan import prompt_ids
+from report_files import write_report
 from infer import LLM
 
 
@@ -157,9 +157,7 @@ def main() -> None:
                          f"{peer / roofline:.2f} | {rate / peer:.2f} | {counts['kernels']:.0f} | "
                          f"{counts['busy_us']:.0f} |")
             print(lines[-1], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_report(args.out, result, "\n".join(lines))
     print("\n".join(lines))
 
 

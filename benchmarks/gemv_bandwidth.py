@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from report_files import write_report
 
 SHAPES = {  # (N, K) per projection
     "llama-3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
@@ -126,10 +126,7 @@ def main() -> None:
                              + (f"{best[0]:.1f} | {row['triton_fraction']:.2f} | {tile_text} |" if best else "— | — | — |"))
                 print(lines[-1], flush=True)
             del w
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"gpu": gpu, "copy_bandwidth": bandwidth, "rows": rows},
-                                                        indent=1) + "\n")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_report(args.out, {"gpu": gpu, "copy_bandwidth": bandwidth, "rows": rows}, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Writes benchmarks/reports/layerzero_dispatch.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -36,6 +35,7 @@ import torch  # noqa: E402
 import layerzero as lz  # noqa: E402
 from layerzero.select.context import SelectionContext  # noqa: E402
 from layerzero.select.engine import get_engine  # noqa: E402
+from report_files import write_report  # noqa: E402
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
@@ -236,9 +236,7 @@ def main() -> None:
     noops = [row for device in devices for row in noop_costs(device, args.calls, args.rounds)]
     report = {"environment": _environment(), "calls_per_round": args.calls, "rounds": args.rounds, "results": results,
               "noop_kernel": noops}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(_markdown(report))
+    write_report(args.out, report, _markdown(report))
     print(_markdown(report))
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import statistics
 import tempfile
@@ -28,6 +27,7 @@ import model_shapes as ms
 from gpu_decode_baselines import gemm_rate
 from gpu_decode_engine import engine_options, prefill, prefill_once
 from gpu_decode_plan import Plan, prompt_ids
+from report_files import write_report
 from infer import LLM
 from infer.models.forward_batch import ForwardBatch
 from layerzero.dispatch.bound import sites_of
@@ -124,9 +124,7 @@ def main() -> None:
               "`model(ids)` and the last row's logits, synchronized, without the engine."]
     if profile is not None:
         lines += ["", "## Profile of one bound prefill", "", profile]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_report(args.out, result, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from gpu_decode_baselines import gemm_rate
 from gpu_decode_engine import prefill_once
 from gpu_decode_plan import Plan, prompt_ids
 from infer import LLM
+from report_files import write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
@@ -168,9 +168,7 @@ def main() -> None:
             print(row, flush=True)
         lines += [""] + [f"Offline, {mode}, profiled: {result[f'server_{mode}']['offline_same_config']['profile']}"
                          for mode in ("graphs", "eager")]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_report(args.out, result, "\n".join(lines))
     print("\n".join(lines))
 
 
