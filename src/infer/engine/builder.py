@@ -31,7 +31,8 @@ from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_c
 from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
 from infer.models.shard import Shard, ShardError
-from infer.runners.cuda_graphs import bucket_sizes, prefill_bucket_sizes
+from infer.runners.cuda_graphs import bucket_sizes
+from infer.runners.prefill_graphs import prefill_bucket_sizes
 from infer.runners.drafter import Drafter
 from infer.runners.torch_runner import TorchRunner
 from infer.speculative.gate import gate_speculation

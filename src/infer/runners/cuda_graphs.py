@@ -41,19 +41,6 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
     return tuple(sorted({*sizes, top}))
 
 
-MIN_PREFILL_GRAPH_TOKENS = 16
-# above this a prefill's host launch time is small next to its GEMMs, and a bucket's activations only cost memory
-MAX_PREFILL_GRAPH_TOKENS = 8192
-
-
-def prefill_bucket_sizes(max_tokens: int) -> tuple[int, ...]:
-    """Token buckets of prefill and mixed steps: powers of two from 16 up to max_tokens (at most
-    MAX_PREFILL_GRAPH_TOKENS), and that cap itself."""
-    top = min(max_tokens, MAX_PREFILL_GRAPH_TOKENS)
-    sizes = [1 << i for i in range(top.bit_length()) if MIN_PREFILL_GRAPH_TOKENS <= 1 << i <= top]
-    return tuple(sorted({*sizes, top}))
-
-
 def smallest_bucket(sizes: tuple[int, ...], rows: int) -> int | None:
     """The smallest of the ascending `sizes` holding `rows` sequences, or None (run eagerly)."""
     i = bisect.bisect_left(sizes, rows)

@@ -1,7 +1,7 @@
 """Prefill and mixed steps as CUDA graphs: one graph per (token bucket, sequence slots) shape over the fixed inputs
 of PrefillBuffers, captured at startup; a step replays the smallest shape holding its tokens and sequences.
 
-Each token bucket (powers of two from 16, prefill_bucket_sizes) has two tiers of sequence slots: up to SMALL_SLOTS,
+Each token bucket (powers of two from 16 to the step's token budget, at most 8192) has two tiers of sequence slots: up to SMALL_SLOTS,
 for the steps of a few prompts, and up to max_batch_size, for mixed steps with many decode rows. A padding slot
 costs attention a few programs per head, so a prompt alone should not pay for 256 of them (measured: a 1k prefill
 with the server's 256 slots spent 5.5 ms in padding before those programs exited early, 1.9 ms after; docs/gpu.md).
@@ -19,8 +19,19 @@ from infer.runners.cuda_graphs import CudaGraphs, GraphStats
 from infer.runners.prefill_buffers import PrefillBuffers, PrefillInputs, PrefillShape
 
 SMALL_SLOTS = 16
+MIN_PREFILL_GRAPH_TOKENS = 16
+# above this a prefill's host launch time is small next to its GEMMs, and a bucket's activations only cost memory
+MAX_PREFILL_GRAPH_TOKENS = 8192
 
 PrefillForward = Callable[[PrefillInputs], tuple[torch.Tensor, torch.Tensor]]
+
+
+def prefill_bucket_sizes(max_tokens: int) -> tuple[int, ...]:
+    """Token buckets of prefill and mixed steps: powers of two from 16 up to max_tokens (at most
+    MAX_PREFILL_GRAPH_TOKENS), and that cap itself."""
+    top = min(max_tokens, MAX_PREFILL_GRAPH_TOKENS)
+    sizes = [1 << i for i in range(top.bit_length()) if MIN_PREFILL_GRAPH_TOKENS <= 1 << i <= top]
+    return tuple(sorted({*sizes, top}))
 
 
 def prefill_shapes(token_sizes: tuple[int, ...], max_batch_size: int) -> tuple[PrefillShape, ...]:

@@ -14,9 +14,8 @@ from checkpoints import FAMILIES, save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
 from infer.engine.config import EngineConfig
 from infer.runners import prefill_graphs
-from infer.runners.cuda_graphs import prefill_bucket_sizes
 from infer.runners.prefill_buffers import PrefillBuffers, PrefillShape
-from infer.runners.prefill_graphs import PrefillGraphs, prefill_shapes
+from infer.runners.prefill_graphs import PrefillGraphs, prefill_bucket_sizes, prefill_shapes
 from infer.runners.step import StepInput, StepKind
 
 
