@@ -33,9 +33,15 @@ def _all_reduce(x: torch.Tensor, group: Any) -> None:
     dist.all_reduce(x, group=group)
 
 
+def one_shot_eligible(x: torch.Tensor) -> bool:
+    """Whether an all-reduce of x takes the one-shot path: a GPU tensor of a supported dtype, at most
+    ONE_SHOT_MAX_BYTES, whole 16-byte vectors. A rule of x's shape alone, so every rank decides alike."""
+    return x.is_cuda and x.dtype in _ONE_SHOT_DTYPES and x.nbytes <= ONE_SHOT_MAX_BYTES and x.nbytes % 16 == 0
+
+
 def _one_shot_buffer(x: torch.Tensor, group: Any) -> torch.Tensor | None:
     """The group's symmetric buffer when x takes the one-shot path, else None (NCCL)."""
-    if not x.is_cuda or x.dtype not in _ONE_SHOT_DTYPES or x.nbytes > ONE_SHOT_MAX_BYTES or x.nbytes % 16:
+    if not one_shot_eligible(x):
         return None
     key = (group.group_name, x.dtype)
     if key not in _symmetric:
