@@ -6,8 +6,8 @@ For each projection of the Llama-3.2-1B and Llama-3.1-8B shapes (QKV, O, gate+up
 y [M, N] = x [M, K] @ W [N, K]^T in bf16, timed inside a CUDA graph of at least 20 calls (no launch gaps), median of
 10 replays. The calls cycle over copies of W that together exceed 256 MiB, so every call reads its weight from DRAM
 as a decode step does (one weight reused would sit in the 50 MB L2). Bytes = the weight (N x K x 2) plus x and y;
-fraction = bytes / time / the device copy bandwidth (1 GiB device-to-device copy, read + write, host-timed). Beside cuBLAS (torch.mm, what the linear op runs today): a
-one-pass Triton GEMV (each program owns BLOCK_N output columns over all of K; M padded to 16 for tl.dot) over a
+fraction = bytes / time / the device copy bandwidth (1 GiB device-to-device copy, read + write, host-timed).
+Beside cuBLAS (torch.mm, what the linear op ran before `triton.linear`): a one-pass Triton GEMV (each program owns BLOCK_N output columns over all of K; M padded to 16 for tl.dot) over a
 small grid of tiles, reporting the best. It says where cuBLAS leaves bandwidth unused and whether a plain Triton
 kernel takes it; nothing here changes what the engine runs.
 """
@@ -139,8 +139,9 @@ def main() -> None:
                             "tile": best[1]}
                 rows.append(row)
                 tile_text = " ".join(f"{k_}={v}" for k_, v in best[1].items()) if best else "—"
+                triton_text = f"{best[0]:.1f} | {row['triton_fraction']:.2f} | {tile_text} |" if best else "— | — | — |"
                 lines.append(f"| {shape} | {name} | {m} | {n * k * 2 / 1e6:.1f} | {cublas:.1f} | {frac:.2f} | "
-                             + (f"{best[0]:.1f} | {row['triton_fraction']:.2f} | {tile_text} |" if best else "— | — | — |"))
+                             + triton_text)
                 print(lines[-1], flush=True)
             del w, copies
     write_report(args.out, {"gpu": gpu, "copy_bandwidth": bandwidth, "rows": rows}, "\n".join(lines))
