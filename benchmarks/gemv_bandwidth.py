@@ -7,9 +7,10 @@ y [M, N] = x [M, K] @ W [N, K]^T in bf16, timed inside a CUDA graph of at least 
 10 replays. The calls cycle over copies of W that together exceed 256 MiB, so every call reads its weight from DRAM
 as a decode step does (one weight reused would sit in the 50 MB L2). Bytes = the weight (N x K x 2) plus x and y;
 fraction = bytes / time / the device copy bandwidth (1 GiB device-to-device copy, read + write, host-timed).
-Beside cuBLAS (torch.mm, what the linear op ran before `triton.linear`): a one-pass Triton GEMV (each program owns BLOCK_N output columns over all of K; M padded to 16 for tl.dot) over a
-small grid of tiles, reporting the best. It says where cuBLAS leaves bandwidth unused and whether a plain Triton
-kernel takes it; nothing here changes what the engine runs.
+Beside cuBLAS (torch.mm): a one-pass Triton GEMV (each program owns BLOCK_N output columns over all of K; M padded to
+16 for tl.dot) over a small grid of tiles, reporting the best. It says where cuBLAS leaves bandwidth unused and
+whether a plain Triton kernel takes it; layerzero's `triton.linear` (layerzero/kernels/triton/gemv.py) runs where it
+measured faster.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def main() -> None:
                             "tile": best[1]}
                 rows.append(row)
                 tile_text = " ".join(f"{k_}={v}" for k_, v in best[1].items()) if best else "—"
-                triton_text = f"{best[0]:.1f} | {row['triton_fraction']:.2f} | {tile_text} |" if best else "— | — | — |"
+                triton_text = (f"{best[0]:.1f} | {row['triton_fraction']:.2f} | {tile_text} |" if best
+                               else "— | — | — |")
                 lines.append(f"| {shape} | {name} | {m} | {n * k * 2 / 1e6:.1f} | {cublas:.1f} | {frac:.2f} | "
                              + triton_text)
                 print(lines[-1], flush=True)
