@@ -28,22 +28,9 @@ from torch.profiler import ProfilerActivity, profile
 import model_shapes as ms
 from gpu_decode_engine import decode_once
 from gpu_decode_plan import prompt_ids
+from device_rates import copy_bandwidth
 from report_files import write_report
 from infer import LLM
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 1 GiB device-to-device copy (read + write), median of 10."""
-    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    times = []
-    for _ in range(12):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        y.copy_(x)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 2 * x.numel() / statistics.median(times[2:])
 
 
 def step_bytes(name: str, context: int) -> float:

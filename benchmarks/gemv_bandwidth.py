@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from device_rates import copy_bandwidth
 from report_files import write_report
 
 SHAPES = {  # (N, K) per projection
@@ -81,20 +82,6 @@ def graph_us(fns: list[Any], calls: int = 20, replays: int = 10) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 1 GiB device-to-device copy (read + write), median of 10, host-timed."""
-    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    times = []
-    for _ in range(12):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        y.copy_(x)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 2 * x.numel() / statistics.median(times[2:])
 
 
 def main() -> None:

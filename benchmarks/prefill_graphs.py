@@ -30,6 +30,7 @@ import model_shapes as ms
 from gpu_decode_baselines import gemm_rate
 from gpu_decode_engine import prefill_once
 from gpu_decode_plan import Plan, prompt_ids
+from profile_generation import union_us
 from infer import LLM
 from report_files import write_report
 
@@ -72,11 +73,7 @@ def device_profile(llm: LLM, ids: list[int]) -> str:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         wall = prefill_once(llm, ids, "cuda")
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:
-        if b > end:
-            busy, end = busy + b - max(a, end), b
+    busy = union_us([(e.time_range.start, e.time_range.end) for e in kernels])
     totals: dict[str, float] = {}
     for e in kernels:
         totals[e.name[:70]] = totals.get(e.name[:70], 0.0) + e.time_range.elapsed_us()
