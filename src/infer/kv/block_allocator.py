@@ -28,6 +28,22 @@ class BlockAllocator:
         self._owner[block] = owner
         return block
 
+    def allocate_many(self, owner: str, count: int) -> list[int]:
+        """`count` blocks in the order single allocations would give them (all or nothing)."""
+        if count > len(self._free):
+            raise BlockAllocatorError(f"out of KV blocks ({len(self._free)} free) allocating {count} for {owner!r}")
+        if count <= 0:
+            return []
+        blocks = self._free[-count:]
+        del self._free[-count:]
+        blocks.reverse()
+        self._owner.update(dict.fromkeys(blocks, owner))
+        return blocks
+
+    def free_many(self, blocks: list[int], owner: str) -> None:
+        for block in blocks:
+            self.free(block, owner)
+
     def free(self, block: int, owner: str) -> None:
         held_by = self._owner.get(block)
         if held_by is None:

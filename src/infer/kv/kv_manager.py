@@ -55,16 +55,11 @@ class KVCacheManager:
         self.prefix_queries += queried
         self.prefix_hits += hit
         table = self._tables.setdefault(request_id, [])
-        while len(table) < blocks_needed(num_tokens, self.block_size):
-            if not self.allocator.num_free and self.prefix is not None:
-                self.allocator.free(self._evict(), CACHE_OWNER)
-            table.append(self.allocator.allocate(request_id))
-
-    def _evict(self) -> int:
-        block = self.prefix.evict() if self.prefix is not None else None
-        if block is None:
-            raise MemoryError("no free KV block and nothing evictable in the prefix cache")
-        return block
+        need = blocks_needed(num_tokens, self.block_size) - len(table)
+        short = need - self.allocator.num_free
+        if short > 0 and self.prefix is not None:  # can_allocate vouched that enough are evictable
+            self.allocator.free_many(self.prefix.evict(short), CACHE_OWNER)
+        table.extend(self.allocator.allocate_many(request_id, need))
 
     def admit(self, request_id: str, tokens: list[int], max_tokens: int) -> int:
         """Start the request's table with the longest cached prefix of tokens[:max_tokens]; tokens matched."""
@@ -125,8 +120,8 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> None:
         """Drop every unreferenced cached block and zero the hit counters (after the start-up warm-up)."""
-        while self.prefix is not None and (block := self.prefix.evict()) is not None:
-            self.allocator.free(block, CACHE_OWNER)
+        if self.prefix is not None:
+            self.allocator.free_many(self.prefix.evict(self.prefix.num_cached), CACHE_OWNER)
         self.prefix_queries = self.prefix_hits = 0
 
     def audit_blocks(self) -> dict[int, str]:

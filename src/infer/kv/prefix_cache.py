@@ -6,12 +6,14 @@ references to the nodes they read; a node nobody references stays cached (its bl
 cache) until the allocator needs blocks, then unreferenced leaves go first, least recently used first.
 Invariant: a referenced node's ancestors are referenced too (requests hold whole chains), so evicting
 unreferenced leaves never orphans a referenced block.
+
+Eviction order is an ordered dict of the evictable leaves, least recently used first: each update is O(1),
+so a full cache costs the host a few dict operations per block it hands out again (docs/engine.md).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
@@ -24,7 +26,6 @@ class BlockNode:
     parent: BlockNode | None
     children: dict[tuple[int, ...], BlockNode] = field(default_factory=dict)
     refs: int = 0
-    last_used: int = 0
 
 
 class PrefixCache:
@@ -33,9 +34,7 @@ class PrefixCache:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._root = BlockNode((), -1, None)
-        self._clock = itertools.count(1)
-        self._heap: list[tuple[int, int, BlockNode]] = []  # (last_used, tiebreak, node): eviction candidates
-        self._tiebreak = itertools.count()
+        self._leaves: OrderedDict[BlockNode, None] = OrderedDict()  # unreferenced childless nodes, LRU first
         self.num_cached = 0  # nodes in the tree
         self.num_unreferenced = 0  # of which evictable (refs == 0)
 
@@ -51,24 +50,22 @@ class PrefixCache:
         return chain
 
     def acquire(self, chain: list[BlockNode]) -> None:
-        now = next(self._clock)
         for node in chain:
             if node.refs == 0:
                 self.num_unreferenced -= 1
+                self._leaves.pop(node, None)
             node.refs += 1
-            node.last_used = now
 
     def release(self, chain: list[BlockNode]) -> None:
-        now = next(self._clock)
+        """Drop one reference to each node of a chain; its unreferenced leaf becomes the most recently used."""
         for node in reversed(chain):
             node.refs -= 1
             if node.refs < 0:
                 raise RuntimeError(f"prefix-cache block {node.block} released more often than acquired")
-            node.last_used = now
             if node.refs == 0:
                 self.num_unreferenced += 1
                 if not node.children:
-                    self._push(node)
+                    self._leaves[node] = None
 
     def insert(self, parent: BlockNode | None, tokens: tuple[int, ...], block: int) -> tuple[BlockNode, bool]:
         """Cache `block` (holding `tokens`) under `parent` (None: the root), referenced once by its writer:
@@ -78,7 +75,7 @@ class PrefixCache:
         existing = parent.children.get(tokens)
         if existing is not None:
             return existing, False
-        node = BlockNode(tokens, block, parent, refs=1, last_used=next(self._clock))
+        node = BlockNode(tokens, block, parent, refs=1)
         parent.children[tokens] = node
         self.num_cached += 1
         return node, True
@@ -92,21 +89,21 @@ class PrefixCache:
             stack.extend(node.children.values())
         return out
 
-    def evict(self) -> int | None:
-        """Drop the least recently used unreferenced leaf; its block id, or None when nothing is evictable."""
-        while self._heap:
-            last_used, _, node = heapq.heappop(self._heap)
-            if node.refs or node.children or node.last_used != last_used or node.parent is None:
-                continue  # stale entry: referenced again, grew children, touched since, or evicted
+    def evict(self, count: int) -> list[int]:
+        """Drop up to `count` least recently used unreferenced leaves; their block ids (fewer when fewer are
+        evictable). A parent left childless and unreferenced goes first in line: chains are acquired and released
+        whole, so it was last used when the leaf just dropped was, before every other leaf."""
+        blocks: list[int] = []
+        while len(blocks) < count and self._leaves:
+            node, _ = self._leaves.popitem(last=False)
             parent = node.parent
+            assert parent is not None
             del parent.children[node.tokens]
             node.parent = None
-            self.num_cached -= 1
-            self.num_unreferenced -= 1
+            blocks.append(node.block)
             if parent is not self._root and parent.refs == 0 and not parent.children:
-                self._push(parent)
-            return node.block
-        return None
-
-    def _push(self, node: BlockNode) -> None:
-        heapq.heappush(self._heap, (node.last_used, next(self._tiebreak), node))
+                self._leaves[parent] = None
+                self._leaves.move_to_end(parent, last=False)
+        self.num_cached -= len(blocks)
+        self.num_unreferenced -= len(blocks)
+        return blocks

@@ -78,11 +78,23 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
     cache.release([a, b])
     cache.release([c])
     assert cache.num_unreferenced == 3
-    assert cache.evict() == 11  # the leaf of the older chain, not its parent
-    assert cache.evict() == 10  # the parent became a leaf
+    assert cache.evict(1) == [11]  # the leaf of the older chain, not its parent
+    assert cache.evict(1) == [10]  # the parent became a leaf, and is older than c
     cache.acquire([c])
-    assert cache.evict() is None  # c is referenced again
+    assert cache.evict(1) == []  # c is referenced again
     assert cache.match([5, 6, 7], 3) == [c] and cache.match([1, 2], 2) == []
+
+
+def test_a_childless_parent_goes_before_leaves_released_after_its_chain():
+    cache = PrefixCache(2)
+    a, _ = cache.insert(None, (1, 2), block=10)
+    b, _ = cache.insert(a, (3, 4), block=11)
+    c, _ = cache.insert(None, (5, 6), block=12)
+    d, _ = cache.insert(c, (7, 8), block=13)
+    cache.release([a, b])
+    cache.release([c, d])
+    assert cache.evict(3) == [11, 10, 13]  # chains leave whole, the older first, each from its tail
+    assert cache.num_cached == cache.num_unreferenced == 1 and cache.evict(5) == [12]
 
 
 def test_the_same_prefix_written_twice_is_cached_once():
