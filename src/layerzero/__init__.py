@@ -9,6 +9,7 @@ from typing import Any
 from layerzero.api import (
     all_gather,
     all_reduce,
+    argmax,
     attention,
     broadcast,
     dequantize,
@@ -100,6 +101,7 @@ __all__ = [
     "SelectionContext",
     "all_gather",
     "all_reduce",
+    "argmax",
     "attention",
     "broadcast",
     "dequantize",

@@ -297,6 +297,14 @@ def sample_topp(
     return _call("sample_topp", logits, float(p), temperature=float(temperature), generator=generator, noise=noise)
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of x [rows, V] (int64 [rows]): the first index among equal maxima, the first NaN
+    if a row has one; greedy decoding's token choice."""
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"argmax expects x [rows, V] with V >= 1, got shape {tuple(x.shape)}")
+    return _call("argmax", x)
+
+
 def quantize(
     x: torch.Tensor, *, dtype: str = "int8", scale: torch.Tensor | None = None, axis: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:

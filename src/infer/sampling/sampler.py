@@ -15,11 +15,11 @@ subset of it. Without a tie at the cut the kept sets are identical.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
+import layerzero as lz
 from infer.sampling.adjust import LogitAdjustments
 from infer.sampling.params import SamplingParams
 from infer.sampling.random import uniform
@@ -105,25 +105,13 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return mask_top_k_top_p(logits, top_k, top_p)
 
 
-@functools.lru_cache(maxsize=64)
-def _argmax_chunks(vocab: int) -> int:
-    """Most chunks (<= 1024, each >= 128 ids) that split the vocabulary evenly; 1 if none does."""
-    return next((d for d in range(min(1024, vocab // 128), 1, -1) if vocab % d == 0), 1)
+_ARGMAX = lz.bind("argmax")  # one call site: selection runs once per logits shape and dtype
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """torch.argmax over the last dim (first index among equal maxima), in two parallel passes.
-
-    torch.argmax reduces a row in one thread block: ~27 µs for one 128k-vocabulary row on an H100, the
-    largest kernel of a small model's decode step after the GEMMs. Chunks reduced side by side take a few.
-    """
-    rows, vocab = logits.shape
-    chunks = _argmax_chunks(vocab)
-    if chunks == 1:
-        return logits.argmax(dim=-1)
-    values, within = logits.view(rows, chunks, vocab // chunks).max(dim=-1)  # first maximum in each chunk
-    chunk = values.argmax(dim=-1, keepdim=True)  # first chunk holding the row maximum
-    return (chunk * (vocab // chunks) + within.gather(-1, chunk)).squeeze(-1)
+    """torch.argmax over the last dim of [rows, V] (first index among equal maxima), as the layerzero argmax op:
+    one read of the logits on CUDA, instead of torch's single-block-per-row reduction."""
+    return _ARGMAX(logits)
 
 
 def penalized(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None) -> torch.Tensor:

@@ -310,6 +310,17 @@ sample_topk.register_fake(_sample_fake)
 sample_topp.register_fake(_sample_fake)
 
 
+@custom_op("layerzero::argmax", mutates_args=())
+def argmax(x: Tensor) -> Tensor:
+    """torch.argmax(x, dim=-1) of x [rows, V]: int64 [rows]."""
+    return _fresh(_dispatch("argmax", x), (x,))
+
+
+@argmax.register_fake
+def _(x):
+    return x.new_empty(x.shape[:-1], dtype=torch.int64)
+
+
 @custom_op("layerzero::quantize", mutates_args=())
 def quantize(x: Tensor, scale: Tensor | None, *, dtype: str, axis: int) -> tuple[Tensor, Tensor]:
     """(q, scale): int8 per channel along `axis`, or fp8_e4m3 per tensor."""
@@ -341,7 +352,7 @@ OPS: dict[str, Any] = {
     "rope_store_kv": rope_store_kv, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
     "layer_norm": layer_norm, "rope": rope, "silu_and_mul": silu_and_mul, "gelu_and_mul": gelu_and_mul,
     "linear": linear, "linear_int4": linear_int4, "linear_w8": linear_w8, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
-    "quantize": quantize, "dequantize": dequantize,
+    "argmax": argmax, "quantize": quantize, "dequantize": dequantize,
 }
 
 

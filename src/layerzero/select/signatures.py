@@ -143,6 +143,11 @@ def _embedding(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     return dict(tokens=ids.numel(), hidden=weight.shape[-1], dtype=weight.dtype)
 
 
+def _argmax(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x = args[0]
+    return dict(tokens=x.shape[0] if x.dim() else 1, hidden=x.shape[-1] if x.dim() else 1, params=(("ndim", x.dim()),))
+
+
 def _generic(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if x is None:
@@ -204,6 +209,7 @@ SIGNATURES: dict[str, OpSignature] = {
     "linear_int4": OpSignature(_linear_int4, (0, 1, 2, 3), ("group_size",)),
     "linear_w8": OpSignature(_linear_w8, (0, 1, 2, 3), ("block_size",)),
     "embedding": OpSignature(_embedding, (0, 1), ()),
+    "argmax": OpSignature(_argmax, (0,), ()),
     "sample_topk": OpSignature(_topk, (0, 1), ()),
     "sample_topp": OpSignature(_sampling, (0,), ()),
     "quantize": OpSignature(_quantize, (0,), ("dtype", "axis", "scale")),

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from layerzero.kernels.reference import activation, kv_cache, norm
+from layerzero.kernels.reference import argmax as argmax_ref
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import rope as rope_ref
 from layerzero.kernels.reference import rope_store_kv as rope_kv_ref
@@ -92,6 +93,7 @@ _CORE = {
     "gelu_and_mul": (gelu_and_mul, True),
     "linear": (F.linear, True),
     "embedding": (F.embedding, True),
+    "argmax": (argmax_ref.argmax, True),
 }
 # op -> (module under layerzero.kernels.reference, function); these reference modules come with the extra ops.
 _EXTRA = {

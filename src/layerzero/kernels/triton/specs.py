@@ -106,6 +106,14 @@ def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+def _argmax_shape(ctx: SelectionContext) -> list[Reason]:
+    """The kernel reduces the last dim of a 2-D [rows, V]."""
+    ndim = ctx.param("ndim", 2)
+    if ndim != 2:
+        return [Reason(R.CONSTRAINT_FAILED, f"a {ndim}-D input: the Triton argmax takes 2-D [rows, V]")]
+    return []
+
+
 def _varlen_launch(ctx: SelectionContext) -> LaunchConfig:
     # Grid (query tiles over every sequence's tokens, heads): T / 64 + N tiles, 64 the smallest tile used on CUDA.
     return LaunchConfig((max(1, ctx.tokens // 64 + ctx.batch), max(ctx.num_heads, 1), 1), 256)
@@ -148,6 +156,8 @@ def kernel_specs() -> list[KernelSpec]:
                    quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_w8_blocks, **common),
         KernelSpec("triton.linear_int4", "linear_int4", impl=_lazy("linear_int4", "linear_int4"), priority=PRIORITY,
                    check=_int4_groups, **common),
+        KernelSpec("triton.argmax", "argmax", impl=_lazy("argmax", "argmax"), priority=PRIORITY,
+                   requires_last_dim_contiguous=True, check=_argmax_shape, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.rope_store_kv", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv"),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import layerzero as lz
 from layerzero.extend.library import OPS, call_op
-from layerzero.kernels.reference import activation, kv_cache, norm, quantize, sampling
+from layerzero.kernels.reference import activation, argmax, kv_cache, norm, quantize, sampling
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import rope as rope_ref
 from layerzero.kernels.reference import rope_store_kv
@@ -83,6 +83,8 @@ def _cases() -> list[tuple[str, tuple, dict, object]]:
                   sampling.sample_topk(logits, 5, temperature=0.7, noise=noise)))
     cases.append(("sample_topp", (logits, 0.8), dict(temperature=1.3, generator=None, noise=noise),
                   sampling.sample_topp(logits, 0.8, temperature=1.3, noise=noise)))
+    wide = _rand(3, 300)
+    cases.append(("argmax", (wide[:, :256],), {}, argmax.argmax(wide[:, :256])))
     w8 = _rand(6, 16)
     for dtype, axis, scale in (("int8", 0, None), ("int8", -1, torch.rand(16) + 0.1), ("fp8_e4m3", 0, None)):
         q8, s8 = quantize.quantize(w8, dtype=dtype, scale=scale, axis=axis)
@@ -126,7 +128,8 @@ def _schema_call(op: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 def test_every_tensor_op_is_registered() -> None:
     expected = {"attention", "varlen_attention", "paged_attention", "paged_prefill_attention", "store_kv_cache", "rms_norm",
                 "fused_add_rms_norm", "layer_norm", "rope", "silu_and_mul", "gelu_and_mul", "linear", "linear_int4", "linear_w8",
-                "embedding", "sample_topk", "sample_topp", "quantize", "dequantize", "rope_store_kv"}
+                "embedding", "sample_topk", "sample_topp", "quantize", "dequantize", "rope_store_kv",
+                "argmax"}
     assert set(OPS) == expected
     assert all(hasattr(torch.ops.layerzero, op) for op in expected)
     assert {c[0] for c in CASES} | {"store_kv_cache", "rope_store_kv"} == expected  # in-place ops: tested below
@@ -258,7 +261,8 @@ def test_compile_aot_eager_sampling_and_quantization() -> None:
 
     def step(logits, noise, w):
         q, scale = lz.quantize(w, dtype="int8", axis=0)
-        return lz.sample_topk(logits, 4, noise=noise), lz.sample_topp(logits, 0.9, noise=noise), lz.dequantize(q, scale)
+        return (lz.sample_topk(logits, 4, noise=noise), lz.sample_topp(logits, 0.9, noise=noise),
+                lz.dequantize(q, scale), lz.argmax(logits))
 
     inputs = (_rand(2, 30), torch.rand(2, 30).clamp(1e-6, 1 - 1e-6), _rand(8, 4))
     for got, want in zip(torch.compile(step, fullgraph=True, backend="aot_eager")(*inputs), step(*inputs), strict=True):
