@@ -94,16 +94,16 @@ def test_strict_sync_raises_on_a_planted_sync(checkpoint, monkeypatch, plant):
     engine = _engine(checkpoint, "cuda")
     step = _decode_step(engine)
     model = engine.runner.model  # type: ignore[attr-defined]
-    compute_logits = model.compute_logits
+    head_logits = model.head_logits
 
     def planted(x):
         if plant == "item":
             x.sum().item()
         else:
             torch.cuda.synchronize()
-        return compute_logits(x)
+        return head_logits(x)
 
-    monkeypatch.setattr(model, "compute_logits", planted)
+    monkeypatch.setattr(model, "head_logits", planted)
     engine.runner.launch(step).result()  # type: ignore[attr-defined]  # allowed without strict mode
     monkeypatch.setenv("INFER_STRICT_SYNC", "1")
     with pytest.raises(RuntimeError, match="synchroniz") as info:

@@ -172,6 +172,16 @@ def test_greedy_rows_are_argmax_in_a_mixed_batch() -> None:
     assert len(sampled_rows) > 1
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_k=20),
+                                    SamplingParams(temperature=0, repetition_penalty=1.3)])
+def test_half_precision_logits_sample_as_their_float32_widening(params: SamplingParams) -> None:
+    logits = _random_logits(8, 300, seed=3).to(torch.bfloat16)
+    t = _tensors([params] * 8, list(range(8)), [5] * 8, 300)
+    seen = torch.zeros(8, 300, dtype=torch.bool)
+    seen[:, :40] = True
+    assert torch.equal(sample(logits, t, seen), sample(logits.float(), t, seen))
+
+
 def test_greedy_ties_take_the_lowest_id() -> None:
     logits = torch.tensor([[0.0, 3.0, 1.0, 3.0]])
     assert sample(logits, _tensors([SamplingParams(temperature=0)], [0], [0], 4)).tolist() == [1]

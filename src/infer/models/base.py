@@ -49,7 +49,8 @@ class Block(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Runs packed tokens through the blocks; `compute_logits` maps chosen rows to float32 logits.
+    """Runs packed tokens through the blocks; `compute_logits` maps chosen rows to float32 logits (`head_logits`
+    to logits in the head's dtype).
 
     With a tensor-parallel `shard`, the blocks hold this rank's heads and MLP columns (each block's attention and MLP
     end in an all-reduce) and the embedding and head this rank's vocabulary rows (the lookup ends in an all-reduce,
@@ -119,10 +120,15 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Parameter(self.lm_head.detach().to(dtype), requires_grad=False)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden] -> float32 logits [T, vocab]."""
+        return self.head_logits(hidden).float()
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits in its own dtype (float32 once soft-capped): what a step samples from. Widening
+        them to float32 changes no order, so greedy rows take their argmax without the float32 copy."""
         head = self.lm_head
         logits = self.head_site(hidden if isinstance(head, QuantWeight) else hidden.to(head.dtype), head)
         if self.shard.parallel:  # every rank's vocabulary rows side by side, the padding rows cut off
             logits = self.gather_site(logits, group=self.shard.group)[:, : self.config.vocab_size]
-        logits = logits.float()
         cap = self.config.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap if cap else logits
+        return torch.tanh(logits.float() / cap) * cap if cap else logits

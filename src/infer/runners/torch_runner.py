@@ -74,8 +74,9 @@ class LaunchedStep:
 
 
 class Forward(NamedTuple):
-    """A step's forward on the device: its logits ([num_seqs, vocab], or [num_seqs, K + 1, vocab] when verifying),
-    the rows' sampling slots, the slots that advance, and for a prefill step its hidden states, batch and ids."""
+    """A step's forward on the device: its logits in the LM head's dtype ([num_seqs, vocab], or [num_seqs, K + 1,
+    vocab] when verifying), the rows' sampling slots, the slots that advance, and for a prefill step its hidden
+    states, batch and ids."""
 
     logits: torch.Tensor
     slots: torch.Tensor
@@ -181,7 +182,7 @@ class TorchRunner:
             else:
                 if drafted is not None:
                     verifying = verifying._replace(drafts=drafted.tokens)
-                tokens, counts = verify(logits, verifying.drafts, verifying.num_drafts, tensors,
+                tokens, counts = verify(logits.float(), verifying.drafts, verifying.num_drafts, tensors,
                                         draft_probs=None if drafted is None else drafted.probs, seen=seen)
                 self.sampling_slots.advance(slots, counts * verifying.counting)
                 self.sampling_slots.record(slots, step.sampling_slots, tokens, counts * verifying.counting)
@@ -229,9 +230,9 @@ class TorchRunner:
         if step.drafts is not None:
             verifying = verify_inputs(step, self.device, batch.cu_seqlens_q_host)
             assert verifying.logit_rows is not None
-            logits = self.model.compute_logits(hidden[verifying.logit_rows]).view(step.num_seqs, verifying.width, -1)
+            logits = self.model.head_logits(hidden[verifying.logit_rows]).view(step.num_seqs, verifying.width, -1)
         else:
-            logits = self.model.compute_logits(hidden[batch.last_token_indices])
+            logits = self.model.head_logits(hidden[batch.last_token_indices])
         return Forward(logits, slots, advancing, verifying, hidden, batch, ids)
 
     def _share_last_tokens(self, num_seqs: int) -> None:
@@ -275,7 +276,7 @@ class TorchRunner:
         view = self.buffers.view(self.kv_caches, rows, max_context_len)
         previous = self.last_tokens[view.prev_rows.clamp(min=0)]
         token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
-        return self.model.compute_logits(self.model(token_ids, view.batch))
+        return self.model.head_logits(self.model(token_ids, view.batch))
 
     # prefill and mixed steps -------------------------------------------------------------------
 

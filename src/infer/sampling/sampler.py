@@ -137,8 +137,11 @@ def gumbel_log_e(t: SamplingTensors, vocab: int) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None = None) -> torch.Tensor:
-    """Next token id per row (int64 [B]) from float32 logits [B, V]; no host sync, graph-capturable."""
-    logits = penalized(logits, t, seen)
+    """Next token id per row (int64 [B]) from logits [B, V] in any float dtype, in float32 math; no host sync,
+    graph-capturable. Plain greedy rows read the logits as they are: widening them changes no argmax."""
+    if t.all_greedy and not t.any_penalty and t.adjust is None:
+        return argmax_rows(logits)
+    logits = penalized(logits.float(), t, seen)
     greedy_tokens = argmax_rows(logits)
     if t.all_greedy:
         return greedy_tokens
