@@ -25,7 +25,8 @@ BLOCK = 4096  # ids per stage-1 program
 MIN_BLOCK = 1024  # the smallest block taken to give few rows enough programs
 
 
-@triton.jit
+# sizes unspecialized: a batch size that changes the block count must not compile again in the middle of serving
+@triton.jit(do_not_specialize=["V", "x_stride", "NBLOCKS"])
 def _argmax_blocks_kernel(x_ptr, val_ptr, idx_ptr, V, x_stride, NBLOCKS, BLOCK: tl.constexpr,
                           WRITE_VALUE: tl.constexpr):
     row = tl.program_id(0)
@@ -45,7 +46,7 @@ def _argmax_blocks_kernel(x_ptr, val_ptr, idx_ptr, V, x_stride, NBLOCKS, BLOCK: 
         tl.store(val_ptr + out, tl.where(has_nan, float("nan"), best))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["V", "NBLOCKS"])
 def _argmax_partials_kernel(val_ptr, idx_ptr, out_ptr, V, NBLOCKS, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
