@@ -1,9 +1,12 @@
 """Variable-length (packed) prefill attention in Triton, flash-attention style, over packed K/V or a paged cache.
 
-Grid (query tiles, query heads): a program loads a BLOCK_M x D query tile once and streams the
+Grid (query heads, query tiles): a program loads a BLOCK_M x D query tile once and streams the
 sequence's keys in BLOCK_N tiles with an online float32 softmax (base 2), skipping key tiles that the
-causal limit or the sliding window hide. Each sequence's queries are the last q_len positions of its
-k_len keys (decode-after-prefix and chunked prefill). GQA reads the query head's KV head directly.
+causal limit or the sliding window hide. Key tiles every row of the query tile sees whole take a loop
+without masks; only the tiles on the causal diagonal, at the end of the keys or under a window are masked.
+Each sequence's queries are the last q_len positions of its k_len keys (decode-after-prefix and chunked
+prefill). GQA reads the query head's KV head directly. Tiles run last-first with the heads innermost: the
+longest causal tiles start first, and the heads sharing a KV head read it side by side.
 
 The query tiles are flat over the packed tokens: sequence s owns the tiles from cu_q[s] // BLOCK_M + s,
 at least the cdiv(q_len, BLOCK_M) it needs, so T // BLOCK_M + N programs cover N sequences of T tokens
@@ -53,6 +56,47 @@ class TileConfig:
     num_stages: int
 
 
+@triton.jit
+def _attend_tile(q, acc, m_i, l_i, n0, q_pos, k_base, v_base, bt_ptr, seq, bt_sb, block_size, k_sb, v_sb, k_st, v_st,
+                 k_start, k_len, window, qk_scale, d, d_mask, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One key tile of the online softmax: the updated (acc, m_i, l_i). Unmasked, every column is a real key
+    that every row sees."""
+    cols = n0 + tl.arange(0, BLOCK_N)
+    c_mask = cols < k_len
+    if PAGED:
+        if MASKED:
+            page = tl.load(bt_ptr + seq.to(tl.int64) * bt_sb + cols // block_size, mask=c_mask, other=0)
+        else:
+            page = tl.load(bt_ptr + seq.to(tl.int64) * bt_sb + cols // block_size)
+        in_page = (cols % block_size).to(tl.int64)
+        k_off = page.to(tl.int64) * k_sb + in_page * k_st
+        v_off = page.to(tl.int64) * v_sb + in_page * v_st
+    else:
+        k_rows = (k_start + cols).to(tl.int64)
+        k_off = k_rows * k_st
+        v_off = k_rows * v_st
+    kv_mask = c_mask[:, None] & d_mask[None, :] if MASKED else d_mask[None, :]
+    k = tl.load(k_base + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if MASKED:
+        visible = c_mask[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (q_pos[:, None] - cols[None, :] < window)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # Rows with nothing visible yet keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_base + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
 # a block-table row's length follows the batch's longest context: one binary for all of them (a new
 # specialization would compile for ~0.6 s in the middle of serving)
 @triton.jit(do_not_specialize=["bt_sb"])
@@ -90,8 +134,8 @@ def _varlen_fwd_kernel(
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(0)
+    tile = tl.num_programs(1) - 1 - tl.program_id(1)
     # Padding first, in two loads: past the last real sequence, tile t can only belong to sequence
     # t - total // BLOCK_M, which is padding (no tokens) exactly when its bound equals the total.
     total = tl.load(cu_q_ptr + n_seqs)
@@ -147,36 +191,21 @@ def _varlen_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        c_mask = cols < k_len
-        if PAGED:
-            page = tl.load(bt_ptr + seq.to(tl.int64) * bt_sb + cols // block_size, mask=c_mask, other=0).to(tl.int64)
-            in_page = (cols % block_size).to(tl.int64)
-            k_off = page * k_sb + in_page * k_st
-            v_off = page * v_sb + in_page * v_st
-        else:
-            k_rows = (k_start + cols).to(tl.int64)
-            k_off = k_rows * k_st
-            v_off = k_rows * v_st
-        kv_mask = c_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = c_mask[None, :]
+    # key tiles [lo, whole) are visible to every row: before the diagonal and the end of the keys, no window
+    whole = lo
+    if not HAS_WINDOW:
+        whole = k_len // BLOCK_N * BLOCK_N
         if CAUSAL:
-            visible = visible & (cols[None, :] <= q_pos[:, None])
-        if HAS_WINDOW:
-            visible = visible & (q_pos[:, None] - cols[None, :] < window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # Rows with nothing visible yet keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+            whole = tl.minimum(whole, (first_pos + 1) // BLOCK_N * BLOCK_N)
+        whole = tl.maximum(tl.minimum(whole, hi), lo)
+    for n0 in range(lo, whole, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, q_pos, k_base, v_base, bt_ptr, seq, bt_sb, block_size,
+                                     k_sb, v_sb, k_st, v_st, k_start, k_len, window, qk_scale, d, d_mask, False,
+                                     CAUSAL, HAS_WINDOW, PAGED, BLOCK_N, PRECISION)
+    for n0 in range(whole, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, q_pos, k_base, v_base, bt_ptr, seq, bt_sb, block_size,
+                                     k_sb, v_sb, k_st, v_st, k_start, k_len, window, qk_scale, d, d_mask, True,
+                                     CAUSAL, HAS_WINDOW, PAGED, BLOCK_N, PRECISION)
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_ptrs = out_ptr + q_rows[:, None] * o_st + h.to(tl.int64) * o_sh + d[None, :]
@@ -276,7 +305,7 @@ def _launch(
     token_dim = 1 if paged else 0  # the per-token stride of K/V: inside a block, or along the packed rows
     cfg = tile_config(head_dim, query.dtype)
     n_seqs = cu_seqlens_q.shape[0] - 1
-    grid = (query.shape[0] // cfg.block_m + n_seqs, n_heads)
+    grid = (n_heads, query.shape[0] // cfg.block_m + n_seqs)
     _VARLEN_FWD(grid,
         query,
         key,
