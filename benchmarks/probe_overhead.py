@@ -164,6 +164,11 @@ def write(r: dict, tag: str) -> None:
     if "b64_base" in m:
         lines.append(f"| batch-64 decode (tok/s) | {m['b64_base']:.0f} | {m['b64_probes']:.0f} | "
                      f"{-100 * r['b64_throughput_loss']:+.2f}% |")
+        lines += ["", "Batch-64 runs, slowest to fastest (spread: fastest ÷ slowest - 1):", ""]
+        for key, label in (("b64_base", "no probes"), ("b64_probes", "probes")):
+            runs = sorted(r["runs"][key])
+            lines.append(f"- {label}: {', '.join(f'{x:.0f}' for x in runs)} tok/s; spread "
+                         f"{100 * (runs[-1] / runs[0] - 1):.1f}%")
     if r.get("readout_ms_per_token") is not None:
         lines += ["", f"The {r['probes']} read-outs of one decode row, timed alone: {r['readout_ms_per_token']:.3f} ms per "
                       f"token, {100 * r['readout_ms_per_token'] / m['itl_base']:.2f}% of the ITL (the ITL medians above "
