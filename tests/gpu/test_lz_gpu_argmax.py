@@ -27,7 +27,7 @@ def _logits(rows: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
         x[2, [8200, 8201]] = 60.0
         x[3] = -float("inf")
         x[4] = -float("inf")
-        x[4, [17, 90000, 128255]] = torch.tensor([0.5, 2.0, 2.0], dtype=dtype)
+        x[4, [17, 90000, 128255]] = torch.tensor([0.5, 2.0, 2.0], dtype=dtype, device="cuda")
         x[5, 100], x[5, 70000] = float("inf"), float("nan")
     return x
 
