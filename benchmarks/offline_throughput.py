@@ -11,8 +11,8 @@ the median over repeats of 1 - on/off, each pair of runs adjacent in time (the h
 Decode at batch B: B prompts of 128 tokens decode 128 tokens; a step's memory bound is (weights + the KV the batch
 reads) / the measured device copy bandwidth; its kernel bound runs the projections and LM head at the larger of
 their FLOPs at the bf16 GEMM rate (8192^3 matmul) and their weights at copy bandwidth, then attention's KV reads at
-copy bandwidth: a step that runs them one after another cannot beat it. Writes offline_throughput_<gpu>.{json,md} under OUT_DIR (default
-benchmarks/reports). GPU run: `bash scripts/gpu_engine.sh` on the lent machine.
+copy bandwidth: a step that runs them one after another cannot beat it. Writes offline_throughput_<gpu>.{json,md}
+under OUT_DIR (default benchmarks/reports). GPU run: `bash scripts/gpu_serving.sh bench` on the lent machine.
 """
 
 from __future__ import annotations
@@ -196,10 +196,10 @@ def write(r: dict) -> None:
                   f"{100 * statistics.median(costs):+.1f}% throughput cost, median of the {len(costs)} warm pairs "
                   f"(range {100 * costs[0]:+.1f}% to {100 * costs[-1]:+.1f}%; medians on {ours['tok_s']:.0f} vs off "
                   f"{off['tok_s']:.0f} tok/s).", "",
-              f"Decode (prompts of 128 tokens, 128 decoded; median of 3 runs) against the step's memory bound (weights + "
-              f"the KV it reads at the measured copy bandwidth {r['copy_gb_s']:.0f} GB/s) and its kernel bound (the "
-              f"projections at the larger of their FLOPs at the bf16 GEMM rate {r['gemm_tflops']:.0f} TFLOP/s and their "
-              f"weights at copy bandwidth, then the KV reads):", "",
+              f"Decode (prompts of 128 tokens, 128 decoded; median of 3 runs) against the step's memory bound "
+              f"(weights + the KV it reads at the measured copy bandwidth {r['copy_gb_s']:.0f} GB/s) and its kernel "
+              f"bound (the projections at the larger of their FLOPs at the bf16 GEMM rate {r['gemm_tflops']:.0f} TFLOP/s and "
+              f"their weights at copy bandwidth, then the KV reads):", "",
               "| batch | tok/s | memory bound tok/s | fraction | kernel bound tok/s | fraction |",
               "|---:|---:|---:|---:|---:|---:|"]
     for batch, d in r["decode"].items():

@@ -39,6 +39,7 @@ from server_harness import serve_process  # noqa: E402  (the tests' `infer serve
 
 MODES = {"graphs": None, "eager": False}
 MAX_TOKENS_PER_STEP = 2048  # prefill buckets 16 ... 2048
+PREFILL_RANGE = "prefill_once"  # the profiled request, add to first token, on the host's timeline
 
 
 def engine_prefill(path: Path, graphs: bool | None, chunk: int, tokens: int, repeats: int,
@@ -68,17 +69,24 @@ def engine_prefill(path: Path, graphs: bool | None, chunk: int, tokens: int, rep
 def device_profile(llm: LLM, ids: list[int]) -> str:
     """One prefill under torch.profiler: wall and GPU-busy ms, kernels, and the longest kernels."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        wall = prefill_once(llm, ids, "cuda")
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        with record_function(PREFILL_RANGE):
+            wall = prefill_once(llm, ids, "cuda")
+    events = prof.events()
+    window = next(e for e in events if e.name == PREFILL_RANGE and e.device_type == DeviceType.CPU).time_range
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and e.name != PREFILL_RANGE]
     busy = union_us([(e.time_range.start, e.time_range.end) for e in kernels])
+    before = min(e.time_range.start for e in kernels) - window.start
+    after = window.end - max(e.time_range.end for e in kernels)
     totals: dict[str, float] = {}
     for e in kernels:
         totals[e.name[:70]] = totals.get(e.name[:70], 0.0) + e.time_range.elapsed_us()
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:8]
-    return (f"wall {1e3 * wall:.2f} ms (profiled), GPU busy {busy / 1e3:.2f} ms, {len(kernels)} kernels; longest: "
+    return (f"wall {1e3 * wall:.2f} ms (profiled), GPU busy {busy / 1e3:.2f} ms, {len(kernels)} kernels; GPU idle "
+            f"{before / 1e3:.2f} ms before the first kernel, {after / 1e3:.2f} ms after the last, "
+            f"{(window.elapsed_us() - before - after - busy) / 1e3:.2f} ms between; longest: "
             + "; ".join(f"`{name}` {us / 1e3:.2f} ms" for name, us in top))
 
 
