@@ -156,12 +156,14 @@ class TorchRunner:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
         drafted: Drafts | None = None
         with step_scope(self.device):
-            self.sampling_slots.join(step.joined)
             if step.drafter_tokens is not None:
                 if self.drafter is None:
                     raise ValueError("the step asks for drafter drafts; the runner was built without a draft model")
+                self.sampling_slots.join(step.joined)  # the drafter samples with the joining rows' parameters
                 drafted = self.drafter.propose(step, self.sampling_slots)
             fwd = self._forward(step, drafted)
+            if step.drafter_tokens is None:  # queued behind the forward: host time the device does not wait for
+                self.sampling_slots.join(step.joined)
             logits, verifying = fwd.logits, fwd.verifying
             tensors = self.sampling_slots.gather(fwd.slots, step.sampling_slots)
             if verifying is None:
