@@ -59,7 +59,7 @@ def test_kv_manager_slots_follow_block_table():
     kv.allocate("a", 6)  # 2 blocks
     table = kv.block_table("a")
     assert len(table) == 2
-    assert kv.slots("a", 3, 3) == [table[0] * 4 + 3, table[1] * 4 + 0, table[1] * 4 + 1]
+    assert kv.slots("a", 3, 3).tolist() == [table[0] * 4 + 3, table[1] * 4 + 0, table[1] * 4 + 1]
     kv.allocate("a", 9)  # grows to 3 blocks, keeps the first two
     assert kv.block_table("a")[:2] == table and len(kv.block_table("a")) == 3
     assert not kv.can_allocate("b", 13)  # needs 4 blocks, 3 free

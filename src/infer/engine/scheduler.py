@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from infer.engine.config import EngineConfig
 from infer.engine.decode_table import DecodeRows, DecodeTable
 from infer.engine.request import Request, RequestState
@@ -30,7 +32,7 @@ class ScheduledRow(NamedTuple):  # a tuple: built for every request in every ste
     request: Request
     start: int
     num_new: int
-    slots: list[int]
+    slots: np.ndarray  # int64 [num_new]
     block_table: list[int]
     samples: bool  # the row reaches the request's last known token: its sampled token is kept
     prompt_logprobs: int | None = None  # top-k for the prompt's tokens (a first, whole-prompt prefill only)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from infer.kv.block_allocator import BlockAllocator
 from infer.kv.prefix_cache import BlockNode, PrefixCache
 
@@ -95,10 +97,12 @@ class KVCacheManager:
                 self.prefix.acquire([node])
             chain.append(node)
 
-    def slots(self, request_id: str, start: int, count: int) -> list[int]:
-        """Flat cache slots (block * block_size + offset) of positions [start, start + count)."""
-        table, bs = self._tables[request_id], self.block_size
-        return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
+    def slots(self, request_id: str, start: int, count: int) -> np.ndarray:
+        """Flat cache slots (block * block_size + offset) of positions [start, start + count), int64."""
+        bs = self.block_size
+        positions = np.arange(start, start + count)
+        blocks = np.array(self._tables[request_id][start // bs : -(-(start + count) // bs)], dtype=np.int64)
+        return blocks[positions // bs - start // bs] * bs + positions % bs
 
     def shrink(self, request_id: str, num_tokens: int) -> None:
         """Give back the request's blocks past those holding its first num_tokens positions (rolled-back drafts).
