@@ -251,7 +251,10 @@ class EngineCore:
         if batch.is_decode and not batch.has_drafts:
             token_ids = [r.request.tokens_at(r.start, 1)[0] for r in rows]
         else:
-            token_ids = [t for r in rows for t in (*r.request.tokens_at(r.start, r.num_new - len(r.drafts)), *r.drafts)]
+            token_ids: list[int] = []
+            for r in rows:  # whole slices: no loop over a chunk's tokens
+                token_ids += r.request.tokens_at(r.start, r.num_new - len(r.drafts))
+                token_ids += r.drafts
             if batch.has_drafts:
                 step.drafts = [r.drafts for r in rows]
                 if self.config.speculative_method == "draft":
