@@ -23,7 +23,7 @@ def _step(kind: StepKind, kv: KVCacheManager, seqs: dict[str, list[int]], starts
         step.positions += list(range(start, len(tokens)))
         step.query_lens.append(len(new))
         step.context_lens.append(len(tokens))
-        step.slot_mapping += kv.slots(rid, start, len(new))
+        step.slot_mapping += kv.slots(rid, start, len(new)).tolist()
         step.block_tables.append(kv.block_table(rid))
         step.sampling_slots.append(slot)
         if kind is StepKind.PREFILL:
