@@ -16,8 +16,11 @@ from layerzero.kernels.reference import rope as rope_ref
 from layerzero.kernels.reference import rope_store_kv
 
 
+_GEN = torch.Generator().manual_seed(0)  # the cases are built at collection: the same inputs whatever ran before
+
+
 def _rand(*shape: int) -> torch.Tensor:
-    return torch.randn(*shape, dtype=torch.float32)
+    return torch.randn(*shape, dtype=torch.float32, generator=_GEN)
 
 
 def _cases() -> list[tuple[str, tuple, dict, object]]:
@@ -171,7 +174,7 @@ def test_store_kv_cache_mutates_caches() -> None:
 
 
 def _rope_store_inputs(qk_norm: bool) -> tuple[tuple, dict]:
-    torch.manual_seed(0)
+    _GEN.manual_seed(0)
     norms = (_rand(8), _rand(8)) if qk_norm else (None, None)
     args = (_rand(3, 4 + 2 * 2, 8), _rand(3, 4), _rand(3, 4), torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8),
             torch.tensor([0, 13, -1]), *norms)
@@ -243,7 +246,7 @@ def test_compile_aot_eager_varlen_paged_and_store() -> None:
         return prefill, decode
 
     def inputs():
-        torch.manual_seed(0)
+        _GEN.manual_seed(0)  # both calls build the same inputs
         return (_rand(7, 4, 8), _rand(7, 2, 8), _rand(7, 2, 8), torch.tensor([0, 3, 7], dtype=torch.int32),
                 _rand(2, 4, 8), _rand(6, 4, 2, 8), _rand(6, 4, 2, 8), torch.tensor([[0, 2], [5, 3]], dtype=torch.int32),
                 torch.tensor([5, 8], dtype=torch.int32), torch.tensor([1, 22]))
