@@ -177,16 +177,19 @@ class EngineCore:
         if result.prompt_probe_scores is not None:
             self.outputs.collect_prompt_probes(batch.rows, result.probe_layout, result.prompt_probe_scores[first:])
         # a request ended while this step was in flight (stop found in the step before, abort) drops its token
-        rows = [(i, r) for i, r in enumerate(batch.requests[:first]) if not r.finished]
-        rows += [(first + i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
-        advance([(r.grammar, result.token_ids[i]) for i, r in rows if r.grammar and r.sampling_params.max_tokens])
+        rows = [(first + i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
+        d = batch.decode  # its rows are checked as arrays (process_decode); of them only a non-plain one has a grammar
+        not_plain = [] if d is None else [(i, d.requests[i]) for i in np.flatnonzero(~d.plain).tolist()]
+        advance([(r.grammar, result.token_ids[i]) for i, r in not_plain + rows
+                 if r.grammar and r.sampling_params.max_tokens and not r.finished])
         if on_advanced is not None:
             on_advanced()
         if result.extra_tokens is not None:  # speculation: roll back what was not accepted before the outputs end anyone
             for i, r in rows:
                 if batch.rows[i - first].drafts:
                     self.scheduler.speculated(batch.rows[i - first], 1 + len(result.extra_tokens[i]))
-        return [out for i, r in rows for out in self.outputs.process(r, result, i)]
+        outputs = self.outputs.process_decode(d, result) if d is not None else []
+        return outputs + [out for i, r in rows for out in self.outputs.process(r, result, i)]
 
     def _bitmask(self, batch: ScheduledBatch) -> torch.Tensor:
         """StepInput.token_bitmask, called inside the launch of `batch` once its forward is queued. With a step

@@ -1,10 +1,11 @@
 """The decode state of the running requests in persistent arrays, so a decode step costs the host what changed.
 
-One row per request that is decoding: the positions it has scheduled, where its budget ends, its KV block table
-and its sampling slot. The scheduler keeps the rows in step with its own state changes (a request joins when its
-prompt is computed, leaves when it finishes or is preempted, grows a block every `block_size` tokens, advances one
-position per launched step), and a decode step's inputs are read off the arrays with vector operations instead of
-a Python loop over the requests. Invariant: every row equals what `rebuild` would compute from the request and the
+One row per request that is decoding: the positions it has scheduled, where its budget ends, its KV block table,
+its sampling slot, and whether EOS ends it and its outputs are plain (the core's end checks read these as arrays).
+The scheduler keeps the rows in step with its own state changes (a request joins when its prompt is computed, leaves
+when it finishes or is preempted, grows a block every `block_size` tokens, advances one position per launched
+step), and a decode step's inputs are read off the arrays with vector operations instead of a Python loop over the
+requests. Invariant: every row equals what `rebuild` would compute from the request and the
 KV manager (tests/unit/engine/test_decode_table.py checks it after random joins, leaves, growths and advances).
 """
 
@@ -29,6 +30,9 @@ class DecodeRows(NamedTuple):
     context_lens: np.ndarray  # int64 [n]: positions in cache after the step
     block_tables: np.ndarray  # int32 [n, width]: each row's blocks (width: the longest table among them)
     sampling_slots: np.ndarray  # int64 [n]
+    limits: np.ndarray  # int64 [n]: the known tokens at which each request ends (max_tokens, max_seq_len)
+    stops_at_eos: np.ndarray  # bool [n]: an EOS token ends it (not ignore_eos)
+    plain: np.ndarray  # bool [n]: its outputs need no per-token work but the EOS and length checks
 
 
 class DecodeTable:
@@ -45,6 +49,8 @@ class DecodeTable:
         self.blocks = np.zeros((capacity, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(capacity, dtype=np.int64)
         self.sampling_slot = np.zeros(capacity, dtype=np.int64)
+        self.stops_at_eos = np.zeros(capacity, dtype=bool)
+        self.plain = np.zeros(capacity, dtype=bool)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -60,6 +66,8 @@ class DecodeTable:
         self.scheduled[i] = request.num_scheduled_tokens
         self.limit[i] = min(request.max_total_tokens, self.max_seq_len)
         self.sampling_slot[i] = request.sampling_slot
+        self.stops_at_eos[i] = not request.sampling_params.ignore_eos
+        self.plain[i] = request.plain_outputs
         self.num_blocks[i] = 0
         self.set_blocks(request, block_table)
 
@@ -72,7 +80,8 @@ class DecodeTable:
         if i != last:
             self.requests[i] = moved
             self._row[id(moved)] = i
-            for column in (self.scheduled, self.limit, self.num_blocks, self.sampling_slot):
+            for column in (self.scheduled, self.limit, self.num_blocks, self.sampling_slot, self.stops_at_eos,
+                           self.plain):
                 column[i] = column[last]
             self.blocks[i, : self.num_blocks[i]] = self.blocks[last, : self.num_blocks[i]]
 
@@ -108,7 +117,7 @@ class DecodeTable:
         bs = self.block_size
         slots = tables[np.arange(len(index)), positions // bs].astype(np.int64) * bs + positions % bs
         return DecodeRows([self.requests[i] for i in index], index, self.version, positions, slots, positions + 1, tables,
-                          self.sampling_slot[index])
+                          self.sampling_slot[index], self.limit[index], self.stops_at_eos[index], self.plain[index])
 
     def advanced(self, rows: DecodeRows) -> None:
         """The rows' step was launched: each scheduled one more position (a request that left meanwhile, ended
@@ -118,13 +127,15 @@ class DecodeTable:
         else:
             self.scheduled[[self._row[id(r)] for r in rows.requests if id(r) in self._row]] += 1
 
-    def rebuild(self, request: Request, kv: KVCacheManager) -> tuple[int, int, list[int], int]:
-        """The request's row as it should be (scheduled, limit, block table, sampling slot), from scratch."""
+    def rebuild(self, request: Request, kv: KVCacheManager) -> tuple[int, int, list[int], int, bool, bool]:
+        """The request's row as it should be (scheduled, limit, block table, sampling slot, stops at EOS, plain),
+        from scratch."""
         return (request.num_scheduled_tokens, min(request.max_total_tokens, self.max_seq_len),
-                kv.block_table(request.request_id), request.sampling_slot)
+                kv.block_table(request.request_id), request.sampling_slot, not request.sampling_params.ignore_eos,
+                request.plain_outputs)
 
-    def row_of(self, request: Request) -> tuple[int, int, list[int], int]:
+    def row_of(self, request: Request) -> tuple[int, int, list[int], int, bool, bool]:
         """The request's row as the arrays hold it, in `rebuild`'s form."""
         i = self._row[id(request)]
         return (int(self.scheduled[i]), int(self.limit[i]), self.blocks[i, : self.num_blocks[i]].tolist(),
-                int(self.sampling_slot[i]))
+                int(self.sampling_slot[i]), bool(self.stops_at_eos[i]), bool(self.plain[i]))

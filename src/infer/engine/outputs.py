@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from infer.engine.decode_table import DecodeRows
 from infer.engine.messages import CoreOutput
 from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledRow, Scheduler
@@ -20,6 +21,7 @@ class OutputProcessor:
 
     def __init__(self, eos_token_ids: frozenset[int], scheduler: Scheduler, max_seq_len: int) -> None:
         self._eos = eos_token_ids
+        self._eos_ids = np.array(sorted(eos_token_ids), dtype=np.int64)
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
         self._columns: dict[tuple[int, tuple[str, ...]], np.ndarray] = {}  # (version, names) -> their columns
@@ -35,6 +37,30 @@ class OutputProcessor:
             if request.finished:
                 break
             out.append(self._process(request, result, row, token))
+        return out
+
+    def process_decode(self, rows: DecodeRows, result: StepResult) -> list[CoreOutput]:
+        """The outputs of the decode table's rows, the step's first: which tokens end their request (EOS, a length
+        limit) is decided for all rows at once from the table's arrays; a row whose request needs more per token (a
+        grammar, logprobs, probe scores) goes through `process`. A request that ended while the step was in flight
+        (a stop string, an abort) drops its token."""
+        tokens = np.asarray(result.token_ids[: len(rows.requests)], dtype=np.int64)
+        # the token at position context_len ends the request once the known tokens reach its limit
+        eos = rows.stops_at_eos & np.isin(tokens, self._eos_ids)
+        ends = np.where(eos, 1, (rows.context_lens + 1 >= rows.limits) * 2)
+        out: list[CoreOutput] = []
+        for i, (request, token, end, plain) in enumerate(zip(rows.requests, tokens.tolist(), ends.tolist(),
+                                                              rows.plain.tolist())):
+            if request.finished:
+                continue
+            if not plain:
+                out += self.process(request, result, i)
+                continue
+            request.append_output(token)
+            reason = _ENDS[end]
+            if reason is not None:
+                self.scheduler.finish(request, reason)
+            out.append(self.output(request, token, reason))
         return out
 
     def _process(self, request: Request, result: StepResult, row: int, token: int) -> CoreOutput:
@@ -163,3 +189,6 @@ class OutputProcessor:
         if request.num_tokens >= self.max_seq_len:
             return "length"
         return None
+
+
+_ENDS = (None, "stop", "length")  # process_decode's end codes: none, EOS, a length limit

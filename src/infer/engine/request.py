@@ -92,6 +92,14 @@ class Request:
                 and p.probe_stop is None and self.grammar is None)
 
     @property
+    def plain_outputs(self) -> bool:
+        """Whether a token's output needs nothing but the EOS and length checks: no grammar, logprobs or probe
+        scores (the core checks such requests' decode rows as arrays, infer/engine/outputs.py)."""
+        p = self.sampling_params
+        return (self.grammar is None and p.logprobs is None and not self.probe_names and p.probe_stop is None
+                and p.max_tokens > 0)
+
+    @property
     def needs_prompt_probes(self) -> bool:
         """It asked for prompt scores and some prompt positions have none yet (so none may come from the prefix cache)."""
         return self.sampling_params.probe_prompt and self.prompt_probe_positions < len(self.prompt_token_ids)
