@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from device_rates import copy_bandwidth
+from device_rates import copy_bandwidth, graph_us
 from report_files import write_report
 
 SHAPES = {  # (N, K) per projection
@@ -61,27 +59,6 @@ def triton_gemv(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: dict[st
 
 
 L2_DEFEAT_BYTES = 256 * 2**20  # weight copies per projection add up to at least this (5x an H100's L2)
-
-
-def graph_us(fns: list[Any], calls: int = 20, replays: int = 10) -> float:
-    """Median µs per call of a CUDA graph of max(calls, len(fns)) calls cycling over `fns`."""
-    calls = max(calls, len(fns))
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main() -> None:

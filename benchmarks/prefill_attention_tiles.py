@@ -13,13 +13,13 @@ paging.
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from device_rates import graph_us
 from layerzero.kernels.triton import varlen_attention as va
 from report_files import write_report
 
@@ -53,26 +53,6 @@ def pairs(case: Case) -> int:
     return sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(case.queries, case.contexts))
 
 
-def time_us(fn, calls: int = 10, replays: int = 15) -> float:
-    """µs per call: `calls` calls captured in one CUDA graph, so the host's launch cost stays out; median replay."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
 def run_case(case: Case) -> dict[str, float]:
     d, dev = case.head_dim, "cuda"
     blocks_per = [-(-c // BLOCK) for c in case.contexts]
@@ -99,7 +79,7 @@ def run_case(case: Case) -> dict[str, float]:
                                                       max_seqlen_q=0, max_context_len=0, scale=scale,
                                                       sliding_window=None)
             try:
-                out[f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"] = time_us(call)
+                out[f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"] = graph_us([call], calls=10, replays=15)
             except Exception as exc:  # out of shared memory for this tile: say so
                 print(f"{case.name}: {cfg} failed: {type(exc).__name__}")
     finally:
@@ -117,7 +97,7 @@ def run_case(case: Case) -> dict[str, float]:
                 mask = torch.ones(n, c, dtype=torch.bool, device=dev).tril(c - n)
                 F.scaled_dot_product_attention(qi, ki, ki, attn_mask=mask, enable_gqa=True)
 
-    out["torch SDPA"] = time_us(sdpa)
+    out["torch SDPA"] = graph_us([sdpa], calls=10, replays=15)
     return out
 
 

@@ -24,7 +24,6 @@ import gc
 import itertools
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 
 import model_shapes as ms
 from gpu_decode_baselines import copy_bandwidth, device_info, gpu_slug
+from device_rates import graph_us
 from gpu_decode_engine import decode_batch1, decode_batched, kv_cache_gb, prefill
 from gpu_decode_plan import SMOKE, Plan
 from infer import LLM
@@ -49,7 +49,6 @@ FORMAT_NAMES = {"none": "bf16", "fp8": "FP8 128x128 blocks", "int8": "INT8 per c
 KERNEL_FORMATS = ("fp8", "int8", "int4")
 PLAN = Plan(models=("llama-3.1-8b", "llama-3.2-1b"), graph_modes=(True,), batches=(64,), prefill_lens=(1024,),
             max_seq_len=2048, max_batch_size=64, prefill_repeats=3)
-GRAPH_CALLS = 20
 
 
 def linears(cfg) -> dict[str, tuple[int, int]]:
@@ -57,27 +56,6 @@ def linears(cfg) -> dict[str, tuple[int, int]]:
     q, kv, h, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size, \
         cfg.intermediate_size
     return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
-
-
-def graph_us(calls: list[Callable[[], object]]) -> float:
-    """Median µs per call of a CUDA graph replaying `calls` (GRAPH_CALLS of them, cycling), 10 replays."""
-    for call in calls:
-        call()  # compile, warm up
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in itertools.islice(itertools.cycle(calls), GRAPH_CALLS):
-            call()
-    graph.replay()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
-    return statistics.median(times)
 
 
 def copies(nbytes: int) -> int:
