@@ -19,6 +19,23 @@ if interpreting():
 
 
 @triton.jit
+def rope_angles(cos_ptr, sin_ptr, t, cos_st, sin_st, half, INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Token t's rotation: (cos, sin) as float32 [1, BLOCK_D], the pair's element indices (i1, i2) in a head (halves,
+    or interleaved pairs) and the mask of the half-dim lanes in use."""
+    j = tl.arange(0, BLOCK_D)
+    jm = j < half
+    c = tl.load(cos_ptr + t * cos_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + t * sin_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    if INTERLEAVED:
+        i1 = 2 * j
+        i2 = 2 * j + 1
+    else:
+        i1 = j
+        i2 = j + half
+    return c, s, i1, i2, jm
+
+
+@triton.jit
 def _rope_kernel(
     x_ptr,
     cos_ptr,
@@ -36,16 +53,7 @@ def _rope_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    j = tl.arange(0, BLOCK_D)
-    jm = j < half
-    c = tl.load(cos_ptr + t * cos_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-    s = tl.load(sin_ptr + t * sin_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-    if INTERLEAVED:
-        i1 = 2 * j
-        i2 = 2 * j + 1
-    else:
-        i1 = j
-        i2 = j + half
+    c, s, i1, i2, jm = rope_angles(cos_ptr, sin_ptr, t, cos_st, sin_st, half, INTERLEAVED, BLOCK_D)
     mask = (heads < n_heads)[:, None] & jm[None, :]
     x_base = x_ptr + t * x_st + heads[:, None].to(tl.int64) * x_sh
     x1 = tl.load(x_base + i1[None, :], mask=mask, other=0.0).to(tl.float32)

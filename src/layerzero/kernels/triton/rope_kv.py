@@ -15,6 +15,7 @@ import triton.language as tl
 
 from layerzero.kernels.reference.rope_store_kv import split_heads
 from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.rope import rope_angles
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -56,16 +57,7 @@ def _rope_store_kv_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
-    j = tl.arange(0, BLOCK_D)
-    jm = j < half
-    c = tl.load(cos_ptr + t * cos_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-    s = tl.load(sin_ptr + t * sin_st + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-    if INTERLEAVED:
-        i1 = 2 * j
-        i2 = 2 * j + 1
-    else:
-        i1 = j
-        i2 = j + half
+    c, s, i1, i2, jm = rope_angles(cos_ptr, sin_ptr, t, cos_st, sin_st, half, INTERLEAVED, BLOCK_D)
     is_q = heads < n_heads
     is_k = (heads >= n_heads) & (heads < n_heads + n_kv_heads)
     mask = (is_q | is_k)[:, None] & jm[None, :]
