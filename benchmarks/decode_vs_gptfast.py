@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 import model_shapes as ms
 from gpu_decode_engine import decode_once
 from gpu_decode_plan import prompt_ids
+from profile_generation import union_us
 from device_rates import copy_bandwidth
 from report_files import write_report
 from infer import LLM
@@ -66,7 +67,8 @@ def kernels_per_step(llm: LLM, ids: list[int], steps: int = 20) -> dict[str, flo
         llm.engine.step()
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and "Memcpy" not in e.name
                and "Memset" not in e.name]
-    busy = sum(e.time_range.elapsed_us() for e in kernels)
+    # the union of the kernels' intervals: a kernel launched as a programmatic dependent overlaps its predecessor
+    busy = union_us([(e.time_range.start, e.time_range.end) for e in kernels])
     return {"kernels": len(kernels) / steps, "busy_us": busy / steps}
 
 

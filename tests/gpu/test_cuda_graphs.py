@@ -111,3 +111,18 @@ def test_strict_sync_raises_on_a_planted_sync(checkpoint, monkeypatch, plant):
     if plant == "synchronize":
         assert info.type is SyncInStepError
     assert torch.cuda.get_sync_debug_mode() == 0  # the scope is restored
+
+
+def test_pdl_launch_gives_the_tokens_of_plain_launches(checkpoint):
+    """Triton kernels launched as programmatic dependents (the default on SM90+) change no token, in graphs."""
+    from layerzero.kernels.triton import launch
+
+    with_pdl = _generate(_engine(checkpoint, "cuda", torch.bfloat16, graphs=(1, 2, 4)), 3, GREEDY)
+    launch._PDL_ENABLED = False
+    launch._pdl.cache_clear()
+    try:
+        plain = _generate(_engine(checkpoint, "cuda", torch.bfloat16, graphs=(1, 2, 4)), 3, GREEDY)
+    finally:
+        launch._PDL_ENABLED = True
+        launch._pdl.cache_clear()
+    assert plain == with_pdl

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -21,7 +21,8 @@ _MAX_BLOCK = 1024
 
 
 @triton.jit
-def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_inner

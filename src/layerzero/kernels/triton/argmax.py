@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, interpreting, next_pow2, sm_count
+from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, next_pow2, sm_count
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -28,7 +28,8 @@ MIN_BLOCK = 1024  # the smallest block taken to give few rows enough programs
 # sizes unspecialized: a batch size that changes the block count must not compile again in the middle of serving
 @triton.jit(do_not_specialize=["V", "x_stride", "NBLOCKS"])
 def _argmax_blocks_kernel(x_ptr, val_ptr, idx_ptr, V, x_stride, NBLOCKS, BLOCK: tl.constexpr,
-                          WRITE_VALUE: tl.constexpr):
+                          WRITE_VALUE: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0)
     block = tl.program_id(1)
     offs = block * BLOCK + tl.arange(0, BLOCK)
@@ -47,7 +48,8 @@ def _argmax_blocks_kernel(x_ptr, val_ptr, idx_ptr, V, x_stride, NBLOCKS, BLOCK: 
 
 
 @triton.jit(do_not_specialize=["V", "NBLOCKS"])
-def _argmax_partials_kernel(val_ptr, idx_ptr, out_ptr, V, NBLOCKS, BLOCK: tl.constexpr):
+def _argmax_partials_kernel(val_ptr, idx_ptr, out_ptr, V, NBLOCKS, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < NBLOCKS

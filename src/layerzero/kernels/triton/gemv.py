@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, dot_precision, interpreting
+from layerzero.kernels.triton.launch import Launcher, await_inputs, dot_precision, interpreting
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -24,7 +24,9 @@ ROWS = 16  # x rows per program: tl.dot's smallest M
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, x_sm, w_sn, y_sm, HAS_BIAS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                 PDL: tl.constexpr):
+    await_inputs(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     r_mask, c_mask = rows < M, cols < N

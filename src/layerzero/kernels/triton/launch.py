@@ -1,13 +1,26 @@
 """Launch helpers shared by the Triton kernels: interpreter detection, tile arithmetic, device facts, and the
-launcher that skips Triton's per-call specialization."""
+launcher that skips Triton's per-call specialization and launches kernels as programmatic dependents.
+
+Programmatic dependent launch (PDL, Hopper and later): a kernel with a `PDL` constexpr is launched so that its
+programs may start while the kernel before it in the stream is still finishing, which hides most of a kernel
+boundary (launch and ramp) in a decode step's chain of small kernels (benchmarks/reports/pdl_chain_h100.md).
+Invariant: such a kernel calls `await_inputs(PDL)` in every program before any other global memory access: it waits
+there until the previous kernel has completed and its writes are visible, so nothing is read early and nothing is
+overwritten that the previous kernel still reads. Since every dependent waits, a kernel's completion still implies
+that of every kernel before it. `LAYERZERO_TRITON_PDL=0` launches every kernel plainly.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 from triton import knobs
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 def interpreting() -> bool:
@@ -56,6 +69,29 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
+@triton.jit
+def await_inputs(PDL: tl.constexpr):
+    """A PDL kernel's first statement: wait for the previous kernel's writes, then let the next kernel launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+_PDL_ENABLED = os.environ.get("LAYERZERO_TRITON_PDL", "1") != "0"
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl(index: int) -> bool:
+    return _PDL_ENABLED and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_launch(device: torch.device) -> bool:
+    """Whether kernels on `device` launch as programmatic dependents: CUDA SM 9.0+, not interpreted, not disabled."""
+    if device.type != "cuda" or interpreting():
+        return False
+    return _pdl(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _fact(arg: Any) -> Any:
     """What Triton specializes a runtime argument on: a tensor's dtype and 16-byte alignment; an int's being 1, its
     divisibility by 16 and whether it fits 32 bits; a float or a bool's type (the device is keyed once a call)."""
@@ -87,19 +123,24 @@ class Launcher:
     would reuse it; the first call of each key goes through Triton (compiling if needed), as every call does under
     the interpreter.
     Runtime arguments come positionally, the first a tensor (its device is keyed), constexprs and launch options
-    (num_warps, num_stages) by keyword."""
+    (num_warps, num_stages) by keyword. A kernel with a `PDL` constexpr gets it here, with the launch option, from
+    `pdl_launch` of the first tensor's device (see the module docstring)."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.names: list[str] = list(kernel.arg_names)
+        self.pdl = "PDL" in self.names
         plain = {p.num for p in getattr(kernel, "params", ()) if p.do_not_specialize}
         self.facts = [_plain_fact if i in plain else _fact for i in range(len(self.names))]
         self.compiled: dict[tuple, tuple[Any, list[Any]]] = {}  # key -> (binary, constexpr values in order)
 
     def __call__(self, grid: tuple[int, ...], *args: Any, **keywords: Any) -> None:
         if interpreting():
-            self.kernel[grid](*args, **keywords)
+            self.kernel[grid](*args, **({"PDL": False} if self.pdl else {}), **keywords)
             return
+        if self.pdl:
+            pdl = pdl_launch(args[0].device)
+            keywords.update(PDL=pdl, launch_pdl=pdl)
         key = (args[0].get_device(), tuple(f(a) for f, a in zip(self.facts, args)), tuple(keywords.items()))
         entry = self.compiled.get(key)
         if entry is None:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, dot_precision, interpreting, last_dim_contiguous
+from layerzero.kernels.triton.launch import Launcher, await_inputs, dot_precision, interpreting, last_dim_contiguous
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -42,7 +42,9 @@ class Int4Tiles(NamedTuple):
 
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, M, N, K, x_stride, HAS_BIAS: tl.constexpr,
-                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+                      PDL: tl.constexpr):
+    await_inputs(PDL)
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // GROUP
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -83,7 +85,8 @@ _INT4_GEMV = Launcher(_int4_gemv_kernel)
 @triton.jit
 def _int4_mm_kernel(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, M, N, K, x_stride, HAS_BIAS: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP: tl.constexpr):
+                    GROUP: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     # every load is contiguous along K (vectorized): x's tile, the bytes as [HALF, BLOCK_N], each group's scale and
     # zero; the nibbles are interleaved back into column order in registers and the tile dequantized to x's dtype
     HALF: tl.constexpr = BLOCK_K // 2

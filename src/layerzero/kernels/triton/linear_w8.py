@@ -20,7 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, dot_precision, interpreting, last_dim_contiguous, sm_count
+from layerzero.kernels.triton.launch import (
+    Launcher,
+    await_inputs,
+    dot_precision,
+    interpreting,
+    last_dim_contiguous,
+    sm_count,
+)
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -50,7 +57,8 @@ SCALE_ROW, SCALE_X, SCALE_WEIGHT = 0, 1, 2
 @triton.jit
 def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, x_stride, s_stride, BN_S, BK_S,
                     HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SCALES: tl.constexpr):
+                    SCALES: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, ROWS)
@@ -85,7 +93,8 @@ _W8_GEMV = Launcher(_w8_gemv_kernel)
 @triton.jit
 def _w8_mm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, x_stride, s_stride, BN_S, BK_S, K_PER,
                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     # program (.., .., s) sums K columns [s * K_PER, (s + 1) * K_PER) into out[s]: split K gives float32 partials
     pid_k = tl.program_id(2)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 
 _MAX_BLOCK = 8192
 if interpreting():
@@ -38,7 +38,9 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ONE_PASS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     row = tl.program_id(0)
     outer = (row // n_inner).to(tl.int64)
     inner = (row % n_inner).to(tl.int64)

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from layerzero.kernels.triton.launch import (
     Launcher,
+    await_inputs,
     check_paged_caches,
     dot_precision,
     interpreting,
@@ -72,7 +73,9 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -149,7 +152,9 @@ def _merge_splits_kernel(
     num_splits,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     sp = tl.arange(0, BLOCK_S)

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -50,7 +50,9 @@ def _rope_kernel(
     INTERLEAVED: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c, s, i1, i2, jm = rope_angles(cos_ptr, sin_ptr, t, cos_st, sin_st, half, INTERLEAVED, BLOCK_D)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.reference.rope_store_kv import split_heads
-from layerzero.kernels.triton.launch import Launcher, interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 from layerzero.kernels.triton.rope import rope_angles
 
 if interpreting():
@@ -54,7 +54,9 @@ def _rope_store_kv_kernel(
     INTERLEAVED: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     c, s, i1, i2, jm = rope_angles(cos_ptr, sin_ptr, t, cos_st, sin_st, half, INTERLEAVED, BLOCK_D)

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from layerzero.kernels.triton.launch import (
     Launcher,
+    await_inputs,
     check_paged_caches,
     dot_precision,
     interpreting,
@@ -133,7 +134,9 @@ def _varlen_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     h = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)
     # Padding first, in two loads: past the last real sequence, tile t can only belong to sequence
