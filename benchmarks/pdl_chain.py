@@ -9,7 +9,8 @@ finishes and wait for its results at their first statement (layerzero/kernels/tr
 QKV GEMV -> O GEMV (over the q columns) -> RMSNorm -> gate+up GEMV -> SiLU-and-mul -> down GEMV, over each layer's
 own weights (past L2), a whole stack of layers per replay. Variants (VARIANTS): without PDL, cuBLAS or Triton GEMVs;
 with PDL for every Triton kernel, the GEMVs all Triton, or cuBLAS for the down projection, or cuBLAS for the weights
-under 64 MiB. (Prefetching the first weight tiles into L2 before the wait measured no faster on an H100.)
+under 64 MiB. (Prefetching into L2 before the wait, the first two weight tiles or a weight of at most 32 MiB whole,
+measured slower on an H100: 962 -> 969 and 1004 µs per 1B stack; dropped.)
 Fraction = the weights' bytes / time / copy bandwidth.
 """
 
