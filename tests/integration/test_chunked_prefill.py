@@ -114,3 +114,21 @@ def test_seeded_sampling_is_unchanged_by_chunks_batches_and_preemption(checkpoin
     tight = _llm(checkpoint, device, prefill_chunk_size=5, num_kv_blocks=40, use_prefix_caching=True)
     assert [o.token_ids for o in tight.generate_ids(prompts, params)] == alone
     assert tight.engine.scheduler.num_preemptions > 0
+
+
+def test_chunks_that_do_not_sample_skip_the_lm_head(checkpoint, expected, device):
+    """A prompt alone in chunks of 7: only its last chunk computes logits (one row), and samples whole prefill's
+    first token."""
+    llm = _llm(checkpoint, device, prefill_chunk_size=7, use_prefix_caching=False)
+    model = llm.runner.model
+    head, rows = model.head_logits, []
+
+    def counting(hidden):
+        rows.append(hidden.shape[0])
+        return head(hidden)
+
+    model.head_logits = counting  # type: ignore[method-assign]
+    prompt = _prompts()[3]  # 90 tokens: 13 chunks
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    assert llm.generate_ids([prompt], first)[0].token_ids == expected[3][:1]
+    assert rows == [1]  # nothing for the 12 chunks before it

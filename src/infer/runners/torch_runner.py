@@ -33,7 +33,7 @@ from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
 from infer.sampling.logprobs import LogprobTensors, by_sequence, logprob_tensors, prompt_positions
-from infer.sampling.sampler import sample
+from infer.sampling.sampler import SamplingTensors, sample
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.speculative import verify
 from infer.sampling.token_mask import apply_token_bitmask
@@ -75,10 +75,10 @@ class LaunchedStep:
 
 class Forward(NamedTuple):
     """A step's forward on the device: its logits in the LM head's dtype ([num_seqs, vocab], or [num_seqs, K + 1,
-    vocab] when verifying), the rows' sampling slots, the slots that advance, and for a prefill step its hidden
-    states, batch and ids."""
+    vocab] when verifying; None for a prefill step where no row samples, which skips the LM head), the rows'
+    sampling slots, the slots that advance, and for a prefill step its hidden states, batch and ids."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     slots: torch.Tensor
     advancing: torch.Tensor
     verifying: VerifyInputs | None
@@ -164,43 +164,53 @@ class TorchRunner:
             fwd = self._forward(step, drafted)
             if step.drafter_tokens is None:  # queued behind the forward: host time the device does not wait for
                 self.sampling_slots.join(step.joined)
-            logits, verifying = fwd.logits, fwd.verifying
-            tensors = self.sampling_slots.gather(fwd.slots, step.sampling_slots)
-            if verifying is None:
+            tensors = self.sampling_slots.gather(fwd.slots, step.sampling_slots) if fwd.logits is not None else None
+            if tensors is not None and fwd.verifying is None:
                 self.sampling_slots.advance(fwd.advancing)
         # structured output: the mask may wait for the step before (its boundary), so it is made outside the scope
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
         with step_scope(self.device):
-            first = logits if verifying is None else logits[:, 0]  # where rows without drafts sample
-            if bitmask is not None:  # disallowed tokens to -inf before sampling (rows with a grammar draft nothing)
-                apply_token_bitmask(first, bitmask)
-            seen = self._seen_mask(step, logits.shape[-1])
-            slots = fwd.slots
-            if verifying is None:
-                token_ids = sample(logits, tensors, seen)
-                self.sampling_slots.record(slots, step.sampling_slots, token_ids, samples=step.samples)
-                self.last_tokens[: step.num_seqs].copy_(token_ids)
-                sent = token_ids
+            if tensors is None:  # no row samples (prompt chunks short of their ends): no LM head, nothing drawn
+                token_ids = sent = torch.zeros(step.num_seqs, dtype=torch.int64, device=self.device)
+                first = None
             else:
-                if drafted is not None:
-                    verifying = verifying._replace(drafts=drafted.tokens)
-                tokens, counts = verify(logits.float(), verifying.drafts, verifying.num_drafts, tensors,
-                                        draft_probs=None if drafted is None else drafted.probs, seen=seen)
-                self.sampling_slots.advance(slots, counts * verifying.counting)
-                self.sampling_slots.record(slots, step.sampling_slots, tokens, counts * verifying.counting)
-                token_ids = tokens[:, 0]
-                self.last_tokens[: step.num_seqs].copy_(tokens.gather(1, (counts - 1)[:, None]).squeeze(1))
-                sent = pack(tokens, counts)
+                first, token_ids, sent = self._draw(step, fwd, tensors, bitmask, drafted)
             self._share_last_tokens(step.num_seqs)
             readback = self._readbacks[self._next_readback]
             self._next_readback ^= 1
+            verifying = fwd.verifying
             launched = LaunchedStep(readback, step.num_seqs, verify_width=None if verifying is None else verifying.width)
             scores = self._probe_rows(step, fwd.batch, launched) if step.probes and self.probes is not None else None
             readback.start(sent, scores)
-            launched.logprobs = self._sampled_logprobs(step, first, token_ids)
+            launched.logprobs = self._sampled_logprobs(step, first, token_ids) if first is not None else None
             if fwd.hidden is not None and fwd.batch is not None and fwd.ids is not None:
                 launched.prompt_logprobs = self._prompt_logprobs(step, fwd.batch, fwd.hidden, fwd.ids)
         return launched
+
+    def _draw(self, step: StepInput, fwd: Forward, tensors: SamplingTensors, bitmask: torch.Tensor | None,
+              drafted: Drafts | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample (or verify drafts) from the step's logits with the rows' sampling state `tensors`: (the logits the
+        rows sample from, each row's first token, what the host reads back), the tokens counted into the sampling
+        state and written where the next step's rows read their input."""
+        logits, verifying, slots = fwd.logits, fwd.verifying, fwd.slots
+        assert logits is not None
+        first = logits if verifying is None else logits[:, 0]  # where rows without drafts sample
+        if bitmask is not None:  # disallowed tokens to -inf before sampling (rows with a grammar draft nothing)
+            apply_token_bitmask(first, bitmask)
+        seen = self._seen_mask(step, logits.shape[-1])
+        if verifying is None:
+            token_ids = sample(logits, tensors, seen)
+            self.sampling_slots.record(slots, step.sampling_slots, token_ids, samples=step.samples)
+            self.last_tokens[: step.num_seqs].copy_(token_ids)
+            return first, token_ids, token_ids
+        if drafted is not None:
+            verifying = verifying._replace(drafts=drafted.tokens)
+        tokens, counts = verify(logits.float(), verifying.drafts, verifying.num_drafts, tensors,
+                                draft_probs=None if drafted is None else drafted.probs, seen=seen)
+        self.sampling_slots.advance(slots, counts * verifying.counting)
+        self.sampling_slots.record(slots, step.sampling_slots, tokens, counts * verifying.counting)
+        self.last_tokens[: step.num_seqs].copy_(tokens.gather(1, (counts - 1)[:, None]).squeeze(1))
+        return first, tokens[:, 0], pack(tokens, counts)
 
     @torch.inference_mode()
     def replay(self, step: StepInput) -> None:
@@ -229,11 +239,12 @@ class TorchRunner:
             return Forward(logits, slots, advancing, verifying)
         inputs, hidden, ids = self._prefill(step, drafted)
         batch, slots, advancing = inputs.batch, inputs.sampling_slots, inputs.advancing
+        logits: torch.Tensor | None = None
         if step.drafts is not None:
             verifying = verify_inputs(step, self.device, batch.cu_seqlens_q_host)
             assert verifying.logit_rows is not None
             logits = self.model.head_logits(hidden[verifying.logit_rows]).view(step.num_seqs, verifying.width, -1)
-        else:
+        elif step.samples is None or any(step.samples):  # tensor-parallel ranks all decide alike: the same step
             logits = self.model.head_logits(hidden[batch.last_token_indices])
         return Forward(logits, slots, advancing, verifying, hidden, batch, ids)
 
