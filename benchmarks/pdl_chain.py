@@ -10,7 +10,7 @@ QKV GEMV -> O GEMV (over the q columns) -> RMSNorm -> gate+up GEMV -> SiLU-and-m
 own weights (past L2), a whole stack of layers per replay. Variants (VARIANTS): without PDL, cuBLAS or Triton GEMVs;
 with PDL for every Triton kernel, the GEMVs all Triton, or cuBLAS for the down projection, or cuBLAS for the weights
 under 64 MiB. (Prefetching into L2 before the wait, the first two weight tiles or a weight of at most 32 MiB whole,
-measured slower on an H100: 962 -> 969 and 1004 µs per 1B stack; dropped.)
+measured slower on an H100: 958 -> 970 and, in another run, 962 -> 1004 µs per 1B stack; dropped.)
 Fraction = the weights' bytes / time / copy bandwidth.
 """
 
@@ -158,7 +158,8 @@ def main() -> None:
     lines = [f"# Kernel boundaries with programmatic dependent launch ({torch.cuda.get_device_name()})", "",
              f"`python benchmarks/pdl_chain.py`; torch {torch.__version__}, triton {triton.__version__}; batch 1, "
              f"bf16; copy bandwidth {bandwidth / 1e12:.2f} TB/s; a whole stack per CUDA graph replay, median of 10.",
-             "", "| shape | variant | µs per stack | µs per layer | fraction of copy bandwidth |", "|---|---|---:|---:|---:|"]
+             "", "| shape | variant | µs per stack | µs per layer | fraction of copy bandwidth |",
+             "|---|---|---:|---:|---:|"]
     lines += [f"| {r['shape']} | {r['variant']} | {r['us']:.0f} | {r['us_per_layer']:.1f} | {r['fraction']:.2f} |"
               for r in rows]
     write_report(args.out, {"gpu": torch.cuda.get_device_name(), "copy_bandwidth": bandwidth, "rows": rows},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -145,4 +146,31 @@ def serve_process(*flags: str, timeout: float = 120) -> Iterator[ServeProcess]:
     finally:
         if proc.poll() is None:
             proc.terminate()
-            proc.wait(timeout=30)
+            try:  # longer than the server's own bound: it kills an API server still draining after ~40 s
+                proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                _kill_stuck(proc)
+
+
+STOP_WAIT_S = 60
+
+
+def _kill_stuck(proc: subprocess.Popen) -> None:
+    """A server still running STOP_WAIT_S after SIGTERM: SIGABRT to it and its children (with PYTHONFAULTHANDLER
+    set each prints its threads' stacks), then SIGKILL, so no process is left holding the port or the GPU; raises
+    with what it printed."""
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    for pid in [*map(int, children), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except ProcessLookupError:
+            pass
+    time.sleep(3)
+    for pid in [*map(int, children), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+    printed = proc.stdout.read() if proc.stdout else ""
+    raise RuntimeError(f"infer serve did not exit within {STOP_WAIT_S} s of SIGTERM; it printed:\n{printed[-20000:]}")

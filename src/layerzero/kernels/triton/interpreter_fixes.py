@@ -7,8 +7,8 @@
 - bfloat16 is kept as raw uint16 bits: casts from float32 truncate instead of rounding to nearest
   even, and `tl.dot` multiplies the bit patterns as integers.
 The patches join the interpreter's own patch scope, undone when each launch ends, so compiled
-kernels in the same process are untouched. (A nested `@triton.jit` helper decorated under the
-interpreter would patch without undoing: the kernels here therefore call no helpers of their own.)
+kernels in the same process are untouched. A `@triton.jit` helper the kernels share (`await_inputs`,
+`rope_angles`), decorated without the interpreter, runs interpreted through `_interpreted_call`.
 """
 
 from __future__ import annotations
