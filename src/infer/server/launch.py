@@ -108,15 +108,22 @@ def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_l
     state = ServerState(served, client, name, index, limits=limits)
     server = DrainingServer(uvicorn_config(create_app(state), limits, log_level), limits, client)
     if threading.current_thread() is threading.main_thread():
-        # DrainingServer handles SIGTERM while it serves; after it returns, a late SIGTERM's default action would
-        # kill this process before the caller stops the engine core (an orphaned core keeps the GPU)
-        signal.signal(signal.SIGTERM, lambda *_: None)
+        stop_on_sigterm(server)
     settle_heap()  # the tokenizer, the app: frozen out of the collector before serving
     server.run(sockets=[_bind(host, port, reuse_port)])
     if client.gone_reason is not None:
         _say(f"exiting: {client.gone_reason}")
         return 1
     return 0
+
+
+def stop_on_sigterm(server: uvicorn.Server) -> None:
+    """SIGTERM outside the span where DrainingServer handles it sets `server.should_exit`. Before serving (a SIGTERM
+    can reach an API server still starting once another one answers on the port) uvicorn then returns right after
+    its start-up, where ignoring it left the process serving until its supervisor killed it ~40 s later. After
+    serving, a late SIGTERM's default action would kill this process before the caller stops the engine core (an
+    orphaned core keeps the GPU); setting the finished server's flag does nothing."""
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
 
 
 def _api_server_main(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int,
