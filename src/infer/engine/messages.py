@@ -41,7 +41,7 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     queue_seconds: float | None = None  # arrival to first scheduling, on the first output
     logprob: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output, when asked
-    probes: list[float] | None = None  # the token's score per asked probe (NaN: a reload removed it)
+    probes: list[float | None] | None = None  # the token's score per asked probe (None: a reload removed it)
     prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, with probe_prompt
 
     @property

@@ -26,7 +26,7 @@ class OutputProcessor:
         self.max_seq_len = max_seq_len
         self._columns: dict[tuple[int, tuple[str, ...]], np.ndarray] = {}  # (version, names) -> their columns
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._selections: dict[int, np.ndarray] = {}  # id(names) -> this step's columns of those names
+        self._selections: dict[int, list[list[float | None]]] = {}  # id(names) -> this step's scores of those names
         self._selections_of: StepResult | None = None
 
     def process(self, request: Request, result: StepResult, row: int) -> list[CoreOutput]:
@@ -41,9 +41,10 @@ class OutputProcessor:
 
     def process_decode(self, rows: DecodeRows, result: StepResult) -> list[CoreOutput]:
         """The outputs of the decode table's rows, the step's first: which tokens end their request (EOS, a length
-        limit) is decided for all rows at once from the table's arrays; a row whose request needs more per token (a
-        grammar, logprobs, probe scores) goes through `process`. A request that ended while the step was in flight
-        (a stop string, an abort) drops its token."""
+        limit) is decided for all rows at once from the table's arrays, and asked probe scores come from the step's one
+        selection per name list; a row whose request needs more per token (a grammar, logprobs, probe_stop) goes
+        through `process`. A request that ended while the step was in flight (a stop string, an abort) drops its
+        token."""
         tokens = np.asarray(result.token_ids[: len(rows.requests)], dtype=np.int64)
         # the token at position context_len ends the request once the known tokens reach its limit
         eos = rows.stops_at_eos & np.isin(tokens, self._eos_ids)
@@ -60,7 +61,9 @@ class OutputProcessor:
             reason = _ENDS[end]
             if reason is not None:
                 self.scheduler.finish(request, reason)
-            out.append(self.output(request, token, reason))
+            names = request.probe_names
+            probes = self._named_scores(names, result, i) if names and result.probe_scores is not None else None
+            out.append(self.output(request, token, reason, probes=probes))
         return out
 
     def _process(self, request: Request, result: StepResult, row: int, token: int) -> CoreOutput:
@@ -86,7 +89,7 @@ class OutputProcessor:
             self._names.clear()
         return self._names.setdefault(names, names)
 
-    def _probe_scores(self, request: Request, result: StepResult, row: int) -> tuple[list[float] | None, bool]:
+    def _probe_scores(self, request: Request, result: StepResult, row: int) -> tuple[list[float | None] | None, bool]:
         """(the step's scores of the probes the request asked for, whose row `row` is its token's; whether its
         probe_stop threshold was crossed).
         Per step, each distinct name list gets one column selection that its requests share (keyed by the
@@ -95,22 +98,25 @@ class OutputProcessor:
         names, stop = request.probe_names, request.sampling_params.probe_stop
         if scores is None or not (names or stop):
             return None, False
-        probes = None
-        if names:
-            if self._selections_of is not result:
-                self._selections, self._selections_of = {}, result
-            selection = self._selections.get(id(names))
-            if selection is None:
-                selection = self._selections[id(names)] = self._select(names, result)
-            probes = selection[row].tolist()
+        probes = self._named_scores(names, result, row) if names else None
         stopped = False
         if stop is not None and result.probe_layout is not None:
             column = result.probe_layout.columns.get(stop.name)
             stopped = column is not None and stop.crossed(float(scores[row, column]))
         return probes, stopped
 
-    def _select(self, names: tuple[str, ...], result: StepResult) -> np.ndarray:
-        """The step's score columns of `names`, in their order; NaN for a probe the loaded set no longer has."""
+    def _named_scores(self, names: tuple[str, ...], result: StepResult, row: int) -> list[float | None]:
+        """Row `row`'s scores of `names`, from the step's one selection for that name list."""
+        if self._selections_of is not result:
+            self._selections, self._selections_of = {}, result
+        selection = self._selections.get(id(names))
+        if selection is None:
+            selection = self._selections[id(names)] = self._select(names, result)
+        return selection[row]
+
+    def _select(self, names: tuple[str, ...], result: StepResult) -> list[list[float | None]]:
+        """The step's scores of `names` per row, in their order, as lists: None for a probe the loaded set no longer
+        has (or a NaN score), decided for the whole step at once rather than per row and score."""
         layout, scores = result.probe_layout, result.probe_scores
         assert layout is not None and scores is not None
         key = (layout.version, names)
@@ -120,8 +126,12 @@ class OutputProcessor:
                 self._columns.clear()
             columns = self._columns[key] = np.array([layout.columns.get(n, -1) for n in names])
         view = scores[:, np.maximum(columns, 0)]
-        view[:, columns < 0] = np.nan
-        return view
+        missing = np.isnan(view) | (columns < 0)
+        if not missing.any():
+            return view.tolist()
+        listed = view.astype(object)
+        listed[missing] = None
+        return listed.tolist()
 
     @staticmethod
     def collect_prompt_probes(rows: list[ScheduledRow], layout: ProbeLayout | None, chunks: list[np.ndarray]) -> None:
@@ -158,7 +168,7 @@ class OutputProcessor:
         error: str | None = None,
         logprob: TokenLogprob | None = None,
         prompt_logprobs: list[TokenLogprob | None] | None = None,
-        probes: list[float] | None = None,
+        probes: list[float | None] | None = None,
     ) -> CoreOutput:
         """One step's output for a request; finished once there is a finish reason."""
         if request.outputs_sent:

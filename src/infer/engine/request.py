@@ -93,11 +93,11 @@ class Request:
 
     @property
     def plain_outputs(self) -> bool:
-        """Whether a token's output needs nothing but the EOS and length checks: no grammar, logprobs or probe
-        scores (the core checks such requests' decode rows as arrays, infer/engine/outputs.py)."""
+        """Whether a token's output needs nothing but the EOS and length checks and, when asked, its probe scores:
+        no grammar, logprobs or probe_stop (the core checks such requests' decode rows as arrays,
+        infer/engine/outputs.py)."""
         p = self.sampling_params
-        return (self.grammar is None and p.logprobs is None and not self.probe_names and p.probe_stop is None
-                and p.max_tokens > 0)
+        return self.grammar is None and p.logprobs is None and p.probe_stop is None and p.max_tokens > 0
 
     @property
     def needs_prompt_probes(self) -> bool:

@@ -7,7 +7,6 @@ A stop string ends a request here first; the caller then tells the core to end i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from infer.engine.messages import CoreOutput
@@ -93,7 +92,7 @@ class TextProcessor:
             del self.states[out.request_id]
         probes = None
         if out.probes is not None:
-            probes = {name: None if math.isnan(v) else v for name, v in zip(state.probe_names, out.probes)}
+            probes = dict(zip(state.probe_names, out.probes))
         return StepOutput(out.request_id, token, delta, reason is not None, reason, out.error, out.prompt_tokens,
                           out.completion_tokens, out.logprob, out.prompt_logprobs, out.queue_seconds,
                           out.cached_tokens, out.client_error, probes, out.prompt_probes)

@@ -31,13 +31,21 @@ def test_equal_name_lists_share_one_selection_per_step() -> None:
     assert len(processor._selections) == 1 and len(processor._columns) == 1  # one selection per step
 
 
-def test_removed_probe_reads_nan_and_a_new_step_selects_again() -> None:
+def test_removed_probe_reads_none_and_a_new_step_selects_again() -> None:
     layout = ProbeLayout(probes=(), columns={"a": 0}, version=2)
     processor = _processor()
     first = StepResult(token_ids=[1], probe_layout=layout, probe_scores=np.array([[0.5]], dtype=np.float32))
     second = StepResult(token_ids=[1], probe_layout=layout, probe_scores=np.array([[0.25]], dtype=np.float32))
     a = processor._probe_scores(_request(("a", "gone")), first, 0)[0]
     b = processor._probe_scores(_request(("a", "gone")), second, 0)[0]
-    assert a is not None and b is not None
-    assert a[0] == 0.5 and np.isnan(a[1])
-    assert b[0] == 0.25 and np.isnan(b[1])
+    assert a == [0.5, None] and b == [0.25, None]
+
+
+def test_a_nan_score_reads_none_and_rows_keep_their_own_scores() -> None:
+    layout = ProbeLayout(probes=(), columns={"a": 0, "b": 1}, version=1)
+    processor = _processor()
+    scores = np.array([[0.5, np.nan], [0.75, 0.125]], dtype=np.float32)
+    step = StepResult(token_ids=[1, 2], probe_layout=layout, probe_scores=scores)
+    names = ("b", "a")
+    assert processor._probe_scores(_request(names), step, 0)[0] == [None, 0.5]
+    assert processor._probe_scores(_request(names), step, 1)[0] == [0.125, 0.75]

@@ -40,10 +40,11 @@ def test_a_stop_string_ends_the_request_here_and_is_reported_for_the_core():
     assert processor.process(CoreOutput("a", None, "stop")) is None
 
 
-def test_probe_values_become_named_scores_with_nan_as_none():
+def test_probe_values_become_named_scores():
+    """The core sends None for a probe a reload removed (or a NaN score); the names come from this side."""
     processor = TextProcessor(FakeTokenizer())  # type: ignore[arg-type]
     processor.add("a", [1], SamplingParams(), probe_names=("x", "gone"))
-    out = processor.process(CoreOutput("a", 5, probes=[0.25, float("nan")]))
+    out = processor.process(CoreOutput("a", 5, probes=[0.25, None]))
     assert out is not None and out.probe_dict() == {"x": 0.25, "gone": None}
 
 
