@@ -6,7 +6,7 @@ For each projection of the Llama-3.2-1B and Llama-3.1-8B shapes (QKV, O, gate+up
 y [M, N] = x [M, K] @ W [N, K]^T in bf16, timed inside a CUDA graph of at least 20 calls (no launch gaps), median of
 10 replays. The calls cycle over copies of W that together exceed 256 MiB, so every call reads its weight from DRAM
 as a decode step does (one weight reused would sit in the 50 MB L2). Bytes = the weight (N x K x 2) plus x and y;
-fraction = bytes / time / the device copy bandwidth (1 GiB device-to-device copy, read + write, host-timed).
+fraction = bytes / time / the device copy bandwidth (device_rates.copy_bandwidth: 1 GiB copies, read + write).
 Beside cuBLAS (torch.mm): a one-pass Triton GEMV (each program owns BLOCK_N output columns over all of K; M padded to
 16 for tl.dot) over a small grid of tiles, reporting the best. It says where cuBLAS leaves bandwidth unused and
 whether a plain Triton kernel takes it; layerzero's `triton.linear` (layerzero/kernels/triton/gemv.py) runs where it

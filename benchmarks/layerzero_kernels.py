@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
+from device_rates import copy_bandwidth
 from layerzero.kernels.reference import activation as act_ref
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import kv_cache as kv_ref
@@ -102,14 +103,6 @@ def _median_us(fn: Callable[[], object], graph: bool) -> float:
     if graph:
         return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
     return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
-
-
-def copy_bandwidth_gbs(dtype: torch.dtype) -> float:
-    """Device copy bandwidth (bytes read + written per second) of a 1 GiB tensor, the roofline we compare to."""
-    src = torch.empty(2**30 // torch.finfo(dtype).bits * 8, dtype=dtype, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    us = _median_us(lambda: dst.copy_(src), graph=False)
-    return 2 * src.numel() * src.element_size() / (us * 1e-6) / 1e9
 
 
 def _row_cases(name: str, m: Model, dtype: torch.dtype) -> list[Case]:
@@ -330,7 +323,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     start = time.perf_counter()
-    copy_gbs = copy_bandwidth_gbs(dtype)
+    copy_gbs = copy_bandwidth() / 1e9
     results: list[Result] = []
     for name in args.models.split(","):
         m = MODELS[name]

@@ -29,22 +29,15 @@ from pathlib import Path
 import torch
 
 import model_shapes as ms
+from device_rates import copy_bandwidth
 from gpu_decode_baselines import gemm_rate
 from gpu_decode_plan import Plan
 from infer import LLM, SamplingParams
-from layerzero.perf.measure import measure
 
 
 def workload(vocab: int, requests: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(rng.randint(100, 1024))] for _ in range(requests)]
-
-
-def copy_gb_s(mib: int = 1024, reps: int = 20) -> float:
-    src = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    seconds = statistics.median(measure(lambda: dst.copy_(src), device="cuda", iters=reps)) / 1e6
-    return 2 * src.numel() / seconds / 1e9
 
 
 CONFIGS = {  # report key -> EngineConfig options
@@ -151,7 +144,7 @@ def main() -> None:
         report["transformers"] = run_transformers(args.shape, workload(cfg.vocab_size, args.requests, seed=100),
                                                   args.new_tokens)
     report |= run_infer(path, cfg.vocab_size, args.requests, args.new_tokens, args.repeats)
-    bandwidth = copy_gb_s()
+    bandwidth = copy_bandwidth() / 1e9
     decode = run_decode(path, [64, 256], cfg.vocab_size)
     gemm_tflops = gemm_rate(Plan(models=(args.shape,)))["tflops"]
     report["copy_gb_s"], report["gemm_tflops"] = bandwidth, gemm_tflops

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import model_shapes as ms
+from device_rates import copy_bandwidth
 from infer import LLM, SamplingParams
 from infer.transfer import Readback
 from layerzero.perf.measure import measure
@@ -54,14 +55,6 @@ class WaitClock:
 
     def __exit__(self, *exc: object) -> None:
         Readback.read = self._read  # type: ignore[method-assign]
-
-
-def copy_bandwidth_gbs() -> float:
-    """Device copy bandwidth (bytes read + written per second over a 1 GiB copy): the memory roofline."""
-    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    us = statistics.median(measure(lambda: dst.copy_(src), device="cuda", iters=20))
-    return 2 * src.numel() * 2 / (us * 1e-6) / 1e9
 
 
 def device_ms(llm: LLM, batch: int, reps: int = 50) -> float:
@@ -98,7 +91,7 @@ def main() -> None:
     cfg = ms.model_config(args.shape)
     contexts = [r.num_tokens for r in requests]
     step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
-    bound_ms = 1e3 * step_bytes / (copy_bandwidth_gbs() * 1e9)
+    bound_ms = 1e3 * step_bytes / (copy_bandwidth())
     forward_ms = device_ms(llm, args.batch)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "step_ms": step_ms,
               "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "device_forward_ms": forward_ms,

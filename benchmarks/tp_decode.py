@@ -26,22 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import model_shapes as ms  # noqa: E402
+from device_rates import copy_bandwidth  # noqa: E402
 
 from infer import LLM, SamplingParams  # noqa: E402
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy rate in bytes/s (read + write), the roofline's bandwidth."""
-    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    return 2 * x.numel() * 10 / (time.perf_counter() - start)
 
 
 def decode_rate(llm: LLM, batch: int, prompt_len: int, tokens: int, repeats: int) -> float:
