@@ -6,8 +6,8 @@ At 256 rows a Llama-3.2-1B decode step is GEMM-bound, and its projections are sh
 (N = 2048 for O and down): a 128 x 128 tile grid leaves most of the SMs idle. For each projection and M in --rows,
 y [M, N] = x [M, K] @ W [N, K]^T in bf16 is timed inside a CUDA graph (median of 10 replays) over weight copies past
 L2, as in a decode step, with: torch.mm on cuBLAS (the default), torch.mm with cuBLASLt preferred, the same product
-with the weight stored K-major (x @ W^T as an NN GEMM) and, with --autotune, inductor's max-autotune Triton templates
-(what a Triton GEMM reaches at its best tile). TFLOP/s = 2 M N K / time.
+with the weight stored transposed ([K, N]: x @ W^T as an NN GEMM) and, with --autotune, inductor's max-autotune
+Triton templates (what a Triton GEMM reaches at its best tile). TFLOP/s = 2 M N K / time.
 """
 
 from __future__ import annotations
