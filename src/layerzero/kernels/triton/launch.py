@@ -78,15 +78,24 @@ def await_inputs(PDL: tl.constexpr):
 
 
 _PDL_ENABLED = os.environ.get("LAYERZERO_TRITON_PDL", "1") != "0"
+PDL_MIN_CUDA = (12, 4)  # CUDA graphs capture programmatic launches from this runtime on
+
+
+def _cuda_runtime() -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in (torch.version.cuda or "0").split(".")[:2])
+    except ValueError:
+        return (0,)
 
 
 @functools.lru_cache(maxsize=None)
 def _pdl(index: int) -> bool:
-    return _PDL_ENABLED and torch.cuda.get_device_capability(index)[0] >= 9
+    return _PDL_ENABLED and torch.cuda.get_device_capability(index)[0] >= 9 and _cuda_runtime() >= PDL_MIN_CUDA
 
 
 def pdl_launch(device: torch.device) -> bool:
-    """Whether kernels on `device` launch as programmatic dependents: CUDA SM 9.0+, not interpreted, not disabled."""
+    """Whether kernels on `device` launch as programmatic dependents: CUDA SM 9.0+ with a CUDA 12.4+ runtime, not
+    interpreted, not disabled."""
     if device.type != "cuda" or interpreting():
         return False
     return _pdl(device.index if device.index is not None else torch.cuda.current_device())

@@ -47,3 +47,9 @@ def test_every_layerzero_triton_kernel_takes_pdl():
                  if isinstance(value, launch.Launcher)]
     assert len(launchers) >= 15
     assert all(launcher.pdl for launcher in launchers)
+
+
+def test_pdl_needs_a_cuda_runtime_whose_graphs_capture_it(monkeypatch):
+    for version, ok in (("12.1", False), ("12.4", True), ("13.0", True), (None, False)):
+        monkeypatch.setattr(torch.version, "cuda", version)
+        assert (launch._cuda_runtime() >= launch.PDL_MIN_CUDA) is ok
