@@ -78,7 +78,9 @@ def await_inputs(PDL: tl.constexpr):
 
 
 _PDL_ENABLED = os.environ.get("LAYERZERO_TRITON_PDL", "1") != "0"
-PDL_MIN_CUDA = (12, 4)  # CUDA graphs capture programmatic launches from this runtime on
+# the runtime's stream capture must keep programmatic launches as graph edges (edge data came with CUDA 12.3;
+# the floor taken leaves one release of margin, tested on 13.0)
+PDL_MIN_CUDA = (12, 4)
 
 
 def _cuda_runtime() -> tuple[int, ...]:
