@@ -25,6 +25,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from engine_fakes import Done, FakeTokenizer  # noqa: E402  (the tests' model-free tokenizer)
@@ -35,6 +38,7 @@ from infer.engine.core import EngineCore  # noqa: E402
 from infer.kv.kv_manager import KVCacheManager  # noqa: E402
 from infer.runners.step import StepInput, StepResult  # noqa: E402
 from infer.sampling.params import SamplingParams  # noqa: E402
+from omniscience.bank import ProbeLayout  # noqa: E402
 from report_files import write_report  # noqa: E402
 
 VOCAB = 32000
@@ -42,11 +46,22 @@ BLOCK_SIZE = 16
 NUM_BLOCKS = 28000  # ~14 GB of Llama-3.2-1B KV: the offline benchmark's cache, so a full one evicts as there
 
 
+class LoadedProbes(NamedTuple):
+    """What the engine reads of a runner's probe bank: the loaded set's layout."""
+
+    layout: ProbeLayout
+
+
 class NullRunner:
-    """Returns token 7 for every sequence at once: the step costs the device nothing."""
+    """Returns token 7 for every sequence at once (and, with a probe `layout`, random scores for every loaded probe
+    when the step asks for them): the step costs the device nothing."""
 
     vocab_size = VOCAB
-    probes = None
+
+    def __init__(self, layout: ProbeLayout | None = None) -> None:
+        self.layout = layout
+        self.probes = None if layout is None else LoadedProbes(layout)
+        self.rng = np.random.default_rng(0)
 
     def check(self) -> None:
         """Never loses a rank."""
@@ -55,7 +70,11 @@ class NullRunner:
         """Nothing to release."""
 
     def launch(self, step: StepInput) -> Done:
-        return Done(StepResult(token_ids=[7] * step.num_seqs))
+        result = StepResult(token_ids=[7] * step.num_seqs)
+        if step.probes and self.layout is not None:
+            result.probe_layout = self.layout
+            result.probe_scores = self.rng.random((step.num_seqs, len(self.layout.probes)), dtype=np.float32)
+        return Done(result)
 
 
 def build(prefix_caching: bool, batch: int) -> EngineCore:

@@ -17,44 +17,19 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from engine_fakes import Done, FakeTokenizer  # noqa: E402  (the tests' model-free tokenizer)
+from core_host_cost import NullRunner  # noqa: E402  (with a probe layout it returns scores for every probe)
+from engine_fakes import FakeTokenizer  # noqa: E402  (the tests' model-free tokenizer)
 
 from infer.engine.config import EngineConfig  # noqa: E402
 from infer.engine.engine import Engine  # noqa: E402
 from infer.kv.kv_manager import KVCacheManager  # noqa: E402
-from infer.runners.step import StepInput, StepResult  # noqa: E402
 from infer.sampling.params import SamplingParams  # noqa: E402
 from omniscience.bank import ProbeLayout  # noqa: E402
 from omniscience.weights import Probe  # noqa: E402
 from report_files import write_report  # noqa: E402
-
-
-class NullRunner:
-    """Token 7 for every sequence at once and, when the step asks, random scores for every loaded probe."""
-
-    vocab_size = 32000
-
-    def __init__(self, layout: ProbeLayout | None) -> None:
-        self.probes = None if layout is None else type("Bank", (), {"layout": layout})()
-        self.layout = layout
-        self.rng = np.random.default_rng(0)
-
-    def check(self) -> None:
-        """Never loses a rank."""
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-    def launch(self, step: StepInput) -> Done:
-        result = StepResult(token_ids=[7] * step.num_seqs)
-        if step.probes and self.layout is not None:
-            result.probe_layout = self.layout
-            result.probe_scores = self.rng.random((step.num_seqs, len(self.layout.probes)), dtype=np.float32)
-        return Done(result)
 
 
 def layout_of(count: int) -> ProbeLayout:
