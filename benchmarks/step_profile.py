@@ -1,9 +1,13 @@
 """Where a decode step's time goes at batch B: host work, waiting for the device, and the device's own time.
 
-    python benchmarks/step_profile.py [--shape llama-3.2-1b] [--batch 256] [--steps 100] [--top 25]
+    python benchmarks/step_profile.py [--shape llama-3.2-1b] [--batch 256] [--steps 100] [--top 25] [--probes]
+        [--offline]
 
 B requests with prompts of 128 random tokens decode until every one runs; then `--steps` steps of the engine
 core are timed (`EngineCore.step_core`, what the serving core process runs; text is processed beside the API).
+`--offline` times `Engine.step` instead: the core and the text side in one process, as the offline `LLM` runs
+them (its requests' text decoded at their end, as `LLM.generate_ids` asks). `--probes`: every request reads
+probe_overhead's probe set (16 probes at each of 4 layers) every token.
 Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the step.
 Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded).
 With the overlap, a step costs max(host, device): the smaller one is hidden. Memory bound = the bytes a step
@@ -21,6 +25,7 @@ import os
 import pstats
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +36,7 @@ from device_rates import copy_bandwidth
 from infer import LLM, SamplingParams
 from infer.transfer import Readback
 from layerzero.perf.measure import measure
+from probe_overhead import probe_file
 
 
 class WaitClock:
@@ -70,44 +76,55 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--probes", action="store_true", help="every request reads 64 probe scores every token")
+    parser.add_argument("--offline", action="store_true", help="time Engine.step (core + text), not step_core")
     args = parser.parse_args()
     path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
-    vocab = ms.model_config(args.shape).vocab_size
-    llm = LLM(str(path), load_format="dummy", max_seq_len=2048, max_batch_size=args.batch, kv_cache_memory_gb=20)
+    cfg = ms.model_config(args.shape)
+    options: dict[str, object] = {}
+    if args.probes:
+        options["probes"] = str(probe_file(Path(tempfile.mkdtemp()), cfg.hidden_size, cfg.num_hidden_layers))
+    llm = LLM(str(path), load_format="dummy", max_seq_len=2048, max_batch_size=args.batch, kv_cache_memory_gb=20,
+              **options)
     engine, rng = llm.engine, random.Random(0)
-    params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 64, ignore_eos=True)
-    requests = [engine.add_request([rng.randrange(vocab) for _ in range(128)], params) for _ in range(args.batch)]
+    step = engine.step if args.offline else engine.step_core
+    params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 64, ignore_eos=True,
+                            probes=True if args.probes else None)
+    requests = [engine.add_request([rng.randrange(cfg.vocab_size) for _ in range(128)], params,
+                                   incremental_text=False) for _ in range(args.batch)]
     while not all(r.output_token_ids for r in requests):
-        engine.step_core()
+        step()
     for _ in range(10):
-        engine.step_core()
+        step()
     torch.cuda.synchronize()
     with WaitClock() as wait:
         started = time.perf_counter()
         for _ in range(args.steps):
-            engine.step_core()
+            step()
         seconds = time.perf_counter() - started
     step_ms, wait_ms = 1e3 * seconds / args.steps, 1e3 * wait.seconds / args.steps
-    cfg = ms.model_config(args.shape)
     contexts = [r.num_tokens for r in requests]
     step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
     bound_ms = 1e3 * step_bytes / (copy_bandwidth())
     forward_ms = device_ms(llm, args.batch)
-    report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "step_ms": step_ms,
+    report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "probes": args.probes,
+              "offline": args.offline, "step_ms": step_ms,
               "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "device_forward_ms": forward_ms,
               "memory_bound_ms": bound_ms, "fraction_of_bound": bound_ms / step_ms,
               "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps}
-    print(f"{args.shape}, batch {args.batch}, {report['gpu']}: step {step_ms:.2f} ms (host {step_ms - wait_ms:.2f}, "
+    what = "Engine.step" if args.offline else "step_core"
+    print(f"{args.shape}, batch {args.batch}{', probes' if args.probes else ''}, {what}, {report['gpu']}: step {step_ms:.2f} ms (host {step_ms - wait_ms:.2f}, "
           f"waiting {wait_ms:.2f}); device forward {forward_ms:.2f} ms; memory bound {bound_ms:.2f} ms "
           f"(mean context {report['mean_context']:.0f}) -> {report['fraction_of_bound']:.2f} of it; "
           f"{report['tok_s']:.0f} tok/s")
     if os.environ.get("OUT_DIR"):
         gpu = report["gpu"].lower().replace("nvidia", "").split()[0]
-        Path(os.environ["OUT_DIR"], f"step_profile_{gpu}_b{args.batch}.json").write_text(json.dumps(report, indent=2))
+        tag = f"{gpu}_b{args.batch}{'_probes' if args.probes else ''}{'_offline' if args.offline else ''}"
+        Path(os.environ["OUT_DIR"], f"step_profile_{tag}.json").write_text(json.dumps(report, indent=2))
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(args.steps):
-        engine.step_core()
+        step()
     profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 

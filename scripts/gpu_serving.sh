@@ -24,8 +24,10 @@ if [[ "$mode" == variance ]]; then
 fi
 if [[ "$mode" == all || "$mode" == bench ]]; then
   OUT_DIR="$out" timeout 300 python3 benchmarks/offline_throughput.py --skip-transformers 2>&1 | tail -25
-  for b in 64 256; do
-    OUT_DIR="$out" timeout 120 python3 benchmarks/step_profile.py --batch $b --top 30 > "$out/step_profile_$b.txt" 2>&1
-    head -3 "$out/step_profile_$b.txt"
+  # the core alone at 64 and 256, the offline Engine.step at 256, and both with probes at 64
+  for flags in "--batch 64" "--batch 256" "--batch 256 --offline" "--batch 64 --probes" "--batch 64 --probes --offline"; do
+    name="step_profile_$(echo $flags | tr -d ' -' | sed 's/batch/b/')"
+    OUT_DIR="$out" timeout 120 python3 benchmarks/step_profile.py $flags --top 30 > "$out/$name.txt" 2>&1
+    head -3 "$out/$name.txt"
   done
 fi

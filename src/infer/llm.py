@@ -108,7 +108,7 @@ class LLM:
             self.engine.check_probes(p)
             if p.structured is not None:
                 self.engine.grammars.compile(p.structured)  # ConstraintError (a ValueError) names the problem
-        requests = [self.engine.add_request(ids, p) for ids, p in zip(prompts, per_request)]
+        requests = [self.engine.add_request(ids, p, incremental_text=False) for ids, p in zip(prompts, per_request)]
         texts = {r.request_id: self.engine.text_of(r.request_id) for r in requests}
         results = {r.request_id: RequestOutput(r.prompt_token_ids, "") for r in requests}
         errors: dict[str, str] = {}

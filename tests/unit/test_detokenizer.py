@@ -78,3 +78,24 @@ def test_random_unicode(tokenizer: Tokenizer, text: str) -> None:
     assert "".join(deltas) == full
     if "\ufffd" not in full:
         assert not any("\ufffd" in d for d in deltas)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=40), cut=st.integers(0, 3), ends_on_text=st.booleans())
+def test_held_tokens_decode_at_the_end_to_the_streamed_text(tokenizer: Tokenizer, text: str, cut: int,
+                                                            ends_on_text: bool) -> None:
+    """A caller that reads only the final text holds every token and flushes once; it gets what the pushes give,
+    for outputs that may end inside a character: the flush at a text token's end, none after an EOS."""
+    prompt = tokenizer.encode("Say something:", add_special_tokens=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = ids[: max(len(ids) - cut, 0)]
+    pushed = IncrementalDetokenizer(tokenizer, prompt)
+    for i in ids:
+        pushed.push(i)
+    if ends_on_text:
+        pushed.flush()
+    held = IncrementalDetokenizer(tokenizer, prompt)
+    for i in ids:
+        held.hold(i)
+    assert held.text == ""
+    assert held.flush(keep_incomplete=ends_on_text) == held.text == pushed.text

@@ -146,16 +146,16 @@ class EngineClient:
     # requests ----------------------------------------------------------------------------------
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-               probe_names: tuple[str, ...] = ()) -> RequestStream:
+               probe_names: tuple[str, ...] = (), incremental_text: bool = True) -> RequestStream:
         """Queue a request; ValueError for a prompt the engine cannot run, QueueFullError when full, CoreGoneError
-        once the core has gone."""
+        once the core has gone. `incremental_text=False`: only the final text is read (TextProcessor.add)."""
         if self.gone_reason is not None:
             raise CoreGoneError(self.gone_reason)
         validate_prompt(prompt_token_ids, self.info.config.max_seq_len, self.info.vocab_size)
         if self.num_waiting >= self.max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({self.max_waiting_requests} requests); retry later")
         live = self._live[request_id] = _Live(asyncio.Queue())
-        self.text.add(request_id, prompt_token_ids, params, probe_names)
+        self.text.add(request_id, prompt_token_ids, params, probe_names, incremental_text)
         self._adds.append(m.CoreRequest(request_id, list(prompt_token_ids), params))
         self._submitted += 1
         self._schedule_flush()

@@ -91,7 +91,7 @@ class DPClient:
                 for c in self.clients]
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-               probe_names: tuple[str, ...] = ()) -> RequestStream:
+               probe_names: tuple[str, ...] = (), incremental_text: bool = True) -> RequestStream:
         """Queue a request on the core the router picks; errors as EngineClient.submit's."""
         if self.gone_reason is not None:
             raise CoreGoneError(self.gone_reason)
@@ -99,7 +99,7 @@ class DPClient:
         if index is None:
             raise QueueFullError(f"the waiting queue of every engine is full ({self.per_engine_waiting} requests "
                                  f"each, {len(self.clients)} engines); retry later")
-        return self.clients[index].submit(request_id, prompt_token_ids, params, probe_names)
+        return self.clients[index].submit(request_id, prompt_token_ids, params, probe_names, incremental_text)
 
     def abort(self, request_id: str) -> None:
         for client in self.clients:  # only the client that holds the request live sends the abort

@@ -24,9 +24,11 @@ class Engine(EngineCore):
         super().__init__(config, runner, kv, tokenizer)
         self.text = TextProcessor(tokenizer)
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Request:
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    incremental_text: bool = True) -> Request:
+        """Queue a request; `incremental_text=False` when only its final text is read (TextProcessor.add)."""
         request = super().add_request(prompt_token_ids, params, request_id)
-        self.text.add(request.request_id, request.prompt_token_ids, params, request.probe_names)
+        self.text.add(request.request_id, request.prompt_token_ids, params, request.probe_names, incremental_text)
         return request
 
     def text_of(self, request_id: str) -> TextState | None:

@@ -25,6 +25,7 @@ class TextState:
     stop_checker: StopChecker
     ignore_eos: bool
     probe_names: tuple[str, ...]
+    incremental: bool  # text per token; otherwise only at the end (no stop strings, nobody reads deltas)
     text: str = ""  # output text, cut at a stop string once one is hit
     emitted_chars: int = 0
     finish_reason: str | None = None
@@ -45,9 +46,12 @@ class TextProcessor:
         self._stopped: list[str] = []  # ended by a stop string here, still running in the core
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            probe_names: tuple[str, ...] = ()) -> TextState:
+            probe_names: tuple[str, ...] = (), incremental: bool = True) -> TextState:
+        """Track a request's text. With `incremental` off its tokens are decoded once, when it ends (its deltas are
+        empty until then, the last one holding the whole text): for a caller that reads only the final text. Stop
+        strings need the text as it grows, so they keep it incremental."""
         state = TextState(IncrementalDetokenizer(self.tokenizer, prompt_token_ids), StopChecker(params.stop),
-                          params.ignore_eos, probe_names)
+                          params.ignore_eos, probe_names, incremental or bool(params.stop))
         self.states[request_id] = state
         return state
 
@@ -68,14 +72,20 @@ class TextProcessor:
             return None
         token, reason = out.token_id, out.finish_reason
         text = state.text
+        detokenizer, is_text = state.detokenizer, False
         if token is not None:
             state.token_ids.append(token)
-            if state.ignore_eos or token not in self._eos:
-                detokenizer = state.detokenizer
+            is_text = state.ignore_eos or token not in self._eos
+            if is_text and not state.incremental:
+                detokenizer.hold(token)
+            elif is_text:
                 detokenizer.push(token)
                 if reason is not None:
                     detokenizer.flush()
                 text = detokenizer.text
+        if reason is not None and not state.incremental:  # as the pushes would have: complete when it ends on text
+            detokenizer.flush(keep_incomplete=is_text)
+            text = detokenizer.text
         stops = state.stop_checker
         stop_at = stops.check(text, len(state.text)) if stops.stops else None
         if stop_at is not None:

@@ -42,9 +42,20 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         return self._advance(final=False)
 
-    def flush(self) -> str:
-        """At the end of generation: whatever text was held back (an incomplete character decodes as U+FFFD)."""
-        return self._advance(final=True)
+    def hold(self, token_id: int) -> None:
+        """Add one generated token without decoding it: a caller that reads only the final text decodes every held
+        token at once in `flush`, one decode instead of one per token."""
+        self._ids.append(token_id)
+
+    def flush(self, keep_incomplete: bool = True) -> str:
+        """At the end of generation: whatever text was held back. An incomplete last character decodes as U+FFFD,
+        or is left out with `keep_incomplete` off, as `push` leaves it out of the text while it waits for its rest."""
+        delta = self._advance(final=True)
+        if keep_incomplete or not delta.endswith("\ufffd"):
+            return delta
+        cut = len(delta) - len(delta.rstrip("\ufffd"))
+        self._text = self._text[:-cut]
+        return delta[:-cut]
 
     def _decode(self, start: int, end: int) -> str:
         return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special_tokens)

@@ -42,7 +42,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     structured = await answer_constraint(state, body, shape, await requested_constraint(state, body))
     params = sampling_params(body, max_tokens, logprobs=logprobs, structured=structured, vocab_size=state.vocab_size)
     probes = requested_probes(state, params)
-    gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes)
+    gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes, body.stream)
     view = _ChatView(state, body, len(ids), gen, probes, shape)
     if body.stream:
         return event_stream(view.stream(), gen)

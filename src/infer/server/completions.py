@@ -57,7 +57,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                              structured=await requested_constraint(state, body), vocab_size=state.vocab_size)
     probes = requested_probes(state, params)
     echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
-    gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl", probes)
+    gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl", probes, body.stream)
     view = _CompletionView(state, body, prompts, echoes, gen, probes)
     if body.stream:
         return event_stream(view.stream(), gen)

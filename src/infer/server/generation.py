@@ -81,7 +81,8 @@ def expand(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Job
 class Generation:
     """Submits every job at once (all or nothing) and yields (choice index, output) as they come."""
 
-    def __init__(self, engine: EngineClient, jobs: list[Job], prefix: str, probes: tuple[str, ...] = ()) -> None:
+    def __init__(self, engine: EngineClient, jobs: list[Job], prefix: str, probes: tuple[str, ...] = (),
+                 stream: bool = True) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())  # every response and chunk of this request carries it
         self.engine = engine
@@ -90,7 +91,8 @@ class Generation:
         self._merged: asyncio.Queue[tuple[int, StepOutput]] | None = None  # n > 1: every choice's outputs, in order
         try:
             for i, job in enumerate(jobs):
-                self.streams.append(engine.submit(f"{self.id}-{i}", job.prompt_ids, job.params, probes))
+                # a response sent whole reads only the final text: decoded once, not per token
+                self.streams.append(engine.submit(f"{self.id}-{i}", job.prompt_ids, job.params, probes, stream))
         except (QueueFullError, CoreGoneError) as exc:
             self.abort(engine)
             raise APIError(503, str(exc)) from exc

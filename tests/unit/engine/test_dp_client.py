@@ -33,7 +33,8 @@ class FakeClient:
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
     probe_layout: Any = None
 
-    def submit(self, request_id: str, prompt: list[int], params: Any, probe_names: tuple[str, ...] = ()) -> str:
+    def submit(self, request_id: str, prompt: list[int], params: Any, probe_names: tuple[str, ...] = (),
+               incremental_text: bool = True) -> str:
         self.live.add(request_id)
         self.num_waiting += 1
         return request_id

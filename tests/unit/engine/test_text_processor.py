@@ -66,3 +66,27 @@ def test_streamed_text_never_passes_a_stop_string(tokens, stops):
     cut = min((full.find(s) for s in stops if s in full), default=len(full))
     assert text == state.text == full[:cut]
     assert sum(o.finished for o in outs) == 1
+
+
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=30), st.sampled_from(["length", "stop", "abort"]),
+       st.booleans())
+def test_text_read_only_at_the_end_is_decoded_once_and_matches_the_streamed(tokens, reason, eos_last):
+    """incremental=False: every delta empty until the request ends, then the whole text, the same as streamed."""
+    tokens = tokens + [EOS] if eos_last else tokens
+    texts = []
+    for incremental in (True, False):
+        processor = TextProcessor(FakeTokenizer())  # type: ignore[arg-type]
+        state = processor.add("a", [9], SamplingParams(), incremental=incremental)
+        outs = _run(processor, "a", tokens, last_reason=reason)
+        assert [o.finished for o in outs] == [False] * (len(tokens) - 1) + [True]
+        if not incremental:
+            assert all(o.text_delta == "" for o in outs[:-1])
+        texts.append(("".join(o.text_delta for o in outs), state.text, state.token_ids))
+    assert texts[0] == texts[1] and texts[0][0] == "".join(f" t{t}" for t in tokens if t != EOS)
+
+
+def test_stop_strings_keep_the_text_incremental():
+    processor = TextProcessor(FakeTokenizer())  # type: ignore[arg-type]
+    state = processor.add("a", [1], SamplingParams(stop=["t7"]), incremental=False)
+    outs = _run(processor, "a", [5, 7, 8])
+    assert state.incremental and outs[0].text_delta == " t5" and outs[1].finish_reason == "stop"
