@@ -33,6 +33,7 @@ from device_rates import copy_bandwidth
 from gpu_decode_baselines import gemm_rate
 from gpu_decode_plan import Plan
 from infer import LLM, SamplingParams
+from layerzero.kernels.triton.compiles import Compiles
 
 
 def workload(vocab: int, requests: int, seed: int = 0) -> list[list[int]]:
@@ -55,20 +56,23 @@ def run_infer(path: Path, vocab: int, requests: int, new_tokens: int, repeats: i
                       **options) for name, options in CONFIGS.items()}
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {name: [] for name in llms}
+    compiled: dict[str, list[list[tuple[str, float]]]] = {name: [] for name in llms}
     for repeat in range(repeats):
         prompts = workload(vocab, requests, seed=100 + repeat)
         for name, llm in llms.items():
             torch.cuda.synchronize()
-            started = time.perf_counter()
-            outs = llm.generate_ids(prompts, params)
-            times[name].append(time.perf_counter() - started)
+            with Compiles() as compiles:
+                started = time.perf_counter()
+                outs = llm.generate_ids(prompts, params)
+                times[name].append(time.perf_counter() - started)
+            compiled[name].append(compiles.kernels)
             assert sum(len(o.token_ids) for o in outs) == len(prompts) * new_tokens
     result = {}
     for name, llm in llms.items():
         seconds = statistics.median(times[name][1:])
         result[name] = {"tok_s": requests * new_tokens / seconds, "seconds": seconds, "runs_s": times[name],
                         "first_tok_s": requests * new_tokens / times[name][0],
-                        "warmup_s": llm.built.warmup_seconds,
+                        "warmup_s": llm.built.warmup_seconds, "compiled_per_run": compiled[name],
                         "prefix_hits": llm.engine.kv.prefix_hits, "preemptions": llm.engine.scheduler.num_preemptions}
     del llms
     gc.collect()
@@ -184,6 +188,13 @@ def write(r: dict) -> None:
         lines.append(f"| transformers `generate_batch` (sdpa_paged) | {hf_rate:.0f} | {hf['seconds']:.1f} | | | | 1.0x |")
     elif hf:
         lines.append(f"| transformers `generate_batch` | failed: {hf['error']} | | | | | |")
+    lines += ["", "Triton kernels compiled during each run, in run order (a first run's compiles are what the start-up "
+                  "warm-up missed):", ""]
+    for name, row in (("the defaults", ours), ("no prefix caching", off), ("whole-prompt prefill", whole)):
+        runs = row.get("compiled_per_run", [])
+        first = ", ".join(sorted({k for k, _ in runs[0]})) if runs and runs[0] else "none"
+        lines.append(f"- {name}: " + ", ".join(f"{len(k)} ({sum(s for _, s in k):.2f} s)" for k in runs)
+                     + f"; first run's kernels: {first}")
     costs = sorted(1 - b / a for a, b in zip(ours["runs_s"][1:], off["runs_s"][1:]))
     lines += ["", f"Prefix caching at a 0% hit rate (random prompts; {ours['prefix_hits']} tokens hit): "
                   f"{100 * statistics.median(costs):+.1f}% throughput cost, median of the {len(costs)} warm pairs "

@@ -94,9 +94,9 @@ class GcPauses:
 
 
 def batched_tok_s(llm: LLM, prompt: list[int], batch: int, steps: int, probes: bool, device: str,
-                  pauses: list[float] | None = None) -> float:
+                  stats: list[list[float]] | None = None) -> float:
     """Decode tokens/s of `batch` requests after every prefill has run; appends the run's garbage-collector
-    seconds to `pauses`."""
+    seconds and its median and slowest step in ms to `stats`."""
     params = SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True, probes=True if probes else None)
     requests = [llm.engine.add_request(prompt, params) for _ in range(batch)]
     while any(not r.output_token_ids for r in requests):
@@ -104,13 +104,15 @@ def batched_tok_s(llm: LLM, prompt: list[int], batch: int, steps: int, probes: b
     for _ in range(4):
         llm.engine.step()
     sync(device)
-    produced, started = 0, time.perf_counter()
+    produced, laps, started = 0, [], time.perf_counter()
+    lap = started
     with GcPauses() as collector:
         for _ in range(steps):
             produced += sum(o.token_id is not None for o in llm.engine.step())
+            laps.append(-lap + (lap := time.perf_counter()))
     seconds = time.perf_counter() - started
-    if pauses is not None:
-        pauses.append(collector.seconds)
+    if stats is not None:
+        stats.append([collector.seconds, 1e3 * statistics.median(laps), 1e3 * max(laps)])
     for r in requests:
         llm.engine.abort(r.request_id)
     while llm.engine.has_unfinished():
@@ -140,7 +142,7 @@ def main() -> None:
     prompt = [(7 * i + 3) % cfg.vocab_size for i in range(128 if cuda else 32)]
     runs: dict[str, list[float]] = {"itl_base": [], "itl_probes": [], "itl_loaded_unasked": []}
     if cuda:
-        runs |= {"b64_base": [], "b64_probes": [], "b64_base_gc_s": [], "b64_probes_gc_s": []}
+        runs |= {"b64_base": [], "b64_probes": [], "b64_base_stats": [], "b64_probes_stats": []}
     for llm in (base, probed):  # warm-up: kernels compile, graphs replay once
         itl_ms(llm, prompt, 16, llm is probed, args.device)
     for _ in range(args.repeats):
@@ -148,10 +150,10 @@ def main() -> None:
         runs["itl_probes"].append(itl_ms(probed, prompt, tokens, True, args.device))
         runs["itl_loaded_unasked"].append(itl_ms(probed, prompt, tokens, False, args.device))
         if cuda:
-            runs["b64_base"].append(batched_tok_s(base, prompt, 64, 128, False, args.device, runs["b64_base_gc_s"]))
+            runs["b64_base"].append(batched_tok_s(base, prompt, 64, 128, False, args.device, runs["b64_base_stats"]))
             runs["b64_probes"].append(batched_tok_s(probed, prompt, 64, 128, True, args.device,
-                                                    runs["b64_probes_gc_s"]))
-    med = {k: statistics.median(v) for k, v in runs.items()}
+                                                    runs["b64_probes_stats"]))
+    med = {k: statistics.median(v) for k, v in runs.items() if not k.endswith("_stats")}
     readout = None if cuda else readout_ms(probed, cfg.hidden_size)
     probe_bytes = PROBED_LAYERS * cfg.hidden_size * 16 * 4  # float32 weights, capacity 16 per layer
     result = {
@@ -192,12 +194,12 @@ def write(r: dict, tag: str) -> None:
     if "b64_base" in m:
         lines.append(f"| batch-64 decode (tok/s) | {m['b64_base']:.0f} | {m['b64_probes']:.0f} | "
                      f"{-100 * r['b64_throughput_loss']:+.2f}% |")
-        lines += ["", "Batch-64 runs in run order, with the time the garbage collector ran in each (spread: fastest ÷ "
-                      "slowest - 1):", ""]
+        lines += ["", "Batch-64 runs in run order, with the time the garbage collector ran in each and the run's "
+                      "median and slowest step (spread: fastest ÷ slowest - 1):", ""]
         for key, label in (("b64_base", "no probes"), ("b64_probes", "probes")):
             runs = r["runs"][key]
-            lines.append(f"- {label}: " + ", ".join(f"{x:.0f} tok/s (GC {1e3 * g:.0f} ms)"
-                                                    for x, g in zip(runs, r["runs"][f"{key}_gc_s"]))
+            lines.append(f"- {label}: " + ", ".join(f"{x:.0f} tok/s (GC {1e3 * g:.0f} ms, steps {p50:.2f}/{top:.2f} ms)"
+                                                    for x, (g, p50, top) in zip(runs, r["runs"][f"{key}_stats"]))
                          + f"; spread {100 * (max(runs) / min(runs) - 1):.1f}%")
     if r.get("readout_ms_per_token") is not None:
         lines += ["", f"The {r['probes']} read-outs of one decode row, timed alone: {r['readout_ms_per_token']:.3f} ms per "

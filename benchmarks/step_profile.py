@@ -8,12 +8,14 @@ core are timed (`EngineCore.step_core`, what the serving core process runs; text
 `--offline` times `Engine.step` instead: the core and the text side in one process, as the offline `LLM` runs
 them (its requests' text decoded at their end, as `LLM.generate_ids` asks). `--probes`: every request reads
 probe_overhead's probe set (16 probes at each of 4 layers) every token.
-Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the step.
+Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the step (text:
+its text side); the steps' own times as percentiles show stalls.
 Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded).
 With the overlap, a step costs max(host, device): the smaller one is hidden. Memory bound = the bytes a step
 must read (weights once, every row's KV at its context) over the device's copy bandwidth; the step's fraction
 of it is bound / step. A cProfile of the same steps follows (it slows the host, so its times are only
-proportions). Random weights, bf16, on CUDA. Writes step_profile_<gpu>_b<B>.json under OUT_DIR when set.
+proportions). Random weights, bf16, on CUDA. Appends its report as a line of step_profile_<gpu>.jsonl under
+OUT_DIR when set.
 """
 
 from __future__ import annotations
@@ -29,38 +31,41 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import model_shapes as ms
 from device_rates import copy_bandwidth
 from infer import LLM, SamplingParams
+from infer.engine.text import TextProcessor
 from infer.transfer import Readback
 from layerzero.perf.measure import measure
 from probe_overhead import probe_file
 
 
-class WaitClock:
-    """Wraps Readback.read to add up the time spent blocked on the device."""
+class Clock:
+    """Wraps `cls.name` to add up the time spent in it: Readback.read, blocked on the device; TextProcessor.process,
+    the text side."""
 
-    def __init__(self) -> None:
+    def __init__(self, cls: type, name: str) -> None:
         self.seconds = 0.0
-        self._read = Readback.read
+        self._cls, self._name, self._method = cls, name, getattr(cls, name)
 
-    def __enter__(self) -> "WaitClock":
-        clock, read = self, self._read
+    def __enter__(self) -> "Clock":
+        clock, method = self, self._method
 
-        def timed(readback: Readback) -> list[int]:
+        def timed(*args: object) -> object:
             started = time.perf_counter()
             try:
-                return read(readback)
+                return method(*args)
             finally:
                 clock.seconds += time.perf_counter() - started
 
-        Readback.read = timed  # type: ignore[method-assign]
+        setattr(self._cls, self._name, timed)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        Readback.read = self._read  # type: ignore[method-assign]
+        setattr(self._cls, self._name, self._method)
 
 
 def device_ms(llm: LLM, batch: int, reps: int = 50) -> float:
@@ -97,30 +102,35 @@ def main() -> None:
     for _ in range(10):
         step()
     torch.cuda.synchronize()
-    with WaitClock() as wait:
-        started = time.perf_counter()
+    with Clock(Readback, "read") as wait, Clock(TextProcessor, "process") as text:
+        started = lap = time.perf_counter()
+        laps = []
         for _ in range(args.steps):
             step()
+            laps.append(-lap + (lap := time.perf_counter()))
         seconds = time.perf_counter() - started
-    step_ms, wait_ms = 1e3 * seconds / args.steps, 1e3 * wait.seconds / args.steps
+    p50, p90, p99 = (1e3 * float(np.percentile(laps, q)) for q in (50, 90, 99))
+    step_ms, wait_ms, text_ms = (1e3 * s / args.steps for s in (seconds, wait.seconds, text.seconds))
     contexts = [r.num_tokens for r in requests]
     step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
     bound_ms = 1e3 * step_bytes / (copy_bandwidth())
     forward_ms = device_ms(llm, args.batch)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "probes": args.probes,
               "offline": args.offline, "step_ms": step_ms,
-              "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "device_forward_ms": forward_ms,
+              "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "text_ms": text_ms,
+              "step_p50_p90_p99_ms": [p50, p90, p99], "device_forward_ms": forward_ms,
               "memory_bound_ms": bound_ms, "fraction_of_bound": bound_ms / step_ms,
               "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps}
     what = "Engine.step" if args.offline else "step_core"
-    print(f"{args.shape}, batch {args.batch}{', probes' if args.probes else ''}, {what}, {report['gpu']}: step {step_ms:.2f} ms (host {step_ms - wait_ms:.2f}, "
-          f"waiting {wait_ms:.2f}); device forward {forward_ms:.2f} ms; memory bound {bound_ms:.2f} ms "
+    print(f"{args.shape}, batch {args.batch}{', probes' if args.probes else ''}, {what}, {report['gpu']}: step "
+          f"{step_ms:.2f} ms (host {step_ms - wait_ms:.2f} of which text {text_ms:.2f}, waiting {wait_ms:.2f}); "
+          f"device forward {forward_ms:.2f} ms; memory bound {bound_ms:.2f} ms "
           f"(mean context {report['mean_context']:.0f}) -> {report['fraction_of_bound']:.2f} of it; "
-          f"{report['tok_s']:.0f} tok/s")
+          f"{report['tok_s']:.0f} tok/s; steps p50/p90/p99 {p50:.2f}/{p90:.2f}/{p99:.2f} ms")
     if os.environ.get("OUT_DIR"):
         gpu = report["gpu"].lower().replace("nvidia", "").split()[0]
-        tag = f"{gpu}_b{args.batch}{'_probes' if args.probes else ''}{'_offline' if args.offline else ''}"
-        Path(os.environ["OUT_DIR"], f"step_profile_{tag}.json").write_text(json.dumps(report, indent=2))
+        with open(Path(os.environ["OUT_DIR"], f"step_profile_{gpu}.jsonl"), "a") as f:  # one file for every run
+            f.write(json.dumps(report) + "\n")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(args.steps):

@@ -25,9 +25,10 @@ fi
 if [[ "$mode" == all || "$mode" == bench ]]; then
   OUT_DIR="$out" timeout 300 python3 benchmarks/offline_throughput.py --skip-transformers 2>&1 | tail -25
   # the core alone at 64 and 256, the offline Engine.step at 256, and both with probes at 64
+  # (one text file for all: the device returns a few files only)
   for flags in "--batch 64" "--batch 256" "--batch 256 --offline" "--batch 64 --probes" "--batch 64 --probes --offline"; do
-    name="step_profile_$(echo $flags | tr -d ' -' | sed 's/batch/b/')"
-    OUT_DIR="$out" timeout 120 python3 benchmarks/step_profile.py $flags --top 30 > "$out/$name.txt" 2>&1
-    head -3 "$out/$name.txt"
+    OUT_DIR="$out" timeout 120 python3 benchmarks/step_profile.py $flags --top 30 > /tmp/step_profile.txt 2>&1
+    head -1 /tmp/step_profile.txt
+    cat /tmp/step_profile.txt >> "$out/step_profiles.txt"
   done
 fi

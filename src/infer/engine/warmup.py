@@ -2,9 +2,11 @@
 
 On CUDA the first prefill of each shape compiles Triton kernels and makes layerzero's selections; decode
 buckets are captured as graphs when the runner is built, but prefill chunks, mixed steps and the sampler's
-variants are not. The warm-up admits a few requests of random token ids whose prompts span the prefill chunk
-sizes (a full chunk, a short remainder, a single token) and decodes a few steps with them, then leaves the
-engine as it found it: no request, an empty prefix cache, zeroed counters.
+variants are not. The warm-up admits requests of random token ids whose prompts span the prefill chunk sizes (a
+full chunk, a short remainder, a single token) and decodes a few steps with them, then leaves the engine as it
+found it: no request, an empty prefix cache, zeroed counters. The sampler's kernels depend on which rows sample
+(all greedy rows read the logits in their own dtype, sampled ones in float32) and on how many (the argmax's block
+size), so on CUDA every group runs greedy and sampled, and small groups of 1-8 rows run beside the large one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from infer.engine.core import EngineCore
 from infer.sampling.params import SamplingParams
 
 WARMUP_DECODE_TOKENS = 4
+SMALL_GROUPS = (1, 2, 3, 4, 6, 8)  # requests at once, each a short prompt: steps that sample that many rows
 
 
 def warm_up(engine: EngineCore) -> float:
@@ -24,17 +27,22 @@ def warm_up(engine: EngineCore) -> float:
     config = engine.config
     rng = random.Random(0)
     chunk = min(config.prefill_chunk_size, config.max_seq_len - WARMUP_DECODE_TOKENS - 1)
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=WARMUP_DECODE_TOKENS, ignore_eos=True, seed=0)
     if engine.runner.device.type == "cuda":
-        lengths = [chunk + chunk // 2, chunk, 17, 1] + [rng.randrange(2, 64) for _ in range(min(config.max_batch_size, 64) - 4)]
+        large = [chunk + chunk // 2, chunk, 17, 1]
+        large += [rng.randrange(2, 64) for _ in range(min(config.max_batch_size, 64) - 4)]
+        groups = [large] + [[rng.randrange(2, 64) for _ in range(n)] for n in SMALL_GROUPS if n < len(large)]
+        greedy = SamplingParams(temperature=0.0, max_tokens=WARMUP_DECODE_TOKENS, ignore_eos=True)
+        rounds = [(group, params) for params in (greedy, sampled) for group in groups]
     else:  # the CPU's steps are compute-bound from the first: warm the code paths, not every shape
-        lengths = [min(chunk, 24), 3]
-    lengths = [max(1, min(n, config.max_seq_len - WARMUP_DECODE_TOKENS - 1)) for n in lengths]
-    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=WARMUP_DECODE_TOKENS, ignore_eos=True, seed=0)
+        rounds = [([min(chunk, 24), 3], sampled)]
     vocab = engine.runner.vocab_size
-    for i, n in enumerate(lengths):
-        EngineCore.add_request(engine, [rng.randrange(vocab) for _ in range(n)], params, f"warmup-{i}")
-    while engine.has_unfinished():
-        engine.step_core()
+    for r, (lengths, params) in enumerate(rounds):
+        for i, n in enumerate(lengths):
+            n = max(1, min(n, config.max_seq_len - WARMUP_DECODE_TOKENS - 1))
+            EngineCore.add_request(engine, [rng.randrange(vocab) for _ in range(n)], params, f"warmup-{r}-{i}")
+        while engine.has_unfinished():
+            engine.step_core()
     engine.kv.reset_prefix_cache()
     engine.scheduler.num_preemptions = 0
     return time.perf_counter() - started
