@@ -179,7 +179,10 @@ def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_le
 
 
 def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # proto named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on connections of a socket whose proto is
+    # IPPROTO_TCP; with 0, a response's body waited ~40 ms for the client's delayed ACK of its headers
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
