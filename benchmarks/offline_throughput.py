@@ -90,7 +90,8 @@ def run_decode(path: Path, batches: list[int], vocab: int, repeats: int = 3) -> 
             prompts = [p[:128] for p in workload(vocab, batch, seed=batch)]
             params = SamplingParams(temperature=0, max_tokens=129, ignore_eos=True)
             engine = llm.engine
-            requests = [engine.add_request(p, params) for p in prompts]
+            # text decoded at each request's end, as LLM.generate_ids has it
+            requests = [engine.add_request(p, params, incremental_text=False) for p in prompts]
             started = None
             while engine.has_unfinished():
                 engine.step()
