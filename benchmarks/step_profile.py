@@ -44,8 +44,8 @@ from probe_overhead import probe_file
 
 
 class Clock:
-    """Wraps `cls.name` to add up the time spent in it: Readback.read, blocked on the device; TextProcessor.process,
-    the text side."""
+    """Wraps `cls.name` to add up the time spent in it: Readback.read, blocked on the device;
+    TextProcessor.process_step, the text side."""
 
     def __init__(self, cls: type, name: str) -> None:
         self.seconds = 0.0
@@ -102,7 +102,7 @@ def main() -> None:
     for _ in range(10):
         step()
     torch.cuda.synchronize()
-    with Clock(Readback, "read") as wait, Clock(TextProcessor, "process") as text:
+    with Clock(Readback, "read") as wait, Clock(TextProcessor, "process_step") as text:
         started = lap = time.perf_counter()
         laps = []
         for _ in range(args.steps):

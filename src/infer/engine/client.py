@@ -222,11 +222,8 @@ class EngineClient:
     def _deliver(self, step: m.CoreOutputs) -> None:
         self._core_waiting, self._core_running, self._received = step.num_waiting, step.num_running, step.received
         now = time.monotonic()
-        process, live_of, observe = self.text.process, self._live, self.metrics.observe
-        for core_out in step.outputs:
-            out = process(core_out)
-            if out is None:
-                continue
+        live_of, observe = self._live, self.metrics.observe
+        for out in self.text.process_step(step.emitted):
             live = live_of.get(out.request_id)
             if live is None:
                 continue

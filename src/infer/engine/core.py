@@ -1,9 +1,9 @@
 """EngineCore.step_core(): resolve the step in flight, schedule, launch, emit the core's outputs.
 
 The scheduler (scheduler.py) decides what runs and owns every request's state and KV blocks; the
-output processor (outputs.py) turns sampled ids into CoreOutputs (finish reasons, logprobs, probe
-scores; never text); the overlap of steps (overlap.py) is the one mechanism that lets step N+1 launch
-before step N is read. Aborts are queued (any thread may call `abort`) and applied at the start of the
+output processor (outputs.py) turns sampled ids into the step's CoreStep (plain tokens as columns,
+CoreOutputs with finish reasons, logprobs, probe scores; never text); the overlap of steps (overlap.py)
+is the one mechanism that lets step N+1 launch before step N is read. Aborts are queued (any thread may call `abort`) and applied at the start of the
 next step. step_core() does no I/O and, for a fixed seed and queue, is deterministic. The core runs in
 its own process under `infer serve` (core_process.py) and in the caller's for offline use (engine.py).
 """
@@ -24,7 +24,7 @@ import torch
 from infer.engine.config import EngineConfig
 from infer.engine.outputs import OutputProcessor
 from infer.engine.overlap import InFlight
-from infer.engine.messages import CoreOutput
+from infer.engine.messages import CoreOutput, CoreStep
 from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from infer.kv.kv_manager import KVCacheManager
@@ -55,7 +55,8 @@ class EngineStats:
 
 
 class EngineCore:
-    """The scheduler and the runner: requests of token ids in, one CoreOutput per request and token out."""
+    """The scheduler and the runner: requests of token ids in, one output per request and token out (a CoreStep
+    per step)."""
 
     def __init__(self, config: EngineConfig, runner: Runner, kv: KVCacheManager, tokenizer: Tokenizer) -> None:
         self.config = config
@@ -135,7 +136,7 @@ class EngineCore:
         and emits its final output."""
         self._aborts.append((request_id, reason))
 
-    def step_core(self) -> list[CoreOutput]:
+    def step_core(self) -> CoreStep:
         ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history, self.scheduler.proposer is not None)
         outputs = [] if ahead else self._resolve()
         outputs += self.apply_aborts()
@@ -145,7 +146,7 @@ class EngineCore:
             outputs += self._resolve()
             if not was_in_flight and not self.scheduler.running and self.scheduler.waiting:  # kv_layout sized
                 raise RuntimeError(f"cannot admit {self.scheduler.waiting[0].request_id!r} into an idle KV cache")
-            return outputs
+            return self.outputs.take_step(outputs)
         now = time.monotonic()
         for request in batch.requests:
             request.first_scheduled_time = request.first_scheduled_time or now
@@ -155,11 +156,12 @@ class EngineCore:
             raise
         except Exception as exc:  # the batch fails, the engine keeps serving everyone else
             outputs += self._take_resolved_in_launch() + self._resolve()
-            return outputs + [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
+            failed = [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
+            return self.outputs.take_step(outputs + failed)
         self.scheduler.launched(batch)
         outputs += self._take_resolved_in_launch() + self._resolve()
         self._in_flight.step = (batch, launched)
-        return outputs
+        return self.outputs.take_step(outputs)
 
     def _resolve(self, on_advanced: Callable[[], None] | None = None) -> list[CoreOutput]:
         """Read the in-flight step's tokens (the step boundary) and turn them into outputs. The grammars take

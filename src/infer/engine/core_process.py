@@ -176,26 +176,31 @@ class CoreLoop:
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step_core()
+            step = self.engine.step_core()
         except DistributedError as exc:  # a tensor-parallel rank is gone: fail what is in flight, then exit
-            self._send(self.engine.fail_all(f"{type(exc).__name__}: {exc}"))
+            self._send(m.CoreStep(outputs=self.engine.fail_all(f"{type(exc).__name__}: {exc}")))
             raise
         except Exception as exc:  # fail what is in flight, keep serving
             log.exception("engine step failed")
-            outputs = self.engine.fail_all(f"{type(exc).__name__}: {exc}")
-        self._send(outputs)
+            step = m.CoreStep(outputs=self.engine.fail_all(f"{type(exc).__name__}: {exc}"))
+        self._send(step)
 
-    def _send(self, outputs: list[m.CoreOutput]) -> None:
-        if not outputs:
+    def _send(self, step: m.CoreStep) -> None:
+        """Each API server its requests' part of the step."""
+        if not step.request_ids and not step.outputs:
             return
-        by_owner: dict[bytes, list[m.CoreOutput]] = defaultdict(list)
         owners = self._owner
-        for out in outputs:
+        by_owner: dict[bytes, m.CoreStep] = defaultdict(m.CoreStep)
+        for request_id, token in zip(step.request_ids, step.token_ids):
+            part = by_owner[owners[request_id]]  # a plain token's request is running: it has an owner
+            part.request_ids.append(request_id)
+            part.token_ids.append(token)
+        for out in step.outputs:
             owner = owners.pop(out.request_id, None) if out.finish_reason is not None else owners.get(out.request_id)
             if owner is not None:
-                by_owner[owner].append(out)
-        for owner, outs in by_owner.items():
-            self._send_to(owner, outs)
+                by_owner[owner].outputs.append(out)
+        for owner, part in by_owner.items():
+            self._send_to(owner, part)
 
     def _drain(self, block: bool, poll_ms: int = IDLE_POLL_MS) -> None:
         """Handle every message that has arrived; with `block`, wait up to `poll_ms` for the first."""
@@ -220,13 +225,14 @@ class CoreLoop:
                 try:
                     self.engine.add_request(req.prompt_token_ids, req.params, req.request_id)
                 except ValueError as exc:
-                    self._send_to(identity, [m.CoreOutput(req.request_id, None, "error", str(exc), True)])
+                    failed = m.CoreOutput(req.request_id, None, "error", str(exc), True)
+                    self._send_to(identity, m.CoreStep(outputs=[failed]))
                     continue
                 self._owner[req.request_id] = identity
         elif isinstance(msg, m.Abort):
             for request_id in msg.request_ids:
                 if self.grammars.cancel(request_id) is not None:
-                    self._send([m.CoreOutput(request_id, None, msg.reason)])
+                    self._send(m.CoreStep(outputs=[m.CoreOutput(request_id, None, msg.reason)]))
                 else:
                     self.engine.abort(request_id, msg.reason)
         elif isinstance(msg, m.Heartbeat):
@@ -249,11 +255,11 @@ class CoreLoop:
                     continue
                 except ValueError as exc:
                     error = str(exc)
-            self._send([m.CoreOutput(req.request_id, None, "error", error, True)])
+            self._send(m.CoreStep(outputs=[m.CoreOutput(req.request_id, None, "error", error, True)]))
 
-    def _send_to(self, identity: bytes, outputs: list[m.CoreOutput]) -> None:
+    def _send_to(self, identity: bytes, emitted: m.CoreStep) -> None:
         scheduler = self.engine.scheduler
-        step = m.CoreOutputs(outputs, len(scheduler.waiting), len(scheduler.running), self._received[identity])
+        step = m.CoreOutputs(emitted, len(scheduler.waiting), len(scheduler.running), self._received[identity])
         self.socket.send_multipart([identity, m.encode(m.Outputs(step))], copy=False)
 
     def _call(self, identity: bytes, method: str, args: list[Any]) -> Any:

@@ -37,7 +37,7 @@ class Engine(EngineCore):
 
     def step(self) -> list[StepOutput]:
         """One engine step; a request whose text hit a stop string ends in the core at the next step."""
-        outputs = [out for core in self.step_core() if (out := self.text.process(core)) is not None]
+        outputs = self.text.process_step(self.step_core())
         for request_id in self.text.take_stopped():
             self.abort(request_id, "stop")
         return outputs

@@ -1,9 +1,10 @@
 """What crosses between the API server and the engine core: typed messages, msgpack on the wire (msgspec).
 
 The hot path is two messages: a request going in (`CoreRequest`) and one step's outputs coming out
-(`CoreOutputs`: per output the request id, the sampled token, and a finish reason, logprobs or probe
-scores only when there are some). Everything else (aborts, utility calls, heartbeats, the core's
-start-up facts) is small and rare. docs/engine.md draws the two processes.
+(`CoreOutputs` around a `CoreStep`: the step's plain tokens as two columns, request ids and token ids, and
+whole `CoreOutput`s only where there is more to say: a first output, a finish reason, logprobs, probe
+scores). Everything else (aborts, utility calls, heartbeats, the core's start-up facts) is small and rare.
+docs/engine.md draws the two processes.
 """
 
 from __future__ import annotations
@@ -49,11 +50,21 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
         return self.finish_reason is not None
 
 
+class CoreStep(msgspec.Struct, array_like=True, gc=False):
+    """What one step emitted. A plain token (its request keeps running and asks nothing of it but the token, and
+    has had its first output) is a row of two columns; every other output is whole. The columns come first: a
+    whole output of the same step (an abort, an error) may end a request after its token."""
+
+    request_ids: list[str] = []
+    token_ids: list[int] = []
+    outputs: list[CoreOutput] = []
+
+
 class CoreOutputs(msgspec.Struct, array_like=True, gc=False):
     """One step's outputs for one API server, with the core's queue lengths (admission control, /metrics) and how
     many of this API server's requests the core has taken in so far (the rest are still on their way)."""
 
-    outputs: list[CoreOutput]
+    emitted: CoreStep
     num_waiting: int
     num_running: int
     received: int = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from infer.engine.decode_table import DecodeRows
-from infer.engine.messages import CoreOutput
+from infer.engine.messages import CoreOutput, CoreStep
 from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledRow, Scheduler
 from infer.runners.step import StepResult
@@ -17,7 +17,8 @@ from omniscience import ProbeLayout
 
 
 class OutputProcessor:
-    """One CoreOutput per request per token; a finish reason ends the request through the scheduler."""
+    """One output per request per token: a plain decode token as a row of the step's columns, every other one a
+    CoreOutput; a finish reason ends the request through the scheduler."""
 
     def __init__(self, eos_token_ids: frozenset[int], scheduler: Scheduler, max_seq_len: int) -> None:
         self._eos = eos_token_ids
@@ -28,6 +29,14 @@ class OutputProcessor:
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._selections: dict[int, list[list[float | None]]] = {}  # id(names) -> this step's scores of those names
         self._selections_of: StepResult | None = None
+        self._plain_ids: list[str] = []  # this step's plain tokens, until `take_step`
+        self._plain_tokens: list[int] = []
+
+    def take_step(self, outputs: list[CoreOutput]) -> CoreStep:
+        """The step's outputs: the plain tokens collected since the last call as columns, then `outputs`."""
+        step = CoreStep(self._plain_ids, self._plain_tokens, outputs)
+        self._plain_ids, self._plain_tokens = [], []
+        return step
 
     def process(self, request: Request, result: StepResult, row: int) -> list[CoreOutput]:
         """The outputs of the tokens a step produced for `request` at `row`: one, or with speculation the accepted
@@ -43,13 +52,15 @@ class OutputProcessor:
         """The outputs of the decode table's rows, the step's first: which tokens end their request (EOS, a length
         limit) is decided for all rows at once from the table's arrays, and asked probe scores come from the step's one
         selection per name list; a row whose request needs more per token (a grammar, logprobs, probe_stop) goes
-        through `process`. A request that ended while the step was in flight (a stop string, an abort) drops its
-        token."""
+        through `process`. A token that ends nothing, of a request that asked no probes and has had its first
+        output, joins the step's columns (`take_step`) instead of becoming a CoreOutput. A request that ended while
+        the step was in flight (a stop string, an abort) drops its token."""
         tokens = np.asarray(result.token_ids[: len(rows.requests)], dtype=np.int64)
         # the token at position context_len ends the request once the known tokens reach its limit
         eos = rows.stops_at_eos & np.isin(tokens, self._eos_ids)
         ends = np.where(eos, 1, (rows.context_lens + 1 >= rows.limits) * 2)
         out: list[CoreOutput] = []
+        plain_ids, plain_tokens = self._plain_ids, self._plain_tokens
         for i, (request, token, end, plain) in enumerate(zip(rows.requests, tokens.tolist(), ends.tolist(),
                                                               rows.plain.tolist())):
             if request.finished:
@@ -58,10 +69,14 @@ class OutputProcessor:
                 out += self.process(request, result, i)
                 continue
             request.append_output(token)
+            names = request.probe_names
+            if not end and not names and request.outputs_sent:
+                plain_ids.append(request.request_id)
+                plain_tokens.append(token)
+                continue
             reason = _ENDS[end]
             if reason is not None:
                 self.scheduler.finish(request, reason)
-            names = request.probe_names
             probes = self._named_scores(names, result, i) if names and result.probe_scores is not None else None
             out.append(self.output(request, token, reason, probes=probes))
         return out

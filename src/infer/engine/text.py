@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from infer.engine.messages import CoreOutput
+from infer.engine.messages import CoreOutput, CoreStep
 from infer.engine.request import StepOutput
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.loader.tokenizer import Tokenizer
@@ -26,6 +26,8 @@ class TextState:
     ignore_eos: bool
     probe_names: tuple[str, ...]
     incremental: bool  # text per token; otherwise only at the end (no stop strings, nobody reads deltas)
+    prompt_tokens: int
+    cached_tokens: int = 0  # as the core last said (a plain token's columns do not carry it)
     text: str = ""  # output text, cut at a stop string once one is hit
     emitted_chars: int = 0
     finish_reason: str | None = None
@@ -37,7 +39,7 @@ class TextState:
 
 
 class TextProcessor:
-    """Per request a TextState; `process` turns one CoreOutput into the caller's StepOutput."""
+    """Per request a TextState; `process_step` turns a core step's outputs into the caller's StepOutputs."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -51,7 +53,7 @@ class TextProcessor:
         empty until then, the last one holding the whole text): for a caller that reads only the final text. Stop
         strings need the text as it grows, so they keep it incremental."""
         state = TextState(IncrementalDetokenizer(self.tokenizer, prompt_token_ids), StopChecker(params.stop),
-                          params.ignore_eos, probe_names, incremental or bool(params.stop))
+                          params.ignore_eos, probe_names, incremental or bool(params.stop), len(prompt_token_ids))
         self.states[request_id] = state
         return state
 
@@ -64,13 +66,47 @@ class TextProcessor:
         """End a request from this side (its core is gone): its final, failed output; None if already ended."""
         return self.process(CoreOutput(request_id, None, "error", error))
 
+    def process_step(self, step: CoreStep) -> list[StepOutput]:
+        """The caller's outputs of one core step: its plain tokens first, then its whole outputs (see CoreStep).
+        Tokens of a request unknown here or already ended are dropped (see `process`)."""
+        outputs = []
+        states = self.states
+        for request_id, token in zip(step.request_ids, step.token_ids):
+            state = states.get(request_id)
+            if state is None or state.finished:
+                continue
+            if state.incremental:
+                delta, reason = self._advance(state, request_id, token, None)
+            else:  # a plain token is text (it ends nothing) and no stop string waits on it: held for the end
+                state.token_ids.append(token)
+                state.detokenizer.hold(token)
+                delta, reason = "", None
+            outputs.append(StepOutput(request_id, token, delta, reason is not None, reason, None, state.prompt_tokens,
+                                      len(state.token_ids), cached_tokens=state.cached_tokens))
+        for out in step.outputs:
+            if (converted := self.process(out)) is not None:
+                outputs.append(converted)
+        return outputs
+
     def process(self, out: CoreOutput) -> StepOutput | None:
         """The caller's output for one core output; None for a request unknown here or already ended (the
         tokens the core sampled after a stop string, before it heard of the stop)."""
         state = self.states.get(out.request_id)
         if state is None or state.finished:
             return None
-        token, reason = out.token_id, out.finish_reason
+        state.cached_tokens = out.cached_tokens
+        delta, reason = self._advance(state, out.request_id, out.token_id, out.finish_reason)
+        probes = None
+        if out.probes is not None:
+            probes = dict(zip(state.probe_names, out.probes))
+        return StepOutput(out.request_id, out.token_id, delta, reason is not None, reason, out.error,
+                          out.prompt_tokens, out.completion_tokens, out.logprob, out.prompt_logprobs,
+                          out.queue_seconds, out.cached_tokens, out.client_error, probes, out.prompt_probes)
+
+    def _advance(self, state: TextState, request_id: str, token: int | None, reason: str | None
+                 ) -> tuple[str, str | None]:
+        """Take a token (None: none) and the core's finish reason into the request's text: (the new text delta,
+        the finish reason, "stop" when a stop string ended it here)."""
         text = state.text
         detokenizer, is_text = state.detokenizer, False
         if token is not None:
@@ -91,7 +127,7 @@ class TextProcessor:
         if stop_at is not None:
             text = text[:stop_at]
             if reason is None:
-                self._stopped.append(out.request_id)
+                self._stopped.append(request_id)
             reason = "stop"
         state.text = text
         visible = len(text) if reason or not stops.stops else len(text) - stops.holdback(text)
@@ -99,10 +135,5 @@ class TextProcessor:
         state.emitted_chars += len(delta)
         if reason is not None:
             state.finish_reason = reason
-            del self.states[out.request_id]
-        probes = None
-        if out.probes is not None:
-            probes = dict(zip(state.probe_names, out.probes))
-        return StepOutput(out.request_id, token, delta, reason is not None, reason, out.error, out.prompt_tokens,
-                          out.completion_tokens, out.logprob, out.prompt_logprobs, out.queue_seconds,
-                          out.cached_tokens, out.client_error, probes, out.prompt_probes)
+            del self.states[request_id]
+        return delta, reason
