@@ -145,11 +145,13 @@ def main() -> None:
     cfg = ms.model_config(args.shape)
     report: dict[str, object] = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "requests": args.requests,
                                  "new_tokens": args.new_tokens, "torch": torch.__version__}
+    # the roofline's bandwidth, before any load: after the engines' runs it once measured 2.59 TB/s on a GPU where
+    # step_profile.py measured 3.0 minutes later
+    bandwidth = copy_bandwidth() / 1e9
     if not args.skip_transformers:  # first, while the GPU's memory is all free
         report["transformers"] = run_transformers(args.shape, workload(cfg.vocab_size, args.requests, seed=100),
                                                   args.new_tokens)
     report |= run_infer(path, cfg.vocab_size, args.requests, args.new_tokens, args.repeats)
-    bandwidth = copy_bandwidth() / 1e9
     decode = run_decode(path, [64, 256], cfg.vocab_size)
     gemm_tflops = gemm_rate(Plan(models=(args.shape,)))["tflops"]
     report["copy_gb_s"], report["gemm_tflops"] = bandwidth, gemm_tflops
