@@ -19,6 +19,7 @@ import signal
 import tempfile
 import time
 from collections import defaultdict
+from itertools import repeat
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -191,10 +192,12 @@ class CoreLoop:
             return
         owners = self._owner
         by_owner: dict[bytes, m.CoreStep] = defaultdict(m.CoreStep)
-        for request_id, token in zip(step.request_ids, step.token_ids):
+        for request_id, token, values in zip(step.request_ids, step.token_ids, step.probes or repeat(None)):
             part = by_owner[owners[request_id]]  # a plain token's request is running: it has an owner
             part.request_ids.append(request_id)
             part.token_ids.append(token)
+            if step.probes:
+                part.probes.append(values)
         for out in step.outputs:
             owner = owners.pop(out.request_id, None) if out.finish_reason is not None else owners.get(out.request_id)
             if owner is not None:

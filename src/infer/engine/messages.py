@@ -51,12 +51,13 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 class CoreStep(msgspec.Struct, array_like=True, gc=False):
-    """What one step emitted. A plain token (its request keeps running and asks nothing of it but the token, and
-    has had its first output) is a row of two columns; every other output is whole. The columns come first: a
-    whole output of the same step (an abort, an error) may end a request after its token."""
+    """What one step emitted. A plain token (its request keeps running, asks nothing of it but the token and its
+    probe scores, and has had its first output) is a row of the columns; every other output is whole. The columns
+    come first: a whole output of the same step (an abort, an error) may end a request after its token."""
 
     request_ids: list[str] = []
     token_ids: list[int] = []
+    probes: list[list[float | None] | None] = []  # a row's asked probe scores; empty when no row has any
     outputs: list[CoreOutput] = []
 
 

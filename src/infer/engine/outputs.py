@@ -31,11 +31,13 @@ class OutputProcessor:
         self._selections_of: StepResult | None = None
         self._plain_ids: list[str] = []  # this step's plain tokens, until `take_step`
         self._plain_tokens: list[int] = []
+        self._plain_probes: list[list[float | None] | None] = []
 
     def take_step(self, outputs: list[CoreOutput]) -> CoreStep:
         """The step's outputs: the plain tokens collected since the last call as columns, then `outputs`."""
-        step = CoreStep(self._plain_ids, self._plain_tokens, outputs)
-        self._plain_ids, self._plain_tokens = [], []
+        probes = self._plain_probes if any(self._plain_probes) else []
+        step = CoreStep(self._plain_ids, self._plain_tokens, probes, outputs)
+        self._plain_ids, self._plain_tokens, self._plain_probes = [], [], []
         return step
 
     def process(self, request: Request, result: StepResult, row: int) -> list[CoreOutput]:
@@ -52,15 +54,16 @@ class OutputProcessor:
         """The outputs of the decode table's rows, the step's first: which tokens end their request (EOS, a length
         limit) is decided for all rows at once from the table's arrays, and asked probe scores come from the step's one
         selection per name list; a row whose request needs more per token (a grammar, logprobs, probe_stop) goes
-        through `process`. A token that ends nothing, of a request that asked no probes and has had its first
-        output, joins the step's columns (`take_step`) instead of becoming a CoreOutput. A request that ended while
+        through `process`. A token that ends nothing, of a request that has had its first output, joins the step's
+        columns (`take_step`) with its probe scores instead of becoming a CoreOutput. A request that ended while
         the step was in flight (a stop string, an abort) drops its token."""
         tokens = np.asarray(result.token_ids[: len(rows.requests)], dtype=np.int64)
         # the token at position context_len ends the request once the known tokens reach its limit
         eos = rows.stops_at_eos & np.isin(tokens, self._eos_ids)
         ends = np.where(eos, 1, (rows.context_lens + 1 >= rows.limits) * 2)
         out: list[CoreOutput] = []
-        plain_ids, plain_tokens = self._plain_ids, self._plain_tokens
+        plain_ids, plain_tokens, plain_probes = self._plain_ids, self._plain_tokens, self._plain_probes
+        scores = result.probe_scores
         for i, (request, token, end, plain) in enumerate(zip(rows.requests, tokens.tolist(), ends.tolist(),
                                                               rows.plain.tolist())):
             if request.finished:
@@ -70,14 +73,15 @@ class OutputProcessor:
                 continue
             request.append_output(token)
             names = request.probe_names
-            if not end and not names and request.outputs_sent:
+            probes = self._named_scores(names, result, i) if names and scores is not None else None
+            if not end and request.outputs_sent:
                 plain_ids.append(request.request_id)
                 plain_tokens.append(token)
+                plain_probes.append(probes)
                 continue
             reason = _ENDS[end]
             if reason is not None:
                 self.scheduler.finish(request, reason)
-            probes = self._named_scores(names, result, i) if names and result.probe_scores is not None else None
             out.append(self.output(request, token, reason, probes=probes))
         return out
 

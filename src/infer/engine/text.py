@@ -7,6 +7,7 @@ A stop string ends a request here first; the caller then tells the core to end i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from infer.engine.messages import CoreOutput, CoreStep
@@ -71,7 +72,8 @@ class TextProcessor:
         Tokens of a request unknown here or already ended are dropped (see `process`)."""
         outputs = []
         states = self.states
-        for request_id, token in zip(step.request_ids, step.token_ids):
+        probe_rows = step.probes or itertools.repeat(None)
+        for request_id, token, values in zip(step.request_ids, step.token_ids, probe_rows):
             state = states.get(request_id)
             if state is None or state.finished:
                 continue
@@ -81,8 +83,9 @@ class TextProcessor:
                 state.token_ids.append(token)
                 state.detokenizer.hold(token)
                 delta, reason = "", None
+            probes = None if values is None else dict(zip(state.probe_names, values))
             outputs.append(StepOutput(request_id, token, delta, reason is not None, reason, None, state.prompt_tokens,
-                                      len(state.token_ids), cached_tokens=state.cached_tokens))
+                                      len(state.token_ids), cached_tokens=state.cached_tokens, probes=probes))
         for out in step.outputs:
             if (converted := self.process(out)) is not None:
                 outputs.append(converted)

@@ -26,10 +26,11 @@ def test_outputs_round_trip_with_logprobs_and_probe_scores():
     lp = TokenLogprob(5, -0.25, [(5, -0.25), (6, -1.5)])
     out = m.CoreOutput("r", 5, "length", completion_tokens=3, logprob=lp, prompt_logprobs=[None, lp],
                        probes=[0.5, math.nan], prompt_probes={"a": [None, 0.25]}, queue_seconds=0.01)
-    step = m.CoreStep(["p", "q"], [11, 12], [out])
+    step = m.CoreStep(["p", "q"], [11, 12], [[0.25], None], [out])
     back = m.decode_from_core(m.encode(m.Outputs(m.CoreOutputs(step, 2, 7))))
     assert isinstance(back, m.Outputs) and back.step.num_waiting == 2 and back.step.num_running == 7
     assert back.step.emitted.request_ids == ["p", "q"] and back.step.emitted.token_ids == [11, 12]
+    assert back.step.emitted.probes == [[0.25], None]
     got = back.step.emitted.outputs[0]
     assert got.logprob == lp and got.prompt_logprobs == [None, lp] and got.finished
     assert got.probes[0] == 0.5 and math.isnan(got.probes[1]) and got.prompt_probes == {"a": [None, 0.25]}
