@@ -193,7 +193,10 @@ class CoreLoop:
         owners = self._owner
         by_owner: dict[bytes, m.CoreStep] = defaultdict(m.CoreStep)
         for request_id, token, values in zip(step.request_ids, step.token_ids, step.probes or repeat(None)):
-            part = by_owner[owners[request_id]]  # a plain token's request is running: it has an owner
+            owner = owners.get(request_id)  # none only for a request failed since (fail_all after a step's error)
+            if owner is None:
+                continue
+            part = by_owner[owner]
             part.request_ids.append(request_id)
             part.token_ids.append(token)
             if step.probes:

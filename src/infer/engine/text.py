@@ -109,7 +109,7 @@ class TextProcessor:
     def _advance(self, state: TextState, request_id: str, token: int | None, reason: str | None
                  ) -> tuple[str, str | None]:
         """Take a token (None: none) and the core's finish reason into the request's text: (the new text delta,
-        the finish reason, "stop" when a stop string ended it here)."""
+        the finish reason: the core's, or "stop" when a stop string ended the text here)."""
         text = state.text
         detokenizer, is_text = state.detokenizer, False
         if token is not None:
