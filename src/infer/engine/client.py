@@ -195,10 +195,12 @@ class EngineClient:
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
 
-    def _flush(self) -> None:
-        """What this event-loop turn submitted and aborted, as one message each."""
+    def flush(self) -> None:
+        """Send what was submitted and aborted since the last flush, as one message each. It runs at the end of the
+        event-loop turn that queued them; a caller done submitting calls it at once, so the core starts before the
+        caller's own work in that turn (a response's set-up) ends."""
         self._flush_scheduled = False
         if self.gone_reason is not None:
             return

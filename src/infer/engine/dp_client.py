@@ -105,6 +105,11 @@ class DPClient:
         for client in self.clients:  # only the client that holds the request live sends the abort
             client.abort(request_id)
 
+    def flush(self) -> None:
+        """Every core's submissions and aborts now (EngineClient.flush)."""
+        for client in self.clients:
+            client.flush()
+
     @property
     def num_live(self) -> int:
         return sum(c.num_live for c in self.clients)

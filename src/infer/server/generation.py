@@ -93,6 +93,7 @@ class Generation:
             for i, job in enumerate(jobs):
                 # a response sent whole reads only the final text: decoded once, not per token
                 self.streams.append(engine.submit(f"{self.id}-{i}", job.prompt_ids, job.params, probes, stream))
+            engine.flush()  # to the core now, not after the response is set up (~9 ms on a first request)
         except (QueueFullError, CoreGoneError) as exc:
             self.abort(engine)
             raise APIError(503, str(exc)) from exc

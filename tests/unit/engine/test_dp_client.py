@@ -43,6 +43,9 @@ class FakeClient:
         if request_id in self.live:
             self.aborted.append(request_id)
 
+    def flush(self) -> None:
+        self.calls.append(("flush", ()))
+
     def abort_all(self) -> int:
         for request_id in self.live:
             self.abort(request_id)
@@ -102,6 +105,8 @@ def test_an_abort_reaches_only_the_owner():
     client.abort("r1")
     assert [f.aborted for f in fakes] == [[], ["r1"], []]
     assert client.abort_all() == 3
+    client.flush()
+    assert all(f.calls == [("flush", ())] for f in fakes)
 
 
 def test_metrics_sum_every_engine_and_keep_each_servers_snapshots():
