@@ -109,7 +109,9 @@ def batched_tok_s(llm: LLM, prompt: list[int], batch: int, steps: int, probes: b
     with GcPauses() as collector:
         for _ in range(steps):
             produced += sum(o.token_id is not None for o in llm.engine.step())
-            laps.append(-lap + (lap := time.perf_counter()))
+            now = time.perf_counter()
+            laps.append(now - lap)
+            lap = now
     seconds = time.perf_counter() - started
     if stats is not None:
         stats.append([collector.seconds, 1e3 * statistics.median(laps), 1e3 * max(laps)])

@@ -107,13 +107,15 @@ def main() -> None:
         laps = []
         for _ in range(args.steps):
             step()
-            laps.append(-lap + (lap := time.perf_counter()))
+            now = time.perf_counter()
+            laps.append(now - lap)
+            lap = now
         seconds = time.perf_counter() - started
     p50, p90, p99 = (1e3 * float(np.percentile(laps, q)) for q in (50, 90, 99))
     step_ms, wait_ms, text_ms = (1e3 * s / args.steps for s in (seconds, wait.seconds, text.seconds))
     contexts = [r.num_tokens for r in requests]
     step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
-    bound_ms = 1e3 * step_bytes / (copy_bandwidth())
+    bound_ms = 1e3 * step_bytes / copy_bandwidth()
     forward_ms = device_ms(llm, args.batch)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "probes": args.probes,
               "offline": args.offline, "step_ms": step_ms,

@@ -3,9 +3,10 @@
 The scheduler (scheduler.py) decides what runs and owns every request's state and KV blocks; the
 output processor (outputs.py) turns sampled ids into the step's CoreStep (plain tokens as columns,
 CoreOutputs with finish reasons, logprobs, probe scores; never text); the overlap of steps (overlap.py)
-is the one mechanism that lets step N+1 launch before step N is read. Aborts are queued (any thread may call `abort`) and applied at the start of the
-next step. step_core() does no I/O and, for a fixed seed and queue, is deterministic. The core runs in
-its own process under `infer serve` (core_process.py) and in the caller's for offline use (engine.py).
+is the one mechanism that lets step N+1 launch before step N is read. Aborts are queued (any thread may
+call `abort`) and applied at the start of the next step. step_core() does no I/O and, for a fixed seed
+and queue, is deterministic. The core runs in its own process under `infer serve` (core_process.py) and
+in the caller's for offline use (engine.py).
 """
 
 from __future__ import annotations
