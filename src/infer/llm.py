@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from infer.engine.builder import BuiltEngine, Messages, build_engine
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
-from infer.engine.request import StepOutput
+from infer.engine.request import ProbeScores, StepOutput, probe_columns
 from infer.sampling.params import SamplingParams
 from omniscience import ProbeLayout
 
@@ -111,6 +111,7 @@ class LLM:
         requests = [self.engine.add_request(ids, p, incremental_text=False) for ids, p in zip(prompts, per_request)]
         texts = {r.request_id: self.engine.text_of(r.request_id) for r in requests}
         results = {r.request_id: RequestOutput(r.prompt_token_ids, "") for r in requests}
+        probe_rows: dict[str, list[ProbeScores]] = {r.request_id: [] for r in requests}
         errors: dict[str, str] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
@@ -118,7 +119,10 @@ class LLM:
                     errors[out.request_id] = out.error
                 result = results.get(out.request_id)
                 if result is not None:
-                    _add_probes(result, out)
+                    if out.probes is not None and out.token_id is not None:
+                        probe_rows[out.request_id].append(out.probes)
+                    if out.prompt_probes is not None:
+                        result.prompt_probes = {name: list(values) for name, values in out.prompt_probes.items()}
                     if out.finished:
                         result.finish_reason = out.finish_reason
                         result.cached_tokens = out.cached_tokens
@@ -128,6 +132,7 @@ class LLM:
             text = texts[request_id]
             assert text is not None
             result.text, result.token_ids = text.text, text.token_ids
+            result.probes = probe_columns(probe_rows[request_id])
         return list(results.values())
 
     def generate(
@@ -167,13 +172,3 @@ class LLM:
             if not request.finished:  # the caller stopped early, or a stop string ended it: free its blocks
                 self.engine.abort(request.request_id)
                 self.engine.apply_aborts()
-
-
-def _add_probes(result: RequestOutput, out: StepOutput) -> None:
-    """Append one step's probe scores to a request's output."""
-    if out.prompt_probes is not None:
-        result.prompt_probes = {name: list(values) for name, values in out.prompt_probes.items()}
-    scores = out.probe_dict()
-    if scores is not None and out.token_id is not None:
-        for name, value in scores.items():
-            result.probes.setdefault(name, []).append(value)

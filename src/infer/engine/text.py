@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from infer.engine.messages import CoreOutput, CoreStep
-from infer.engine.request import StepOutput
+from infer.engine.request import ProbeScores, StepOutput
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
@@ -25,7 +25,7 @@ class TextState:
     detokenizer: IncrementalDetokenizer
     stop_checker: StopChecker
     ignore_eos: bool
-    probe_names: tuple[str, ...]
+    probe_index: dict[str, int]  # asked probe name -> its position in the core's score rows
     incremental: bool  # text per token; otherwise only at the end (no stop strings, nobody reads deltas)
     prompt_tokens: int
     cached_tokens: int = 0  # as the core last said (a plain token's columns do not carry it)
@@ -53,8 +53,9 @@ class TextProcessor:
         """Track a request's text. With `incremental` off its tokens are decoded once, when it ends (its deltas are
         empty until then, the last one holding the whole text): for a caller that reads only the final text. Stop
         strings need the text as it grows, so they keep it incremental."""
+        index = {name: i for i, name in enumerate(probe_names)}
         state = TextState(IncrementalDetokenizer(self.tokenizer, prompt_token_ids), StopChecker(params.stop),
-                          params.ignore_eos, probe_names, incremental or bool(params.stop), len(prompt_token_ids))
+                          params.ignore_eos, index, incremental or bool(params.stop), len(prompt_token_ids))
         self.states[request_id] = state
         return state
 
@@ -83,7 +84,7 @@ class TextProcessor:
                 state.token_ids.append(token)
                 state.detokenizer.hold(token)
                 delta, reason = "", None
-            probes = None if values is None else dict(zip(state.probe_names, values))
+            probes = None if values is None else ProbeScores(state.probe_index, values)
             outputs.append(StepOutput(request_id, token, delta, reason is not None, reason, None, state.prompt_tokens,
                                       len(state.token_ids), cached_tokens=state.cached_tokens, probes=probes))
         for out in step.outputs:
@@ -99,9 +100,7 @@ class TextProcessor:
             return None
         state.cached_tokens = out.cached_tokens
         delta, reason = self._advance(state, out.request_id, out.token_id, out.finish_reason)
-        probes = None
-        if out.probes is not None:
-            probes = dict(zip(state.probe_names, out.probes))
+        probes = None if out.probes is None else ProbeScores(state.probe_index, out.probes)
         return StepOutput(out.request_id, out.token_id, delta, reason is not None, reason, out.error,
                           out.prompt_tokens, out.completion_tokens, out.logprob, out.prompt_logprobs,
                           out.queue_seconds, out.cached_tokens, out.client_error, probes, out.prompt_probes)

@@ -13,7 +13,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from infer.engine.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
-from infer.engine.request import StepOutput
+from infer.engine.request import ProbeScores, StepOutput, probe_columns
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SEED_LIMIT, SamplingParams
 from infer.server.errors import APIError
@@ -44,8 +44,13 @@ class Choice:
     client_error: bool = False
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    probes: dict[str, list[float | None]] = field(default_factory=dict)
+    probe_rows: list[ProbeScores] = field(default_factory=list)  # a token's scores per entry of token_ids
     prompt_probes: dict[str, list[float | None]] | None = None
+
+    @property
+    def probes(self) -> dict[str, list[float | None]]:
+        """Per asked probe: a score per token."""
+        return probe_columns(self.probe_rows)
 
     def add(self, out: StepOutput) -> None:
         self.text += out.text_delta
@@ -55,10 +60,8 @@ class Choice:
             self.logprobs.append(out.logprob)
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
-        scores = out.probe_dict()
-        if scores is not None:
-            for name, value in scores.items():
-                self.probes.setdefault(name, []).append(value)
+        if out.probes is not None:
+            self.probe_rows.append(out.probes)
         if out.prompt_probes is not None:
             self.prompt_probes = out.prompt_probes
         self.finish_reason = out.finish_reason or self.finish_reason
@@ -208,6 +211,5 @@ def chunk_probes(names: tuple[str, ...], out: StepOutput, with_prompt: bool) -> 
     """A stream chunk's probe fields: the scores of the tokens in this chunk (and the prompt's, on the first)."""
     if not names:
         return {}
-    scores = out.probe_dict()
-    probes = {name: [value] for name, value in scores.items()} if scores is not None else {}
+    probes = {name: [value] for name, value in out.probes.items()} if out.probes is not None else {}
     return probe_fields(names, probes, out.prompt_probes, with_prompt)
