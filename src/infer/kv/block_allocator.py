@@ -55,11 +55,14 @@ class BlockAllocator:
         del self._owner[block]
         self._free.append(block)
 
-    def reassign(self, block: int, owner: str, new_owner: str) -> None:
-        """Hand an allocated block to another owner (a request's full block to the prefix cache)."""
-        if self._owner.get(block) != owner:
-            raise BlockAllocatorError(f"block {block} is owned by {self._owner.get(block)!r}, not {owner!r}")
-        self._owner[block] = new_owner
+    def reassign_many(self, blocks: list[int], owner: str, new_owner: str) -> None:
+        """Hand allocated blocks to another owner (a request's full blocks to the prefix cache, evicted ones back to
+        a request), all or nothing."""
+        owners = self._owner
+        wrong = next((b for b in blocks if owners.get(b) != owner), None)
+        if wrong is not None:
+            raise BlockAllocatorError(f"block {wrong} is owned by {owners.get(wrong)!r}, not {owner!r}")
+        owners.update(dict.fromkeys(blocks, new_owner))
 
     def audit_blocks(self) -> dict[int, str]:
         """Blocks currently allocated, with their owners: empty when every request has released its blocks."""

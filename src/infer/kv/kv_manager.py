@@ -60,8 +60,12 @@ class KVCacheManager:
         need = blocks_needed(num_tokens, self.block_size) - len(table)
         short = need - self.allocator.num_free
         if short > 0 and self.prefix is not None:  # can_allocate vouched that enough are evictable
-            self.allocator.free_many(self.prefix.evict(short), CACHE_OWNER)
-        table.extend(self.allocator.allocate_many(request_id, need))
+            evicted = self.prefix.evict(short)
+            self.allocator.reassign_many(evicted, CACHE_OWNER, request_id)
+            table.extend(self.allocator.allocate_many(request_id, need - len(evicted)))
+            table.extend(evicted)
+        else:
+            table.extend(self.allocator.allocate_many(request_id, need))
 
     def admit(self, request_id: str, tokens: list[int], max_tokens: int) -> int:
         """Start the request's table with the longest cached prefix of tokens[:max_tokens]; tokens matched."""
@@ -87,15 +91,15 @@ class KVCacheManager:
         if self.prefix is None:
             return
         chain, table, bs = self._chains.setdefault(request_id, []), self._tables[request_id], self.block_size
-        for i in range(len(chain), num_computed // bs):
-            key = tuple(tokens[i * bs : (i + 1) * bs])
-            parent = chain[-1] if chain else None
-            node, inserted = self.prefix.insert(parent, key, table[i])
-            if inserted:
-                self.allocator.reassign(table[i], request_id, CACHE_OWNER)
-            else:  # the same tokens are cached in another block
-                self.prefix.acquire([node])
-            chain.append(node)
+        first, end = len(chain), num_computed // bs
+        if first >= end:
+            return
+        keys = [tuple(tokens[i : i + bs]) for i in range(first * bs, end * bs, bs)]
+        written = table[first:end]
+        nodes = self.prefix.insert(chain[-1] if chain else None, keys, written)
+        self.allocator.reassign_many([b for node, b in zip(nodes, written) if node.block == b], request_id,
+                                     CACHE_OWNER)
+        chain.extend(nodes)
 
     def slots(self, request_id: str, start: int, count: int) -> np.ndarray:
         """Flat cache slots (block * block_size + offset) of positions [start, start + count), int64."""

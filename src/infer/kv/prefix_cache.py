@@ -67,18 +67,27 @@ class PrefixCache:
                 if not node.children:
                     self._leaves[node] = None
 
-    def insert(self, parent: BlockNode | None, tokens: tuple[int, ...], block: int) -> tuple[BlockNode, bool]:
-        """Cache `block` (holding `tokens`) under `parent` (None: the root), referenced once by its writer:
-        (node, True). When that prefix is cached already under another block: (that node, False), unreferenced
-        by this call; the caller keeps its own block."""
-        parent = parent or self._root
-        existing = parent.children.get(tokens)
-        if existing is not None:
-            return existing, False
-        node = BlockNode(tokens, block, parent, refs=1)
-        parent.children[tokens] = node
-        self.num_cached += 1
-        return node, True
+    def insert(self, parent: BlockNode | None, keys: list[tuple[int, ...]], blocks: list[int]) -> list[BlockNode]:
+        """Cache a writer's consecutive full blocks (`blocks[i]` holding `keys[i]`) under `parent` (None: the root),
+        each referenced once by the writer: their nodes, in order. Where a prefix is cached already under another
+        block, the writer references that node instead (its block differs from the one given; the caller keeps
+        its own block) and the blocks after it go beneath it."""
+        node = parent or self._root
+        nodes = []
+        for key, block in zip(keys, blocks):
+            existing = node.children.get(key)
+            if existing is None:
+                child = node.children[key] = BlockNode(key, block, node, refs=1)
+                self.num_cached += 1
+            else:
+                child = existing
+                if child.refs == 0:
+                    self.num_unreferenced -= 1
+                    self._leaves.pop(child, None)
+                child.refs += 1
+            nodes.append(child)
+            node = child
+        return nodes
 
     def nodes(self) -> list[BlockNode]:
         """Every cached node (audits and tests)."""

@@ -72,9 +72,9 @@ def test_random_workloads_keep_every_invariant(requests, num_blocks, rnd):
 
 def test_eviction_takes_the_least_recently_used_leaf_first():
     cache = PrefixCache(2)
-    a, _ = cache.insert(None, (1, 2), block=10)
-    b, _ = cache.insert(a, (3, 4), block=11)
-    c, _ = cache.insert(None, (5, 6), block=12)
+    (a,) = cache.insert(None, [(1, 2)], [10])
+    (b,) = cache.insert(a, [(3, 4)], [11])
+    (c,) = cache.insert(None, [(5, 6)], [12])
     cache.release([a, b])
     cache.release([c])
     assert cache.num_unreferenced == 3
@@ -87,10 +87,10 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
 
 def test_a_childless_parent_goes_before_leaves_released_after_its_chain():
     cache = PrefixCache(2)
-    a, _ = cache.insert(None, (1, 2), block=10)
-    b, _ = cache.insert(a, (3, 4), block=11)
-    c, _ = cache.insert(None, (5, 6), block=12)
-    d, _ = cache.insert(c, (7, 8), block=13)
+    (a,) = cache.insert(None, [(1, 2)], [10])
+    (b,) = cache.insert(a, [(3, 4)], [11])
+    (c,) = cache.insert(None, [(5, 6)], [12])
+    (d,) = cache.insert(c, [(7, 8)], [13])
     cache.release([a, b])
     cache.release([c, d])
     assert cache.evict(3) == [11, 10, 13]  # chains leave whole, the older first, each from its tail
