@@ -45,7 +45,7 @@ class KernelRow:
 
 def build_llm(args: argparse.Namespace) -> LLM:
     """An LLM sized for `batch` sequences of prompt + warm-up + profiled steps, nothing more."""
-    seq = args.prompt_len + args.warmup + args.steps + 64
+    seq = args.max_seq_len or args.prompt_len + args.warmup + args.steps + 64
     dtype = getattr(torch, args.dtype)
     kv_gb = 1.2 * (args.batch + 1) * seq * kv_bytes_per_token(ms.model_config(args.model), dtype) / 2**30
     path = ms.write_model_dir(args.model, Path(args.model_root))
@@ -188,6 +188,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="decode steps recorded")
     parser.add_argument("--warmup", type=int, default=8, help="decode steps run before recording")
     parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=0,
+                        help="the engine's max_seq_len (default: just what the run needs; serving uses 2048 and more)")
     parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
                         help="use_cuda_graphs (default: the engine's default)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -2,7 +2,7 @@
 # Serving at engine speed on the lent GPU: the engine's GPU tests under INFER_STRICT_SYNC=1, then `infer serve`
 # against the offline engine (serve_vs_offline), nano-vllm's offline workload with prefix caching on and off and the
 # first run after start, and where a decode step's time goes (reports under $OUT).
-# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_serving.sh [tests|bench|serve|variance]
+# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_serving.sh [tests|bench|serve|variance|b256]
 set -uo pipefail
 source scripts/gpu_env.sh
 mode="${1:-all}"
@@ -21,6 +21,16 @@ fi
 if [[ "$mode" == variance ]]; then
   timeout 300 python3 benchmarks/run_variance.py > "$out/run_variance.log" 2>&1
   tail -8 "$out/run_variance.log"
+fi
+if [[ "$mode" == b256 ]]; then
+  # where a batch-256 decode step's device time goes, at the serving max_seq_len and at one sized to the run
+  for seq in 2048 384; do
+    timeout 150 python3 benchmarks/profile_generation.py --batch 256 --graphs --max-seq-len $seq --steps 10 \
+      --out /tmp/prof$seq > /dev/null 2>&1
+    { echo "## max_seq_len $seq"; cat /tmp/prof$seq/kernels.md; } >> "$out/profile_b256.md"
+  done
+  OUT_DIR="$out" timeout 120 python3 benchmarks/step_profile.py --batch 256 --top 20 > "$out/step_profile_b256.txt" 2>&1
+  head -1 "$out/step_profile_b256.txt"
 fi
 if [[ "$mode" == all || "$mode" == bench ]]; then
   OUT_DIR="$out" timeout 300 python3 benchmarks/offline_throughput.py --skip-transformers 2>&1 | tail -25
