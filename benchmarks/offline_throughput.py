@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--shape", default="llama-3.2-1b", choices=ms.GPU_SHAPES)
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=4,
+    parser.add_argument("--repeats", type=int, default=6,
                         help="timed runs per engine config, interleaved: the first after start, then the warm ones")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()

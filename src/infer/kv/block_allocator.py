@@ -59,10 +59,11 @@ class BlockAllocator:
         """Hand allocated blocks to another owner (a request's full blocks to the prefix cache, evicted ones back to
         a request), all or nothing."""
         owners = self._owner
-        wrong = next((b for b in blocks if owners.get(b) != owner), None)
-        if wrong is not None:
-            raise BlockAllocatorError(f"block {wrong} is owned by {owners.get(wrong)!r}, not {owner!r}")
-        owners.update(dict.fromkeys(blocks, new_owner))
+        for block in blocks:  # plain loops: most calls hand over one block
+            if owners.get(block) != owner:
+                raise BlockAllocatorError(f"block {block} is owned by {owners.get(block)!r}, not {owner!r}")
+        for block in blocks:
+            owners[block] = new_owner
 
     def audit_blocks(self) -> dict[int, str]:
         """Blocks currently allocated, with their owners: empty when every request has released its blocks."""

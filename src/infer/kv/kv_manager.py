@@ -97,9 +97,10 @@ class KVCacheManager:
         keys = [tuple(tokens[i : i + bs]) for i in range(first * bs, end * bs, bs)]
         written = table[first:end]
         nodes = self.prefix.insert(chain[-1] if chain else None, keys, written)
-        self.allocator.reassign_many([b for node, b in zip(nodes, written) if node.block == b], request_id,
-                                     CACHE_OWNER)
         chain.extend(nodes)
+        if nodes[0].block != written[0]:  # a prefix was cached already (a new node has no children: the rest are new)
+            written = [b for node, b in zip(nodes, written) if node.block == b]
+        self.allocator.reassign_many(written, request_id, CACHE_OWNER)
 
     def slots(self, request_id: str, start: int, count: int) -> np.ndarray:
         """Flat cache slots (block * block_size + offset) of positions [start, start + count), int64."""
