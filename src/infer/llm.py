@@ -86,7 +86,7 @@ class LLM:
     # prompts -----------------------------------------------------------------------------------
 
     def chat_template_name(self) -> str:
-        return self.built.chat_template_name()
+        return self.built.chat_template_name
 
     def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
         return self.built.encode_chat(messages, add_generation_prompt)

@@ -24,7 +24,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 def client(tmp_path_factory):
     path = save_tiny_llama3_chat(tmp_path_factory.mktemp("llama3") / "model", seed=5)
     with running_server(path, device="cpu", dtype="float32", max_seq_len=2048, max_batch_size=8) as server:
-        assert server.state.built.chat_template_name() == "llama3"
+        assert server.state.built.chat_template_name == "llama3"
         yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 

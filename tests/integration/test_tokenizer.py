@@ -235,3 +235,11 @@ def test_bpe_pre_tokenizers(tmp_path: Path, pre: str, pieces: list[str]) -> None
 def test_unsupported_bpe_pre_tokenizer_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'deepseek-llm'.*gpt-2, llama-bpe, .*qwen2, smollm"):
         Tokenizer.from_path(_byte_level_gguf(tmp_path / "deepseek.gguf", "deepseek-llm"))
+
+
+def test_has_token_looks_up_one_piece_without_building_the_vocabulary(smollm2: Tokenizer,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chat requests look up their template's marker: a dict of the whole vocabulary per request cost ~15 ms."""
+    monkeypatch.setattr(smollm2.hf, "get_vocab", lambda: pytest.fail("get_vocab builds the whole vocabulary"))
+    assert smollm2.has_token("<|im_start|>") and smollm2.has_token("Hello")
+    assert not smollm2.has_token("<|no such marker|>")

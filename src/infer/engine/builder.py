@@ -6,6 +6,7 @@ model's config, its chat template) travels in the returned `BuiltEngine`.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from dataclasses import dataclass, replace
@@ -67,12 +68,14 @@ class ServedModel:
     tokenizer: Tokenizer
     path: Path
 
+    @functools.cached_property  # read for every chat request; fixed for the model
     def chat_template_name(self) -> str:
+        """The name of the bundled chat template this model's requests are rendered with."""
         return chat_template_name(self.model_config.model_type, self.tokenizer)
 
     def render_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> str:
         """`template`: tools (OpenAI tool definitions) and keyword arguments of the template (enable_thinking)."""
-        return render_chat(self.chat_template_name(), messages, add_generation_prompt=add_generation_prompt,
+        return render_chat(self.chat_template_name, messages, add_generation_prompt=add_generation_prompt,
                            bos_token=self.tokenizer.bos_token or "", **template)
 
     def encode_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> list[int]:

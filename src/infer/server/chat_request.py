@@ -34,7 +34,7 @@ def template_arguments(body: ChatCompletionRequest, tools: ToolRequest | None) -
 
 
 def chat_shape(state: ServerState, tools: ToolRequest | None) -> ChatShape:
-    fmt = tool_format(state.built.chat_template_name())
+    fmt = tool_format(state.built.chat_template_name)
     return ChatShape(fmt, tools, fmt.reasoning)
 
 

@@ -53,7 +53,7 @@ class ServerState:
     def chat_template(self) -> str | None:
         """The Jinja source of the chat template the server renders with, or None (a base model)."""
         try:
-            return template_source(self.built.chat_template_name())
+            return template_source(self.built.chat_template_name)
         except ValueError:
             return None
 
