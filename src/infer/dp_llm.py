@@ -22,7 +22,7 @@ from infer.engine.core_process import CoreProcess
 from infer.engine.dp_client import DPClient
 from infer.engine.builder import ServedModel
 from infer.engine.dp_cores import start_cores
-from infer.llm import LLM, RequestOutput, _add_probes
+from infer.llm import LLM, RequestOutput
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
 
@@ -96,7 +96,6 @@ async def _collect(stream: RequestStream, prompt_ids: list[int]) -> tuple[Reques
         result.text += out.text_delta
         if out.token_id is not None:
             result.token_ids.append(out.token_id)
-        _add_probes(result, out)
         error = out.error or error
         if out.finished:
             result.finish_reason, result.cached_tokens = out.finish_reason, out.cached_tokens
