@@ -1,10 +1,12 @@
-"""The device's copy bandwidth (the roofline's denominator for the decode and skinny-GEMM benchmarks) and the time
-of kernels replayed in a CUDA graph (the host's launch cost left out)."""
+"""The device's copy bandwidth (the roofline's denominator for the decode and skinny-GEMM benchmarks), the time
+of kernels replayed in a CUDA graph (the host's launch cost left out), and the host's Python speed (lent machines
+differ by up to ~2x in it, which moves every host-bound number)."""
 
 from __future__ import annotations
 
 import itertools
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -50,4 +52,17 @@ def graph_us(fns: list[Callable[[], object]], calls: int = 20, replays: int = 10
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def host_loop_ms() -> float:
+    """Milliseconds of 2M dict stores in a Python loop, the median of 3: the host's interpreter speed, reported
+    beside host-bound numbers (87-92 ms with Python 3.12 on the 2-core development machine; compare runs of one
+    Python version only)."""
+    times = []
+    for _ in range(3):
+        started, d = time.perf_counter(), {}
+        for i in range(2_000_000):
+            d[i & 1023] = i
+        times.append(1e3 * (time.perf_counter() - started))
     return statistics.median(times)

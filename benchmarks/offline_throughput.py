@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import model_shapes as ms
-from device_rates import copy_bandwidth
+from device_rates import copy_bandwidth, host_loop_ms
 from gpu_decode_baselines import gemm_rate
 from gpu_decode_plan import Plan
 from infer import LLM, SamplingParams
@@ -148,6 +148,7 @@ def main() -> None:
     # the roofline's bandwidth, before any load: after the engines' runs it once measured 2.59 TB/s on a GPU where
     # step_profile.py measured 3.0 minutes later
     bandwidth = copy_bandwidth() / 1e9
+    report["host_loop_ms"] = host_loop_ms()
     if not args.skip_transformers:  # first, while the GPU's memory is all free
         report["transformers"] = run_transformers(args.shape, workload(cfg.vocab_size, args.requests, seed=100),
                                                   args.new_tokens)
@@ -177,7 +178,8 @@ def write(r: dict) -> None:
         f"# Offline throughput — {r['shape']} (random weights, bf16), {r['gpu']}", "",
         f"nano-vllm's workload: {r['requests']} requests, prompts 100-1024 tokens, {r['new_tokens']} new tokens each, "
         f"greedy, EOS ignored; same process; ours: median of the warm interleaved runs, and the first run after "
-        f"start (after the engine's own start-up warm-up); transformers: one run. torch {r['torch']}.", "",
+        f"start (after the engine's own start-up warm-up); transformers: one run. torch {r['torch']}. Host speed: "
+        f"{r['host_loop_ms']:.0f} ms for 2M dict stores in Python (`device_rates.host_loop_ms`).", "",
         "| engine | tok/s (warm) | seconds | first run tok/s | first ÷ warm | start-up warm-up s | ratio to transformers |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]

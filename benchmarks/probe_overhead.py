@@ -27,6 +27,7 @@ import torch
 
 import model_shapes as ms
 from infer import LLM, SamplingParams
+from device_rates import host_loop_ms
 from probe_sets import Spec, write_probe_set
 
 PROBES_PER_LAYER, PROBED_LAYERS = 16, 4
@@ -162,6 +163,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__, "model": "llama-3.2-1b (random bf16)" if cuda else "bundled SmolLM2-135M (fp32)",
         "probes": f"{PROBES_PER_LAYER} x {PROBED_LAYERS} layers", "engine_options": options, "tokens": tokens,
+        "host_loop_ms": host_loop_ms(),
         "repeats": args.repeats, "runs": runs, "median": med,
         "command": " ".join(["python benchmarks/probe_overhead.py", *sys.argv[1:]]),
         "itl_overhead": med["itl_probes"] / med["itl_base"] - 1,
@@ -188,7 +190,8 @@ def write(r: dict, tag: str) -> None:
     m = r["median"]
     lines = [f"# Probe overhead, {r['device']}", "",
              f"{r['model']}, {r['probes']} (scores read back every token), torch {r['torch']}, "
-             f"medians of {r['repeats']} interleaved runs of {r['tokens']} tokens: `{r['command']}`", "",
+             f"medians of {r['repeats']} interleaved runs of {r['tokens']} tokens: `{r['command']}`; host speed "
+             f"{r['host_loop_ms']:.0f} ms for 2M dict stores in Python (`device_rates.host_loop_ms`)", "",
              "| measure | no probes | probes | overhead |", "|---|---|---|---|",
              f"| batch-1 ITL (ms) | {m['itl_base']:.3f} | {m['itl_probes']:.3f} | {100 * r['itl_overhead']:+.2f}% |",
              f"| batch-1 ITL, probes loaded, not asked (ms) | {m['itl_base']:.3f} | {m['itl_loaded_unasked']:.3f} | "

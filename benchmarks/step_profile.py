@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import model_shapes as ms
-from device_rates import copy_bandwidth
+from device_rates import copy_bandwidth, host_loop_ms
 from infer import LLM, SamplingParams
 from infer.engine.text import TextProcessor
 from infer.transfer import Readback
@@ -123,13 +123,15 @@ def main() -> None:
               "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "text_ms": text_ms,
               "step_p50_p90_p99_ms": [p50, p90, p99], "device_forward_ms": forward_ms,
               "memory_bound_ms": bound_ms, "fraction_of_bound": bound_ms / step_ms,
-              "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps}
+              "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps,
+              "host_loop_ms": host_loop_ms()}
     what = "Engine.step" if args.offline else "step_core"
     print(f"{args.shape}, batch {args.batch}{', probes' if args.probes else ''}, {what}, {report['gpu']}: step "
           f"{step_ms:.2f} ms (host {step_ms - wait_ms:.2f} of which text {text_ms:.2f}, waiting {wait_ms:.2f}); "
           f"device forward {forward_ms:.2f} ms; memory bound {bound_ms:.2f} ms "
           f"(mean context {report['mean_context']:.0f}) -> {report['fraction_of_bound']:.2f} of it; "
-          f"{report['tok_s']:.0f} tok/s; steps p50/p90/p99 {p50:.2f}/{p90:.2f}/{p99:.2f} ms")
+          f"{report['tok_s']:.0f} tok/s; steps p50/p90/p99 {p50:.2f}/{p90:.2f}/{p99:.2f} ms; "
+          f"host loop {report['host_loop_ms']:.0f} ms")
     if os.environ.get("OUT_DIR"):
         gpu = report["gpu"].lower().replace("nvidia", "").split()[0]
         with open(Path(os.environ["OUT_DIR"], f"step_profile_{gpu}.jsonl"), "a") as f:  # one file for every run
