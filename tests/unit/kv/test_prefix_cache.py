@@ -111,3 +111,24 @@ def test_the_same_prefix_written_twice_is_cached_once():
     assert kv.audit_blocks() == {} and kv.num_free_blocks == 8
     kv.admit("c", tokens, 4)
     assert kv.block_table("c") == [kv.prefix.nodes()[0].block]  # type: ignore[union-attr]
+
+
+def test_a_chain_past_a_prefix_cached_by_another_request_goes_beneath_it():
+    kv = KVCacheManager(16, BS, prefix_caching=True)
+    shared, own = [1, 2, 3, 4], [5, 6, 7, 8, 9, 9, 9, 9]
+    kv.admit("a", shared, 4)
+    kv.allocate("a", 4)
+    kv.admit("b", shared + own, 11)  # admitted before "a" published: it computes the shared block itself
+    kv.allocate("b", 12)
+    kv.publish("a", shared, 4)
+    kv.publish("b", shared + own, 12)  # one call: its first block is cached already, the next two are new
+    cache = kv.prefix
+    assert cache is not None and cache.num_cached == 3
+    owners = kv.allocator.audit_blocks()
+    b_table = kv.block_table("b")
+    assert owners[b_table[0]] == "b" and owners[b_table[1]] == owners[b_table[2]] == CACHE_OWNER
+    kv.admit("c", shared + own + [0], 12)
+    assert kv.block_table("c") == [kv.block_table("a")[0], b_table[1], b_table[2]]
+    for rid in ("a", "b", "c"):
+        kv.free(rid)
+    assert kv.audit_blocks() == {} and kv.num_free_blocks == 16
