@@ -3,6 +3,7 @@
     python benchmarks/profile_generation.py --model llama-3.2-1b --batch 1 --steps 20 --graphs --out DIR
     python benchmarks/profile_generation.py --model tiny-llama --steps 4 --out /tmp/prof   # on the CPU
     python benchmarks/profile_generation.py --model llama-3.1-8b --tp 2 --out DIR   # rank 0 of tensor parallelism
+    python benchmarks/profile_generation.py --batch 256 --graphs --core --out DIR   # the serving core's step
 
 Writes DIR/trace.json (Chrome trace: ui.perfetto.dev or chrome://tracing; gzipped to trace.json.gz when over
 15 MiB) and DIR/kernels.md: the top kernels by total GPU time (count, average µs, share of the step time),
@@ -20,7 +21,7 @@ import os
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 
 import torch
@@ -36,11 +37,15 @@ MODES = {True: "on", False: "off", None: "default"}
 STEP_RANGE = "decode_step"  # record_function name around each step (also projected onto the GPU timeline)
 
 
+GAP_LIMIT_US = 50.0  # a longer idle time before a kernel is the host's, not the boundary's
+
+
 @dataclass
 class KernelRow:
     name: str
     count: int
     total_us: float
+    gaps_us: list[float] = field(default_factory=list)  # idle time before each launch, when under GAP_LIMIT_US
 
 
 def build_llm(args: argparse.Namespace) -> LLM:
@@ -53,13 +58,20 @@ def build_llm(args: argparse.Namespace) -> LLM:
                max_batch_size=args.batch, max_seq_len=seq, kv_cache_memory_gb=kv_gb, tensor_parallel_size=args.tp)
 
 
-def step(llm: LLM) -> int:
-    """One engine step; returns the tokens it output."""
-    outs = llm.engine.step()
-    errors = [o.error for o in outs if o.error]
+def step(llm: LLM, core: bool = False) -> int:
+    """One engine step (`core`: the engine core's alone, as the serving core process runs it); returns the tokens
+    it output."""
+    if core:
+        out = llm.engine.step_core()
+        errors = [o.error for o in out.outputs if o.error]
+        tokens = len(out.token_ids) + sum(o.token_id is not None for o in out.outputs)
+    else:
+        outs = llm.engine.step()
+        errors = [o.error for o in outs if o.error]
+        tokens = sum(o.token_id is not None for o in outs)
     if errors:
         raise RuntimeError(f"engine step failed: {errors[0]}")
-    return sum(o.token_id is not None for o in outs)
+    return tokens
 
 
 def start_decoding(llm: LLM, args: argparse.Namespace) -> None:
@@ -68,9 +80,9 @@ def start_decoding(llm: LLM, args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.warmup + args.steps + 32, ignore_eos=True)
     requests = [llm.engine.add_request(ids, params) for _ in range(args.batch)]
     while any(not r.output_token_ids for r in requests):
-        step(llm)
+        step(llm, args.core)
     for _ in range(args.warmup):
-        step(llm)
+        step(llm, args.core)
 
 
 def record(llm: LLM, args: argparse.Namespace) -> tuple[profile, list[float], int]:
@@ -82,7 +94,7 @@ def record(llm: LLM, args: argparse.Namespace) -> tuple[profile, list[float], in
         for _ in range(args.steps):
             start = time.perf_counter()
             with record_function(STEP_RANGE):
-                tokens += step(llm)
+                tokens += step(llm, args.core)
             walls.append(time.perf_counter() - start)
         if cuda:
             start = time.perf_counter()
@@ -92,18 +104,24 @@ def record(llm: LLM, args: argparse.Namespace) -> tuple[profile, list[float], in
 
 
 def device_kernels(prof: profile) -> tuple[list[KernelRow], float]:
-    """Per-name GPU time of kernels, memcpys and memsets, and the union of their intervals (busy µs)."""
+    """Per-name GPU time of kernels, memcpys and memsets, the idle time before each, and the union of their
+    intervals (busy µs)."""
     rows: dict[str, KernelRow] = {}
-    spans = []
+    events = []
     for evt in prof.events():
         annotation = getattr(evt, "is_user_annotation", False) or evt.name == STEP_RANGE
         if evt.device_type != DeviceType.CUDA or annotation:
             continue
-        row = rows.setdefault(evt.name, KernelRow(evt.name, 0, 0.0))
+        events.append((evt.time_range.start, evt.time_range.end, evt.name))
+    end = float("-inf")
+    for s, e, name in sorted(events):
+        row = rows.setdefault(name, KernelRow(name, 0, 0.0))
         row.count += 1
-        row.total_us += evt.time_range.elapsed_us()
-        spans.append((evt.time_range.start, evt.time_range.end))
-    return sorted(rows.values(), key=lambda r: -r.total_us), union_us(spans)
+        row.total_us += e - s
+        if 0 <= s - end < GAP_LIMIT_US:
+            row.gaps_us.append(s - end)
+        end = max(end, e)
+    return sorted(rows.values(), key=lambda r: -r.total_us), union_us([(s, e) for s, e, _ in events])
 
 
 def union_us(spans: list[tuple[float, float]]) -> float:
@@ -148,6 +166,7 @@ def summary_md(args: argparse.Namespace, llm: LLM, prof: profile, walls: list[fl
     where = torch.cuda.get_device_name() if cuda else "CPU"
     lines = [
         f"# Decode profile: {args.model}, batch {args.batch}, CUDA graphs {MODES[args.graphs]}"
+        + (", engine core" if args.core else "")
         + (f", TP={args.tp} (rank 0)" if args.tp > 1 else ""),
         "",
         f"{where}; torch {torch.__version__}; {args.dtype}; prompt {args.prompt_len} tokens; {args.steps} decode steps "
@@ -163,10 +182,12 @@ def summary_md(args: argparse.Namespace, llm: LLM, prof: profile, walls: list[fl
         lines += [
             f"GPU busy per step: {busy_us / args.steps:.1f} µs (union of kernel intervals) → idle gap "
             f"{(wall_us - busy_us) / args.steps:.1f} µs per step; busy fraction {busy_us / wall_us:.2f}; "
-            f"{kernels / args.steps:.1f} kernels per step.",
+            f"{kernels / args.steps:.1f} kernels per step; idle time before kernels that follow another within "
+            f"{GAP_LIMIT_US:.0f} µs (kernel boundaries): {sum(sum(r.gaps_us) for r in rows) / args.steps:.1f} µs "
+            "per step.",
             "",
-            "| kernel | count | per step | total µs | avg µs | share of step time |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| kernel | count | per step | total µs | avg µs | share of step time | median idle before, µs |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
     else:
         rows = cpu_operators(prof)
@@ -175,8 +196,9 @@ def summary_md(args: argparse.Namespace, llm: LLM, prof: profile, walls: list[fl
                   "|---|---:|---:|---:|---:|---:|"]
     for r in rows[: args.top]:
         name = r.name if len(r.name) <= 100 else r.name[:97] + "..."
+        gap = f" {statistics.median(r.gaps_us):.2f} |" if r.gaps_us else (" |" if cuda else "")
         lines.append(f"| `{name}` | {r.count} | {r.count / args.steps:.1f} | {r.total_us:.0f} | "
-                     f"{r.total_us / r.count:.1f} | {r.total_us / wall_us:.3f} |")
+                     f"{r.total_us / r.count:.1f} | {r.total_us / wall_us:.3f} |{gap}")
     lines += ["", f"EngineConfig: `{json.dumps(llm.config.as_dict(), default=str)}`", ""]
     return "\n".join(lines)
 
@@ -195,6 +217,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--top", type=int, default=30, help="kernels listed")
+    parser.add_argument("--core", action="store_true",
+                        help="profile the engine core's step (step_core, what `infer serve`'s core runs), not the "
+                             "offline Engine.step")
     parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (the profile is rank 0's)")
     parser.add_argument("--model-root", default="/tmp/infer_bench_models")
     parser.add_argument("--out", type=Path, required=True)

@@ -1,7 +1,7 @@
 """Where a decode step's time goes at batch B: host work, waiting for the device, and the device's own time.
 
     python benchmarks/step_profile.py [--shape llama-3.2-1b] [--batch 256] [--steps 100] [--top 25] [--probes]
-        [--offline]
+        [--offline] [--sort cumulative]
 
 B requests with prompts of 128 random tokens decode until every one runs; then `--steps` steps of the engine
 core are timed (`EngineCore.step_core`, what the serving core process runs; text is processed beside the API).
@@ -10,7 +10,8 @@ them (its requests' text decoded at their end, as `LLM.generate_ids` asks). `--p
 probe_overhead's probe set (16 probes at each of 4 layers) every token.
 Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the step (text:
 its text side); the steps' own times as percentiles show stalls.
-Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded).
+Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded) before and
+after the timed steps; their mean is the forward at the steps' mean context (its attention grows linearly).
 With the overlap, a step costs max(host, device): the smaller one is hidden. Memory bound = the bytes a step
 must read (weights once, every row's KV at its context) over the device's copy bandwidth; the step's fraction
 of it is bound / step. A cProfile of the same steps follows (it slows the host, so its times are only
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"], help="the cProfile's order")
     parser.add_argument("--probes", action="store_true", help="every request reads 64 probe scores every token")
     parser.add_argument("--offline", action="store_true", help="time Engine.step (core + text), not step_core")
     args = parser.parse_args()
@@ -102,6 +104,7 @@ def main() -> None:
     for _ in range(10):
         step()
     torch.cuda.synchronize()
+    forward_before = device_ms(llm, args.batch)
     first = [r.num_tokens for r in requests]
     with Clock(Readback, "read") as wait, Clock(TextProcessor, "process_step") as text:
         started = lap = time.perf_counter()
@@ -117,7 +120,7 @@ def main() -> None:
     contexts = [(a + r.num_tokens) // 2 for a, r in zip(first, requests)]  # a sequence's mean over the timed steps
     step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
     bound_ms = 1e3 * step_bytes / copy_bandwidth()
-    forward_ms = device_ms(llm, args.batch)
+    forward_ms = (forward_before + device_ms(llm, args.batch)) / 2
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "probes": args.probes,
               "offline": args.offline, "step_ms": step_ms,
               "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "text_ms": text_ms,
@@ -141,7 +144,7 @@ def main() -> None:
     for _ in range(args.steps):
         step()
     profile.disable()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+    pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 
 
 if __name__ == "__main__":

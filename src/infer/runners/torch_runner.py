@@ -165,7 +165,7 @@ class TorchRunner:
             if step.drafter_tokens is None:  # queued behind the forward: host time the device does not wait for
                 self.sampling_slots.join(step.joined)
             tensors = self.sampling_slots.gather(fwd.slots, step.sampling_slots) if fwd.logits is not None else None
-            if tensors is not None and fwd.verifying is None:
+            if tensors is not None and fwd.verifying is None and not tensors.plain_greedy:
                 self.sampling_slots.advance(fwd.advancing)
         # structured output: the mask may wait for the step before (its boundary), so it is made outside the scope
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
@@ -207,7 +207,8 @@ class TorchRunner:
             verifying = verifying._replace(drafts=drafted.tokens)
         tokens, counts = verify(logits.float(), verifying.drafts, verifying.num_drafts, tensors,
                                 draft_probs=None if drafted is None else drafted.probs, seen=seen)
-        self.sampling_slots.advance(slots, counts * verifying.counting)
+        if not tensors.plain_greedy:
+            self.sampling_slots.advance(slots, counts * verifying.counting)
         self.sampling_slots.record(slots, step.sampling_slots, tokens, counts * verifying.counting)
         self.last_tokens[: step.num_seqs].copy_(tokens.gather(1, (counts - 1)[:, None]).squeeze(1))
         return first, tokens[:, 0], pack(tokens, counts)

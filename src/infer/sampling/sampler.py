@@ -42,6 +42,12 @@ class SamplingTensors:
     any_penalty: bool  # some row has repetition_penalty != 1
     adjust: LogitAdjustments | None = None  # logit_bias, presence / frequency penalties, min_tokens (if any row has one)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row takes the logits' argmax as they are: greedy, no penalty, no adjustment (so no row reads its
+        seed or step counter)."""
+        return self.all_greedy and not self.any_penalty and self.adjust is None
+
     def per_position(self, width: int) -> SamplingTensors:
         """Each row repeated for `width` consecutive token positions (row-major), its step counter advanced by
         the position: the parameters and noise of the tokens a speculative step decides."""
@@ -139,7 +145,7 @@ def gumbel_log_e(t: SamplingTensors, vocab: int) -> torch.Tensor:
 def sample(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None = None) -> torch.Tensor:
     """Next token id per row (int64 [B]) from logits [B, V] in any float dtype, in float32 math; no host sync,
     graph-capturable. Plain greedy rows read the logits as they are: widening them changes no argmax."""
-    if t.all_greedy and not t.any_penalty and t.adjust is None:
+    if t.plain_greedy:
         return argmax_rows(logits)
     logits = penalized(logits.float(), t, seen)
     greedy_tokens = argmax_rows(logits)

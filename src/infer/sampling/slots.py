@@ -47,6 +47,9 @@ class SamplingSlots:
         self._counts: torch.Tensor | None = None  # [slots, vocab] float32, made with the first presence/frequency penalty
         self._held = torch.zeros(num_slots, MAX_HELD_IDS, dtype=torch.int64, device=device)
         self._ones = torch.ones(num_slots, dtype=torch.int64, device=device)
+        # a plain greedy step's parameters, the same for every row (see `gather`)
+        self._greedy_floats = torch.tensor([[0.0], [1.0], [1.0]]).repeat(1, num_slots).to(device)
+        self._greedy_ints = torch.tensor([[vocab_size], [0], [0]]).repeat(1, num_slots).to(device)
         # host copies of what decides which sampling work a step needs (SamplingTensors' flags)
         self._sampled = np.zeros(num_slots, dtype=bool)
         self._filters = np.zeros(num_slots, dtype=bool)
@@ -116,20 +119,28 @@ class SamplingSlots:
         table.index_put_((where[0], where[1]), values, accumulate=accumulate)
 
     def gather(self, slots: torch.Tensor, slots_host: list[int]) -> SamplingTensors:
-        """The sampling tensors of a step whose rows hold `slots` (the same ids on the device and the host)."""
-        floats, ints = self._floats[:, slots], self._ints[:, slots]
-        sampled = self._sampled[slots_host]
+        """The sampling tensors of a step whose rows hold `slots` (the same ids on the device and the host).
+        When every row is plain greedy (`SamplingTensors.plain_greedy`) no slot is read: the rows get the neutral
+        parameters of a greedy row, which is what their slots hold where it matters, and no device work."""
+        all_greedy = not self._sampled[slots_host].any()
+        any_penalty = bool(self._penalty[slots_host].any())
+        offsetting, holding = bool(self._offsetting[slots_host].any()), bool(self._holding[slots_host].any())
+        if all_greedy and not any_penalty and not (offsetting or holding):
+            rows = len(slots_host)
+            floats, ints = self._greedy_floats[:, :rows], self._greedy_ints[:, :rows]
+        else:
+            floats, ints = self._floats[:, slots], self._ints[:, slots]
         return SamplingTensors(
             temperature=floats[0], top_p=floats[1], repetition_penalty=floats[2],
             top_k=ints[0], seeds=ints[1], steps=ints[2],
-            all_greedy=not sampled.any(),
+            all_greedy=all_greedy,
             any_top_k_or_p=bool(self._filters[slots_host].any()),
-            any_penalty=bool(self._penalty[slots_host].any()),
-            adjust=self._adjustments(slots, slots_host, ints),
+            any_penalty=any_penalty,
+            adjust=self._adjustments(slots, ints, offsetting, holding),
         )
 
-    def _adjustments(self, slots: torch.Tensor, slots_host: list[int], ints: torch.Tensor) -> LogitAdjustments | None:
-        offsetting, holding = bool(self._offsetting[slots_host].any()), bool(self._holding[slots_host].any())
+    def _adjustments(self, slots: torch.Tensor, ints: torch.Tensor, offsetting: bool,
+                     holding: bool) -> LogitAdjustments | None:
         if not (offsetting or holding):
             return None
         return LogitAdjustments(
@@ -159,5 +170,6 @@ class SamplingSlots:
 
     def advance(self, slots: torch.Tensor, by: torch.Tensor | None = None) -> None:
         """The rows holding `slots` sampled tokens that count (one each, or `by` [rows] int64 with speculation):
-        their next draw uses the noise of the token index after them."""
+        their next draw uses the noise of the token index after them, and min_tokens counts them. A plain greedy
+        step's rows read neither, so it need not advance (a slot's count is rewritten when a request takes it)."""
         self._ints[2].index_add_(0, slots, self._ones[: slots.shape[0]] if by is None else by)

@@ -43,7 +43,11 @@ def test_gathered_tensors_equal_fresh_packing(ops) -> None:
         got = slots.gather(torch.tensor(rows), rows)
         want = SamplingTensors.from_params([model[s][0] for s in rows], [model[s][1] for s in rows],
                                            [model[s][2] for s in rows], VOCAB, "cpu")
-        for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seeds", "steps"):
+        fields = ("temperature", "top_k", "top_p", "repetition_penalty", "seeds", "steps")
+        assert got.plain_greedy == (want.all_greedy and not want.any_penalty)
+        if got.plain_greedy:  # no row samples: none reads its seed, step count or filters
+            fields = ("temperature", "top_p", "repetition_penalty")
+        for name in fields:
             assert torch.equal(getattr(got, name), getattr(want, name)), name
         assert (got.all_greedy, got.any_top_k_or_p, got.any_penalty) == (want.all_greedy, want.any_top_k_or_p,
                                                                           want.any_penalty)
@@ -57,7 +61,23 @@ def test_a_rejoined_slot_takes_the_new_requests_state() -> None:
     slots = SamplingSlots(2, VOCAB, torch.device("cpu"))
     slots.join([SlotState(1, SamplingParams(temperature=0.5, top_k=3), 7, 0)])
     slots.advance(torch.tensor([1]))
-    slots.join([SlotState(1, SamplingParams(temperature=0.0), 9, 4)])
+    slots.join([SlotState(1, SamplingParams(temperature=0.25), 9, 4)])
     got = slots.gather(torch.tensor([1]), [1])
-    assert got.all_greedy and not got.any_top_k_or_p
-    assert (got.seeds.item(), got.steps.item(), got.temperature.item()) == (9, 4, 0.0)
+    assert not got.all_greedy and not got.any_top_k_or_p
+    assert (got.seeds.item(), got.steps.item(), got.temperature.item()) == (9, 4, 0.25)
+
+
+def test_a_plain_greedy_step_reads_no_slot() -> None:
+    """Greedy rows without penalties or adjustments get a greedy row's neutral parameters, whatever their slots hold;
+    one row with a repetition penalty, or one sampled row, makes the step gather every row's slot."""
+    slots = SamplingSlots(3, VOCAB, torch.device("cpu"))
+    slots.join([SlotState(0, SamplingParams(temperature=0.0, top_k=3), 5, 7),
+                SlotState(1, SamplingParams(temperature=0.0), 6, 2),
+                SlotState(2, SamplingParams(temperature=0.0, repetition_penalty=1.3), 8, 1)])
+    slots._floats.fill_(float("nan"))  # a plain greedy gather must not read the slots
+    got = slots.gather(torch.tensor([1, 0]), [1, 0])
+    assert got.plain_greedy and got.adjust is None
+    assert got.temperature.tolist() == [0.0, 0.0] and got.top_k.tolist() == [VOCAB, VOCAB]
+    assert not slots.gather(torch.tensor([0, 2]), [0, 2]).plain_greedy
+    slots.join([SlotState(1, SamplingParams(temperature=0.5), 6, 2)])
+    assert not slots.gather(torch.tensor([1, 0]), [1, 0]).plain_greedy

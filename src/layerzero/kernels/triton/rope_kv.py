@@ -160,6 +160,6 @@ def rope_store_kv(
         INTERLEAVED=interleaved,
         BLOCK_H=block_h,
         BLOCK_D=block_d,
-        num_warps=4,
+        num_warps=8,
     )
     return out
