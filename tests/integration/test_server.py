@@ -134,6 +134,8 @@ def test_chat_logprobs_shape(client):
     content = out.choices[0].logprobs.content
     assert len(content) == out.usage.completion_tokens
     assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
+    if out.choices[0].finish_reason == "length":  # every token is text: their own bytes join into it
+        assert bytes(b for c in content for b in c.bytes).decode("utf-8") == out.choices[0].message.content
 
 
 def test_n_choices_differ_and_are_indexed(client):
@@ -169,6 +171,8 @@ def test_models_health_metrics_and_tokenizer_endpoints(server):
         ({"prompt": [], "max_tokens": 1}, 422, "prompt"),
         ({"prompt": [10**9]}, 422, "prompt"),
         ({"prompt": "Hi", "max_tokens": "many"}, 422, "max_tokens"),
+        ({"prompt": "Hi", "stop": ["x"] * 17}, 422, "stop"),
+        ({"prompt": "Hi", "stop": "y" * 60_000}, 422, "stop"),
     ],
 )
 def test_bad_requests_get_openai_errors(server, body, status, param):

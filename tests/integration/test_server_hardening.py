@@ -82,6 +82,8 @@ def test_prompt_that_fills_the_context_is_a_400(server):
     ("/v1/completions", {"logit_bias": {"1": 500}}, "logit_bias"),
     ("/v1/completions", {"logit_bias": {"999999": 5}}, "logit_bias"),
     ("/v1/chat/completions", {"logit_bias": {"token": 5}}, "logit_bias"),
+    ("/v1/completions", {"logit_bias": {"\u00b2": 5}}, "logit_bias"),  # a digit to str.isdigit, not to int()
+    ("/v1/completions", {"logit_bias": {"9" * 5000: 5}}, "logit_bias"),  # past int()'s digit limit
     ("/v1/completions", {"presence_penalty": 2.5}, "presence_penalty"),
     ("/v1/chat/completions", {"frequency_penalty": -3}, "frequency_penalty"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),

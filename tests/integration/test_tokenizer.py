@@ -243,3 +243,16 @@ def test_has_token_looks_up_one_piece_without_building_the_vocabulary(smollm2: T
     monkeypatch.setattr(smollm2.hf, "get_vocab", lambda: pytest.fail("get_vocab builds the whole vocabulary"))
     assert smollm2.has_token("<|im_start|>") and smollm2.has_token("Hello")
     assert not smollm2.has_token("<|no such marker|>")
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_token_bytes_add_up_to_the_text(smollm2: Tokenizer, gemma3: Tokenizer, text: str) -> None:
+    """Byte-level BPE (SmolLM2) and SentencePiece byte fallback (Gemma 3): a token may hold part of a character
+    (decoded alone it is U+FFFD), yet the tokens' bytes join into the text's UTF-8."""
+    for tok in (smollm2, gemma3):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == tok.decode(ids), tok.hf.name_or_path
+    emoji = smollm2.encode("😀", add_special_tokens=False)
+    assert len(emoji) > 1 and "\ufffd" in smollm2.decode(emoji[:1])  # the case the bytes are for
+    end = smollm2.hf.convert_tokens_to_ids("<|im_end|>")
+    assert smollm2.token_bytes(end) == b"<|im_end|>"

@@ -1,11 +1,14 @@
-"""StopChecker: hit positions, which of several stops wins, holdback, and streaming == one-shot."""
+"""StopChecker: hit positions, which of several stops wins, holdback, and streaming == one-shot; the bounds on a
+request's stop strings."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infer.sampling import StopChecker
+from infer.sampling import SamplingParams, StopChecker
+from infer.sampling.params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 def test_hit_index_is_where_the_stop_starts() -> None:
@@ -51,6 +54,18 @@ def test_holdback_counts_only_proper_prefixes() -> None:
     assert StopChecker(["aaa"]).holdback("aaaa") == 2
 
 
+def test_stop_lists_are_bounded_in_count_and_length() -> None:
+    """Each stop string is matched against every token's text: a request may not send an unbounded amount."""
+    assert SamplingParams(stop=["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS).stop[0] == "x" * MAX_STOP_CHARS
+    with pytest.raises(ValueError, match=f"stop takes at most {MAX_STOP_STRINGS} strings"):
+        SamplingParams(stop=["a"] * (MAX_STOP_STRINGS + 1))
+    with pytest.raises(ValueError, match=f"stop strings are at most {MAX_STOP_CHARS} characters"):
+        SamplingParams(stop="y" * (MAX_STOP_CHARS + 1))
+    with pytest.raises(ValueError, match="stop must be a string") as caught:
+        SamplingParams(stop=[1] * 10_000)
+    assert len(str(caught.value)) < 300  # the message quotes the start of what it refuses, not all of it
+
+
 def test_no_stops_means_no_hits_and_no_holdback() -> None:
     for checker in (StopChecker([]), StopChecker([""])):
         assert checker.check("anything") is None
@@ -87,8 +102,8 @@ def _stream(checker: StopChecker, text: str, cuts: list[int]) -> str:
     return text  # finished without a stop: flush the held-back tail
 
 
-_stops = st.lists(st.text(alphabet="ab c", min_size=1, max_size=4), max_size=3)
-_texts = st.text(alphabet="ab c", max_size=30)
+_stops = st.lists(st.text(alphabet="ab c", min_size=1, max_size=8), max_size=3)
+_texts = st.text(alphabet="ab c", max_size=40)
 
 
 @settings(max_examples=400, deadline=None)

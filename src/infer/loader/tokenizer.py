@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,7 @@ if TYPE_CHECKING:
 
 # End-of-turn markers of the chat formats infer serves; chat models stop on them, not only on EOS.
 CHAT_STOP_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback (Gemma)
 
 
 def _eos_ids(value: int | list[int] | None) -> set[int]:
@@ -83,6 +86,36 @@ class Tokenizer:
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return self.hf.convert_ids_to_tokens(ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for. A byte-level piece (GPT-2 style BPE: Llama 3, Qwen, SmolLM2) or a
+        byte-fallback piece (`<0xE2>`) may hold part of a UTF-8 character, which its decoded text shows as U+FFFD;
+        its bytes are read off the piece instead. An added token is its content; anything else its decoded text."""
+        added = self._added_tokens.get(token_id)
+        if added is not None:
+            return added.encode("utf-8")
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            byte = _BYTE_PIECE.fullmatch(piece)
+            if byte is not None:
+                return bytes([int(byte.group(1), 16)])
+            inverse = self._byte_level_inverse
+            if inverse is not None and all(c in inverse for c in piece):
+                return bytes(inverse[c] for c in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    @functools.cached_property
+    def _added_tokens(self) -> dict[int, str]:
+        return {i: t.content for i, t in self.hf.added_tokens_decoder.items()}
+
+    @functools.cached_property
+    def _byte_level_inverse(self) -> dict[str, int] | None:
+        """Character -> byte of byte-level BPE's alphabet, when the tokenizer decodes that way; else None."""
+        if type(getattr(self._backend, "decoder", None)).__name__ != "ByteLevel":
+            return None
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        return {c: b for b, c in bytes_to_unicode().items()}
 
     @property
     def bos_token_id(self) -> int | None:

@@ -154,11 +154,27 @@ def _real(name: str, value: object) -> float:
     return float(value)
 
 
+MAX_STOP_STRINGS = 16  # OpenAI takes 4, TGI 4 by default; each is matched against every streamed token's text
+MAX_STOP_CHARS = 512
+
+
 def _stop_list(stop: object) -> list[str]:
-    """Accept None, one string or a list of strings; empty strings would match everywhere, so drop them."""
+    """Accept None, one string or a list of strings; empty strings would match everywhere, so drop them.
+    At most MAX_STOP_STRINGS strings of at most MAX_STOP_CHARS characters: their cost is paid per token."""
     if stop is None:
         return []
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        raise ValueError(f"stop must be a string or a list of strings, got {_clip(stop)}")
+    if len(items) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(items)}")
+    longest = max((len(s) for s in items), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(f"stop strings are at most {MAX_STOP_CHARS} characters long, got one of {longest}")
     return [s for s in items if s]
+
+
+def _clip(value: object, limit: int = 200) -> str:
+    """repr(value), cut to `limit` characters (an error message echoes what it refuses, not all of it)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -8,9 +8,6 @@ class StopChecker:
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
-        # Proper prefixes of any stop string, the only suffixes that may still grow into a match.
-        self._prefixes = {s[:n] for s in self.stops for n in range(1, len(s))}
-        self._longest_prefix = max((len(p) for p in self._prefixes), default=0)
 
     def check(self, text: str, checked: int = 0) -> int | None:
         """Start index of the stop string that completes first in `text` (None if none occurs).
@@ -28,8 +25,16 @@ class StopChecker:
         return None if best is None else best[1]
 
     def holdback(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-        for n in range(min(self._longest_prefix, len(text)), 0, -1):
-            if text[-n:] in self._prefixes:
-                return n
-        return 0
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string. Only the suffixes
+        starting with a stop's first character are tried, longest first; nothing is kept per prefix, so memory is
+        the stops' own length."""
+        best = 0
+        for stop in self.stops:
+            tail = text[max(0, len(text) - len(stop) + 1) :]
+            at = tail.find(stop[0])
+            while 0 <= at and len(tail) - at > best:
+                if stop.startswith(tail[at:]):
+                    best = len(tail) - at
+                    break
+                at = tail.find(stop[0], at + 1)
+        return best

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from infer.sampling.logprobs import TokenLogprob
 from infer.server.chat_output import ChatShape
 from infer.server.chat_request import answer_constraint, chat_shape, template_arguments
 from infer.server.errors import APIError
@@ -60,12 +61,15 @@ class _ChatView:
     def _envelope(self, kind: str, choices: list, **extra: object) -> dict[str, object]:
         return envelope(kind, self.gen.id, self.gen.created, self.state.model_name, choices, **extra)
 
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, object] | None:
+        return chat_logprobs(entries, self.state.token_text, self.state.token_bytes) if self.body.logprobs else None
+
     def response(self, choices: list[Choice]) -> dict[str, object]:
         body = []
         for c in choices:
             message, finish_reason = self.shape.message(c.text, c.finish_reason)
             body.append({"index": c.index, "finish_reason": finish_reason, "message": message,
-                         "logprobs": chat_logprobs(c.logprobs, self.state.token_text) if self.body.logprobs else None,
+                         "logprobs": self._logprobs(c.logprobs),
                          **probe_fields(self.probes, c.probes, c.prompt_probes, self.body.probe_prompt)})
         completion = sum(len(c.token_ids) for c in choices)
         cached = max(c.cached_tokens for c in choices)  # the n choices share one prompt
@@ -87,6 +91,7 @@ class _ChatView:
             lps = [out.logprob] if out.logprob is not None else []
             deltas = streams[index].feed(out.text_delta) + (streams[index].close() if out.finished else [])
             if not (deltas or out.finished or lps or out.probes is not None):
+                yield ""  # held back (a tool call, a possible stop string): nothing to send (see event_stream)
                 continue
             completion += out.completion_tokens if out.finished else 0
             cached = max(cached, out.cached_tokens)
@@ -96,7 +101,7 @@ class _ChatView:
                 yield sse(self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "logprobs": None,
                                                                     "finish_reason": None}], **extra))
             choice = {"index": index, "delta": deltas[-1] if deltas else {},
-                      "logprobs": chat_logprobs(lps, self.state.token_text) if self.body.logprobs else None,
+                      "logprobs": self._logprobs(lps),
                       "finish_reason": streams[index].finish_reason(out.finish_reason) if out.finished else None,
                       **chunk_probes(self.probes, out, self.body.probe_prompt)}
             yield sse(self._envelope("chat.completion.chunk", [choice], **extra))

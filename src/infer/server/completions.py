@@ -124,7 +124,8 @@ class _CompletionView:
                 text = self.echoes[self._prompt(index)] + text
             lps = [out.logprob] if out.logprob is not None else []
             if not (text or out.finished or lps or prompt_lps or out.probes is not None):
-                continue  # text held back (an incomplete character or a possible stop string)
+                yield ""  # text held back (an incomplete character, a possible stop string; see event_stream)
+                continue
             logprobs = self._logprobs(index, prompt_lps, lps, offsets[index])
             if logprobs is not None:
                 offsets[index] += sum(map(len, logprobs["tokens"]))

@@ -166,7 +166,8 @@ class Generation:
 def event_stream(chunks: AsyncIterator[str], gen: Generation) -> StreamingResponse:
     """The SSE response of a streamed generation. While more outputs have already arrived, their events join the
     same write: under load one write (and one wake-up of the response) carries several steps' events, each
-    still its own SSE event."""
+    still its own SSE event. `chunks` yields "" for an output it sends nothing for (text held back), so taking
+    the queued outputs never waits for one that has not arrived while events are ready."""
 
     async def coalesced() -> AsyncIterator[str]:
         it = chunks.__aiter__()
@@ -178,7 +179,9 @@ def event_stream(chunks: AsyncIterator[str], gen: Generation) -> StreamingRespon
                         parts.append(await anext(it))
                     except StopAsyncIteration:
                         break
-                yield "".join(parts)
+                events = "".join(parts)
+                if events:
+                    yield events
         finally:
             await it.aclose()
 

@@ -11,6 +11,7 @@ from infer.server.errors import error_body
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; OpenAI uses -9999 for "very unlikely"
 
 TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
 
 
 def sse(payload: dict[str, object] | str) -> str:
@@ -54,16 +55,17 @@ def completion_logprobs(
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chat_token(text: str, value: float) -> dict[str, object]:
-    return {"token": text, "logprob": _lp(value), "bytes": list(text.encode("utf-8"))}
+def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText, token_bytes: TokenBytes) -> dict[str, object]:
+    """The chat `logprobs` object: each token's text, and its own bytes (a token may hold part of a character,
+    whose text is U+FFFD; the bytes of consecutive tokens add up to the text's)."""
+    def item(token_id: int, value: float) -> dict[str, object]:
+        return {"token": token_text(token_id), "logprob": _lp(value), "bytes": list(token_bytes(token_id))}
 
-
-def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText) -> dict[str, object]:
     content = []
     for lp in entries:
-        item = _chat_token(token_text(lp.token_id), lp.logprob)
-        item["top_logprobs"] = [_chat_token(token_text(t), v) for t, v in lp.top]
-        content.append(item)
+        entry = item(lp.token_id, lp.logprob)
+        entry["top_logprobs"] = [item(t, v) for t, v in lp.top]
+        content.append(entry)
     return {"content": content, "refusal": None}
 
 

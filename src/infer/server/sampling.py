@@ -31,9 +31,10 @@ def logit_adjustments(body: SamplingFields, max_tokens: int, vocab_size: int | N
             raise APIError(400, f"{name} must be in [-2, 2], got {value}", name)
     bias: dict[int, float] = {}
     for key, value in (body.logit_bias or {}).items():
-        token = int(key) if key.strip().isdigit() else None
+        digits = key.strip()  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+        token = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 12 else None
         if token is None or (vocab_size is not None and token >= vocab_size):
-            raise APIError(400, f"logit_bias key {key!r} is not a token id in [0, {vocab_size})", "logit_bias")
+            raise APIError(400, f"logit_bias key {key[:40]!r} is not a token id in [0, {vocab_size})", "logit_bias")
         if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
             raise APIError(400, f"logit_bias value {value} for token {key} is outside [-100, 100]", "logit_bias")
         bias[token] = value

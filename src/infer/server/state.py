@@ -29,6 +29,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
+        self.token_bytes = lru_cache(maxsize=65536)(self.built.tokenizer.token_bytes)
         # this process's own compiler: a constraint is checked here (400) before the core compiles it again
         self.grammars = GrammarCompiler(self.built.tokenizer, self.vocab_size)
         self.workers = Workers(self.built.config.structured_compile_timeout_s)
