@@ -30,11 +30,14 @@ async def prompt_ids(state: ServerState, prompt: str | list) -> tuple[list[list[
         prompt = [prompt]
     if not prompt:
         raise APIError(422, "prompt must not be empty", "prompt")
+    params = ["prompt" if len(prompt) == 1 else f"prompt.{i}" for i in range(len(prompt))]
+    texts = [(p, param) for p, param in zip(prompt, params) if isinstance(p, str)]
+    # the batch's text is tokenized in one go, on a worker thread once it is large in all (not prompt by prompt)
+    encoded = iter(await state.encode_many_async(texts))
     ids = []
-    for i, p in enumerate(prompt):
-        param = "prompt" if len(prompt) == 1 else f"prompt.{i}"
+    for p, param in zip(prompt, params):
         if isinstance(p, str):
-            ids.append(await state.encode_async(p, param))
+            ids.append(next(encoded))
         else:
             state.check_token_ids(p, param)
             ids.append(list(p))

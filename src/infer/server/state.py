@@ -67,10 +67,17 @@ class ServerState:
             return self.encode(text, param, add_special_tokens)
         return await self.workers.run(self.encode, text, param, add_special_tokens)
 
+    async def encode_many_async(self, texts: list[tuple[str, str]]) -> list[list[int]]:
+        """`encode` of each (text, param), on one worker thread call when their text is large in all."""
+        if sum(len(text) for text, _ in texts) <= LARGE_TEXT_CHARS:
+            return [self.encode(text, param) for text, param in texts]
+        return await self.workers.run(lambda: [self.encode(text, param) for text, param in texts])
+
     async def encode_chat_async(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                                 template: dict[str, Any] | None = None) -> list[int]:
-        """`encode_chat`, on a worker thread for large conversations."""
-        if sum(len(str(m.get("content") or "")) for m in messages) <= LARGE_TEXT_CHARS:
+        """`encode_chat`, on a worker thread for large conversations: every part of a message counts (content,
+        tool calls and their arguments) and the template's arguments (tool definitions)."""
+        if sum(len(str(m)) for m in messages) + len(str(template or "")) <= LARGE_TEXT_CHARS:
             return self.encode_chat(messages, add_generation_prompt, template)
         return await self.workers.run(self.encode_chat, messages, add_generation_prompt, template)
 

@@ -7,13 +7,15 @@ A tool whose parameters llguidance cannot compile is a 400 naming that tool.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 from infer.server.errors import APIError
 from infer.server.state import ServerState
 from infer.server.tools.formats import ToolFormat, markup
 from infer.server.tools.request import ToolRequest
-from infer.structured import Constraint, ConstraintError
+from infer.server.workers import CompileTimeoutError
+from infer.structured import Constraint, ConstraintError, GrammarCompiler
 
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
@@ -30,7 +32,12 @@ def think_rules(tokens: frozenset[str]) -> str:
 
 def markup_tokens(state: ServerState) -> frozenset[str]:
     """The markup the served tokenizer has as single added tokens (llguidance treats those as special)."""
-    ll = state.grammars.ll_tokenizer
+    return _markup_tokens(state.grammars)
+
+
+@functools.cache  # one compiler per API server process: looked up once
+def _markup_tokens(grammars: GrammarCompiler) -> frozenset[str]:
+    ll = grammars.ll_tokenizer
     return frozenset(m for m in MARKUP if len(ids := ll.tokenize_str(m)) == 1 and ll.is_special_token(ids[0]))
 
 
@@ -69,7 +76,10 @@ async def compile_tools(state: ServerState, fmt: ToolFormat, request: ToolReques
 
 
 async def compile_constraint(state: ServerState, constraint: Constraint, what: str, param: str) -> None:
+    """Compile on the API server's compile pool, within --structured-compile-timeout-s as every constraint is."""
     try:
-        await asyncio.to_thread(state.grammars.compile, constraint)
+        await state.workers.compile(state.grammars, constraint)
     except ConstraintError as exc:
         raise APIError(400, f"{what} cannot be compiled by llguidance: {exc}", param) from exc
+    except CompileTimeoutError as exc:
+        raise APIError(400, f"{what} is too costly: {exc}", param) from exc
