@@ -33,6 +33,7 @@ class ServerState:
         # this process's own compiler: a constraint is checked here (400) before the core compiles it again
         self.grammars = GrammarCompiler(self.built.tokenizer, self.vocab_size)
         self.workers = Workers(self.built.config.structured_compile_timeout_s)
+        self.workers.prepare(self.grammars)
 
     def _token_text(self, token_id: int) -> str:
         return self.built.tokenizer.decode([token_id], skip_special_tokens=False)

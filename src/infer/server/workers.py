@@ -38,6 +38,10 @@ class Workers:
         """fn(*args) on a tokenization thread."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenize, fn, *args)
 
+    def prepare(self, grammars: GrammarCompiler) -> None:
+        """Start building what every compile needs (the llguidance tokenizer) on a compile thread."""
+        grammars.prepare(self._compile)
+
     async def compile(self, grammars: GrammarCompiler, constraint: Constraint) -> None:
         """Compile (and cache) `constraint` on a compile thread; ConstraintError as the compiler raises it,
         CompileTimeoutError past the budget."""
