@@ -18,6 +18,7 @@ import argparse
 import gzip
 import json
 import os
+import random
 import shutil
 import statistics
 import time
@@ -75,10 +76,13 @@ def step(llm: LLM, core: bool = False) -> int:
 
 
 def start_decoding(llm: LLM, args: argparse.Namespace) -> None:
-    """Admit `batch` requests, run every prefill, then the warm-up decode steps."""
-    ids = [2 + (7 * i) % (llm.runner.vocab_size - 2) for i in range(args.prompt_len)]
+    """Admit `batch` requests with distinct random prompts (one shared prompt would share its KV blocks through the
+    prefix cache, and the attention would read them from L2), run every prefill, then the warm-up decode steps."""
+    rng = random.Random(0)
+    vocab = llm.runner.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.warmup + args.steps + 32, ignore_eos=True)
-    requests = [llm.engine.add_request(ids, params) for _ in range(args.batch)]
+    requests = [llm.engine.add_request([rng.randrange(2, vocab) for _ in range(args.prompt_len)], params)
+                for _ in range(args.batch)]
     while any(not r.output_token_ids for r in requests):
         step(llm, args.core)
     for _ in range(args.warmup):
@@ -88,13 +92,17 @@ def start_decoding(llm: LLM, args: argparse.Namespace) -> None:
 def record(llm: LLM, args: argparse.Namespace) -> tuple[profile, list[float], int]:
     """Profile `steps` decode steps; returns the profiler, each step's wall seconds and the tokens output."""
     cuda = args.device.startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    host = [] if cuda and args.device_only else [ProfilerActivity.CPU]
+    activities = host + ([ProfilerActivity.CUDA] if cuda else [])
     walls, tokens = [], 0
     with profile(activities=activities) as prof:
         for _ in range(args.steps):
             start = time.perf_counter()
             with record_function(STEP_RANGE):
-                tokens += step(llm, args.core)
+                if args.replays:  # the decode graph alone, back to back: wall = the host's launch of a replay
+                    llm.runner.graphs.replay(llm.runner.graphs.bucket(args.batch))
+                else:
+                    tokens += step(llm, args.core)
             walls.append(time.perf_counter() - start)
         if cuda:
             start = time.perf_counter()
@@ -166,7 +174,7 @@ def summary_md(args: argparse.Namespace, llm: LLM, prof: profile, walls: list[fl
     where = torch.cuda.get_device_name() if cuda else "CPU"
     lines = [
         f"# Decode profile: {args.model}, batch {args.batch}, CUDA graphs {MODES[args.graphs]}"
-        + (", engine core" if args.core else "")
+        + (", engine core" if args.core else "") + (", graph replays" if args.replays else "")
         + (f", TP={args.tp} (rank 0)" if args.tp > 1 else ""),
         "",
         f"{where}; torch {torch.__version__}; {args.dtype}; prompt {args.prompt_len} tokens; {args.steps} decode steps "
@@ -220,6 +228,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--core", action="store_true",
                         help="profile the engine core's step (step_core, what `infer serve`'s core runs), not the "
                              "offline Engine.step")
+    parser.add_argument("--device-only", action="store_true",
+                        help="record the device's activity alone (no host events): the host runs at nearly full speed")
+    parser.add_argument("--replays", action="store_true",
+                        help="profile back-to-back replays of the batch's decode graph, not engine steps")
     parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (the profile is rank 0's)")
     parser.add_argument("--model-root", default="/tmp/infer_bench_models")
     parser.add_argument("--out", type=Path, required=True)

@@ -10,8 +10,9 @@ them (its requests' text decoded at their end, as `LLM.generate_ids` asks). `--p
 probe_overhead's probe set (16 probes at each of 4 layers) every token.
 Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the step (text:
 its text side); the steps' own times as percentiles show stalls.
-Device = one CUDA-graph replay of the decode forward for B rows, timed with events (sampling excluded) before and
-after the timed steps; their mean is the forward at the steps' mean context (its attention grows linearly).
+Device = one CUDA-graph replay of the decode forward for B rows (sampling excluded), timed over back-to-back
+replays before and after the timed steps; their mean is the forward at the steps' mean context (its attention grows
+linearly with it).
 With the overlap, a step costs max(host, device): the smaller one is hidden. Memory bound = the bytes a step
 must read (weights once, every row's KV at its context) over the device's copy bandwidth; the step's fraction
 of it is bound / step. A cProfile of the same steps follows (it slows the host, so its times are only
@@ -39,14 +40,16 @@ import model_shapes as ms
 from device_rates import copy_bandwidth, host_loop_ms
 from infer import LLM, SamplingParams
 from infer.engine.text import TextProcessor
+from infer.runners.cuda_graphs import CudaGraphs
+from infer.runners.torch_runner import TorchRunner
 from infer.transfer import Readback
-from layerzero.perf.measure import measure
 from probe_overhead import probe_file
 
 
 class Clock:
     """Wraps `cls.name` to add up the time spent in it: Readback.read, blocked on the device;
-    TextProcessor.process_step, the text side."""
+    TextProcessor.process_step, the text side; TorchRunner.launch, queueing a step's device work (CudaGraphs.replay,
+    launching its graph, part of it)."""
 
     def __init__(self, cls: type, name: str) -> None:
         self.seconds = 0.0
@@ -69,11 +72,20 @@ class Clock:
         setattr(self._cls, self._name, self._method)
 
 
-def device_ms(llm: LLM, batch: int, reps: int = 50) -> float:
+def device_ms(llm: LLM, batch: int, reps: int = 20) -> float:
+    """ms per replay of the batch's decode graph, `reps` replays back to back between two events. (An event pair
+    around each replay read 0.3 ms more per replay than the kernels' own span on an H100: 2.26 against 1.95 ms.)"""
     graphs = llm.runner.graphs
     if graphs is None or graphs.bucket(batch) != batch:
         return float("nan")
-    return statistics.median(measure(lambda: graphs.replay(batch), device="cuda", iters=reps)) / 1e3
+    graphs.replay(batch)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graphs.replay(batch)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
 
 
 def main() -> None:
@@ -106,7 +118,8 @@ def main() -> None:
     torch.cuda.synchronize()
     forward_before = device_ms(llm, args.batch)
     first = [r.num_tokens for r in requests]
-    with Clock(Readback, "read") as wait, Clock(TextProcessor, "process_step") as text:
+    with Clock(Readback, "read") as wait, Clock(TextProcessor, "process_step") as text, \
+            Clock(TorchRunner, "launch") as launch, Clock(CudaGraphs, "replay") as replay:
         started = lap = time.perf_counter()
         laps = []
         for _ in range(args.steps):
@@ -116,21 +129,24 @@ def main() -> None:
             lap = now
         seconds = time.perf_counter() - started
     p50, p90, p99 = (1e3 * float(np.percentile(laps, q)) for q in (50, 90, 99))
-    step_ms, wait_ms, text_ms = (1e3 * s / args.steps for s in (seconds, wait.seconds, text.seconds))
+    step_ms, wait_ms, text_ms, launch_ms, replay_ms = (1e3 * s / args.steps for s in (
+        seconds, wait.seconds, text.seconds, launch.seconds, replay.seconds))
     contexts = [(a + r.num_tokens) // 2 for a, r in zip(first, requests)]  # a sequence's mean over the timed steps
     step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
     bound_ms = 1e3 * step_bytes / copy_bandwidth()
     forward_ms = (forward_before + device_ms(llm, args.batch)) / 2
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "batch": args.batch, "probes": args.probes,
               "offline": args.offline, "step_ms": step_ms,
-              "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "text_ms": text_ms,
+              "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "text_ms": text_ms, "launch_ms": launch_ms,
+              "graph_replay_ms": replay_ms,
               "step_p50_p90_p99_ms": [p50, p90, p99], "device_forward_ms": forward_ms,
               "memory_bound_ms": bound_ms, "fraction_of_bound": bound_ms / step_ms,
               "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps,
               "host_loop_ms": host_loop_ms()}
     what = "Engine.step" if args.offline else "step_core"
     print(f"{args.shape}, batch {args.batch}{', probes' if args.probes else ''}, {what}, {report['gpu']}: step "
-          f"{step_ms:.2f} ms (host {step_ms - wait_ms:.2f} of which text {text_ms:.2f}, waiting {wait_ms:.2f}); "
+          f"{step_ms:.2f} ms (host {step_ms - wait_ms:.2f} of which text {text_ms:.2f}, the runner's launch "
+          f"{launch_ms:.2f} with its graph replay {replay_ms:.2f}; waiting {wait_ms:.2f}); "
           f"device forward {forward_ms:.2f} ms; memory bound {bound_ms:.2f} ms "
           f"(mean context {report['mean_context']:.0f}) -> {report['fraction_of_bound']:.2f} of it; "
           f"{report['tok_s']:.0f} tok/s; steps p50/p90/p99 {p50:.2f}/{p90:.2f}/{p99:.2f} ms; "
