@@ -53,6 +53,7 @@ class Clock:
 
     def __init__(self, cls: type, name: str) -> None:
         self.seconds = 0.0
+        self.longest = 0.0  # the longest single call: where a stalled step spent its time
         self._cls, self._name, self._method = cls, name, getattr(cls, name)
 
     def __enter__(self) -> "Clock":
@@ -63,7 +64,9 @@ class Clock:
             try:
                 return method(*args)
             finally:
-                clock.seconds += time.perf_counter() - started
+                took = time.perf_counter() - started
+                clock.seconds += took
+                clock.longest = max(clock.longest, took)
 
         setattr(self._cls, self._name, timed)
         return self
@@ -139,6 +142,8 @@ def main() -> None:
               "offline": args.offline, "step_ms": step_ms,
               "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "text_ms": text_ms, "launch_ms": launch_ms,
               "graph_replay_ms": replay_ms,
+              "longest_ms": {c: 1e3 * clock.longest for c, clock in
+                             (("read", wait), ("text", text), ("launch", launch), ("replay", replay))},
               "step_p50_p90_p99_ms": [p50, p90, p99], "device_forward_ms": forward_ms,
               "memory_bound_ms": bound_ms, "fraction_of_bound": bound_ms / step_ms,
               "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps,
@@ -150,7 +155,8 @@ def main() -> None:
           f"device forward {forward_ms:.2f} ms; memory bound {bound_ms:.2f} ms "
           f"(mean context {report['mean_context']:.0f}) -> {report['fraction_of_bound']:.2f} of it; "
           f"{report['tok_s']:.0f} tok/s; steps p50/p90/p99 {p50:.2f}/{p90:.2f}/{p99:.2f} ms; "
-          f"host loop {report['host_loop_ms']:.0f} ms")
+          f"host loop {report['host_loop_ms']:.0f} ms; longest single call (ms): "
+          + ", ".join(f"{c} {ms_:.2f}" for c, ms_ in report["longest_ms"].items()))
     if os.environ.get("OUT_DIR"):
         gpu = report["gpu"].lower().replace("nvidia", "").split()[0]
         with open(Path(os.environ["OUT_DIR"], f"step_profile_{gpu}.jsonl"), "a") as f:  # one file for every run

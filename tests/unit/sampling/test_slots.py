@@ -45,8 +45,8 @@ def test_gathered_tensors_equal_fresh_packing(ops) -> None:
                                            [model[s][2] for s in rows], VOCAB, "cpu")
         fields = ("temperature", "top_k", "top_p", "repetition_penalty", "seeds", "steps")
         assert got.plain_greedy == (want.all_greedy and not want.any_penalty)
-        if got.plain_greedy:  # no row samples: none reads its seed, step count or filters
-            fields = ("temperature", "top_p", "repetition_penalty")
+        if got.plain_greedy:  # no row samples: none reads its seed, step count, top-k or top-p
+            fields = ("temperature", "repetition_penalty")
         for name in fields:
             assert torch.equal(getattr(got, name), getattr(want, name)), name
         assert (got.all_greedy, got.any_top_k_or_p, got.any_penalty) == (want.all_greedy, want.any_top_k_or_p,
