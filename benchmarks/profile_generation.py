@@ -231,12 +231,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device-only", action="store_true",
                         help="record the device's activity alone (no host events): the host runs at nearly full speed")
     parser.add_argument("--replays", action="store_true",
-                        help="profile back-to-back replays of the batch's decode graph, not engine steps")
+                        help="profile back-to-back replays of the batch's decode graph, not engine steps (needs "
+                             "CUDA graphs; each replay rewrites the last step's KV, so the run's tokens are not kept)")
     parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (the profile is rank 0's)")
     parser.add_argument("--model-root", default="/tmp/infer_bench_models")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.replays and (args.graphs is False or not args.device.startswith("cuda")):
+        parser.error("--replays replays the decode graph: it needs CUDA graphs")
     return args
 
 

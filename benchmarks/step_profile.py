@@ -76,8 +76,9 @@ class Clock:
 
 
 def device_ms(llm: LLM, batch: int, reps: int = 20) -> float:
-    """ms per replay of the batch's decode graph, `reps` replays back to back between two events. (An event pair
-    around each replay read 0.3 ms more per replay than the kernels' own span on an H100: 2.26 against 1.95 ms.)"""
+    """ms per replay of the batch's decode graph, `reps` replays back to back between two events. A replay rewrites
+    the KV of the last step's positions from other input tokens: the timing is unaffected, the tokens after it are
+    not what a real run would sample."""
     graphs = llm.runner.graphs
     if graphs is None or graphs.bucket(batch) != batch:
         return float("nan")

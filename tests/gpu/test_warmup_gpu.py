@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,4 +28,21 @@ def test_after_the_warm_up_no_batch_compiles_a_kernel(tmp_path):
             for params in (greedy, sampled):
                 prompts = [[rng.randrange(1, 300) for _ in range(rng.randint(1, 200))] for _ in range(n)]
                 assert all(len(o.token_ids) == 6 for o in llm.generate_ids(prompts, params))
+    assert compiles.kernels == []
+
+
+def test_without_graphs_large_decode_batches_compile_nothing_after_the_warm_up(tmp_path):
+    """Eager decode (CUDA graphs off): with 8 KV heads, 100-256 sequences take the paged attention's tiles for many
+    programs per SM; the warm-up's large groups compile them before serving."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import model_shapes as ms
+
+    llm = LLM(str(ms.write_model_dir("llama-3.2-1b", tmp_path)), load_format="dummy", use_cuda_graphs=False,
+              max_seq_len=256, max_batch_size=256, kv_cache_memory_gb=2)
+    rng = random.Random(0)
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with Compiles() as compiles:
+        for n in (100, 128, 200, 256):
+            prompts = [[rng.randrange(1, 1000) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+            assert all(len(o.token_ids) == 4 for o in llm.generate_ids(prompts, greedy))
     assert compiles.kernels == []

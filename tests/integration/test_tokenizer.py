@@ -256,3 +256,23 @@ def test_token_bytes_add_up_to_the_text(smollm2: Tokenizer, gemma3: Tokenizer, t
     assert len(emoji) > 1 and "\ufffd" in smollm2.decode(emoji[:1])  # the case the bytes are for
     end = smollm2.hf.convert_tokens_to_ids("<|im_end|>")
     assert smollm2.token_bytes(end) == b"<|im_end|>"
+
+
+def test_token_bytes_keep_the_space_a_llama2_style_decoder_strips(tmp_path: Path) -> None:
+    """A SentencePiece-style BPE whose decoder strips the leading space (Llama 2, Mistral): a piece decoded alone
+    loses its space, its bytes keep it, and byte-fallback pieces give their byte."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rust = RustTokenizer(models.BPE(byte_fallback=True))
+    rust.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    rust.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                      decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["</s>"] + [f"<0x{b:02X}>" for b in range(256)])
+    rust.train_from_iterator(["Hello world, hello there.", "The world is wide."] * 10, trainer)
+    tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_object=rust, eos_token="</s>"), frozenset())
+    for text in ("Hello world", "wide world 😀"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids[1:2]) == tok.decode(ids[1:2]).lstrip()  # the decoder strips a lone piece's space
+        assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == " " + text

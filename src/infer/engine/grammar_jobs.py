@@ -43,7 +43,7 @@ class GrammarJobs:
         self.timeout_s = timeout_s
         self._pool = background_pool(COMPILE_THREADS, "infer-core-compile")
         self._jobs: dict[str, GrammarJob] = {}
-        compiler.prepare(self._pool)
+        compiler.prepare()  # before the core reports ready (see GrammarCompiler.prepare)
 
     @property
     def pending(self) -> bool:

@@ -7,6 +7,7 @@ full chunk, a short remainder, a single token) and decodes a few steps with them
 found it: no request, an empty prefix cache, zeroed counters. The sampler's kernels depend on which rows sample
 (all greedy rows read the logits in their own dtype, sampled ones in float32) and on how many (the argmax's block
 size), so on CUDA every group runs greedy and sampled, and small groups of 1-8 rows run beside the large one.
+Without decode graphs, groups of 128 and 256 requests decode too: the attention's tile follows the batch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from infer.sampling.params import SamplingParams
 
 WARMUP_DECODE_TOKENS = 4
 SMALL_GROUPS = (1, 2, 3, 4, 6, 8)  # requests at once, each a short prompt: steps that sample that many rows
+# without decode graphs, decode batches this large run eagerly: the paged attention's tile follows the programs per
+# SM (docs/gpu.md), so they compile tiles that a capture would otherwise have compiled
+EAGER_DECODE_GROUPS = (128, 256)
 
 
 def warm_up(engine: EngineCore) -> float:
@@ -32,6 +36,9 @@ def warm_up(engine: EngineCore) -> float:
         large = [chunk + chunk // 2, chunk, 17, 1]
         large += [rng.randrange(2, 64) for _ in range(min(config.max_batch_size, 64) - 4)]
         groups = [large] + [[rng.randrange(2, 64) for _ in range(n)] for n in SMALL_GROUPS if n < len(large)]
+        if getattr(engine.runner, "graphs", None) is None:
+            groups += [[rng.randrange(2, 16) for _ in range(n)] for n in EAGER_DECODE_GROUPS
+                       if len(large) < n <= config.max_batch_size]
         greedy = SamplingParams(temperature=0.0, max_tokens=WARMUP_DECODE_TOKENS, ignore_eos=True)
         rounds = [(group, params) for params in (greedy, sampled) for group in groups]
     else:  # the CPU's steps are compute-bound from the first: warm the code paths, not every shape

@@ -90,18 +90,23 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for. A byte-level piece (GPT-2 style BPE: Llama 3, Qwen, SmolLM2) or a
         byte-fallback piece (`<0xE2>`) may hold part of a UTF-8 character, which its decoded text shows as U+FFFD;
-        its bytes are read off the piece instead. An added token is its content; anything else its decoded text."""
+        its bytes are read off the piece instead. An added token is its content. A SentencePiece piece is its text
+        with `▁` as the space (decoded alone, a Llama-2-style decoder would strip that space); anything else its
+        decoded text."""
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        byte_fallback = isinstance(piece, str) and self._byte_level_inverse is None
+        byte = _BYTE_PIECE.fullmatch(piece) if byte_fallback else None
+        if byte is not None:  # as the byte-fallback decoder reads it, an added token or not
+            return bytes([int(byte.group(1), 16)])
         added = self._added_tokens.get(token_id)
         if added is not None:
             return added.encode("utf-8")
-        piece = self.hf.convert_ids_to_tokens(token_id)
         if isinstance(piece, str):
-            byte = _BYTE_PIECE.fullmatch(piece)
-            if byte is not None:
-                return bytes([int(byte.group(1), 16)])
             inverse = self._byte_level_inverse
             if inverse is not None and all(c in inverse for c in piece):
                 return bytes(inverse[c] for c in piece)
+            if "\u2581" in piece:
+                return piece.replace("\u2581", " ").encode("utf-8")
         return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     @functools.cached_property
@@ -111,6 +116,9 @@ class Tokenizer:
     @functools.cached_property
     def _byte_level_inverse(self) -> dict[str, int] | None:
         """Character -> byte of byte-level BPE's alphabet, when the tokenizer decodes that way; else None."""
+        slow = getattr(self.hf, "byte_decoder", None)  # a slow GPT-2 style tokenizer keeps the map itself
+        if isinstance(slow, dict):
+            return slow
         if type(getattr(self._backend, "decoder", None)).__name__ != "ByteLevel":
             return None
         from transformers.convert_slow_tokenizer import bytes_to_unicode

@@ -166,12 +166,13 @@ def _stop_list(stop: object) -> list[str]:
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
         raise ValueError(f"stop must be a string or a list of strings, got {_clip(stop)}")
-    if len(items) > MAX_STOP_STRINGS:
-        raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(items)}")
-    longest = max((len(s) for s in items), default=0)
+    stops = [s for s in items if s]
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
+    longest = max((len(s) for s in stops), default=0)
     if longest > MAX_STOP_CHARS:
         raise ValueError(f"stop strings are at most {MAX_STOP_CHARS} characters long, got one of {longest}")
-    return [s for s in items if s]
+    return stops
 
 
 def _clip(value: object, limit: int = 200) -> str:

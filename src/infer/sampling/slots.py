@@ -3,8 +3,10 @@
 Every running request holds one slot (the scheduler hands them out, at most `max_batch_size`). A step
 names its rows' slots; their parameters come from the slot tensors with two gathers instead of being
 packed from Python objects for every row of every step. A slot's step counter (tokens generated so
-far, which picks the sampling noise) advances on the device when its row samples, so a seeded row
-draws the same noise as it would alone, with no per-step host work.
+far, which picks the sampling noise and counts toward min_tokens) advances on the device when its row samples,
+so a seeded row draws the same noise as it would alone, with no per-step host work. A step whose rows are all
+plain greedy reads neither, so it skips both the gathers and the advance (a greedy slot's counter then lags; it
+is rewritten whenever a request takes the slot).
 
 logit_bias, presence / frequency penalties and min_tokens (sampling/adjust.py) keep their state here too:
 an additive offset per slot and token (the bias minus the penalties so far) and the generated-token counts,

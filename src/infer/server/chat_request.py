@@ -3,7 +3,6 @@ its answer (reasoning, tool calls) and the constraint its answer is generated un
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from infer.server.chat_output import ChatShape
@@ -54,7 +53,7 @@ async def answer_constraint(state: ServerState, body: ChatCompletionRequest, sha
         return await compile_tools(state, shape.fmt, shape.tools, think)
     if requested is None or not think:
         return requested
-    wrapped = after_reasoning(requested, await asyncio.to_thread(markup_tokens, state))
+    wrapped = after_reasoning(requested, markup_tokens(state))
     if wrapped is None:
         return requested
     await compile_constraint(state, wrapped, "the output constraint after the reasoning block", "response_format")

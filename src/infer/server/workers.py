@@ -38,18 +38,17 @@ class Workers:
         """fn(*args) on a tokenization thread."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenize, fn, *args)
 
-    def prepare(self, grammars: GrammarCompiler) -> None:
-        """Start building what every compile needs (the llguidance tokenizer) on a compile thread."""
-        grammars.prepare(self._compile)
-
-    async def compile(self, grammars: GrammarCompiler, constraint: Constraint) -> None:
+    async def compile(self, grammars: GrammarCompiler, constraint: Constraint, deadline: float | None = None) -> None:
         """Compile (and cache) `constraint` on a compile thread; ConstraintError as the compiler raises it,
-        CompileTimeoutError past the budget."""
+        CompileTimeoutError past the budget: the compile timeout, or what is left of it at `deadline` (the loop's
+        clock) when a request's compiles share one budget."""
         if grammars.is_cached(constraint):
             return
-        future = asyncio.get_running_loop().run_in_executor(self._compile, grammars.compile, constraint)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._compile, grammars.compile, constraint)
+        budget = self.compile_timeout_s if deadline is None else max(0.0, deadline - loop.time())
         try:
-            await asyncio.wait_for(asyncio.shield(future), self.compile_timeout_s)
+            await asyncio.wait_for(asyncio.shield(future), budget)
         except TimeoutError:
             future.add_done_callback(_consume)  # it finishes in the background and is cached; nobody waits
             raise CompileTimeoutError(f"its grammar did not compile within {self.compile_timeout_s:g} s "

@@ -4,7 +4,6 @@ compiled grammars are cached as unused matchers, and each request gets its own c
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Executor
 from collections import OrderedDict
 
 import llguidance
@@ -53,19 +52,20 @@ class GrammarCompiler:
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
-        """Built on first use (about half a second), then shared by every grammar and matcher."""
+        """Built by `prepare` at a server's start-up, else on first use; then shared by every grammar and matcher."""
+        self.prepare()
+        assert self._ll is not None
+        return self._ll
+
+    def prepare(self) -> None:
+        """Build the llguidance tokenizer now, at start-up, rather than in the first constrained request: 0.26 s
+        for SmolLM2's 49k-token vocabulary, 2.9 s for Gemma 3's 262k on the 2-core development machine, holding
+        the GIL for up to ~0.2 s at a time, so built on a thread while serving it would pause every stream."""
         with self._lock:
             if self._ll is None:
                 self._ll = llguidance.hf.from_tokenizer(
                     self._tokenizer.hf, n_vocab=self._vocab_size, eos_token=sorted(self._tokenizer.eos_token_ids)
                 )
-            return self._ll
-
-    def prepare(self, pool: Executor) -> None:
-        """Build the llguidance tokenizer on `pool` now, at start-up, rather than in the first constrained request
-        (0.26 s for SmolLM2's 49k-token vocabulary, 2.9 s for Gemma 3's 262k on the 2-core development machine):
-        the build holds the GIL, so in the engine core it would pause every stream."""
-        pool.submit(lambda: self.ll_tokenizer)
 
     def is_cached(self, constraint: Constraint) -> bool:
         """Whether `constraint` is compiled already (a matcher for it takes microseconds)."""

@@ -44,3 +44,22 @@ def test_a_tool_schema_past_the_compile_budget_is_a_400_naming_the_field() -> No
         asyncio.run(compile_constraint(state, schema, "tools[0] (wide): its parameters", "tools.0.function.parameters"))
     finally:
         workers.close()
+
+
+def test_a_requests_compiles_share_one_budget() -> None:
+    """The deadline a request's tools share: a compile started after it has passed waits for nothing."""
+    workers = Workers(compile_timeout_s=10.0)
+    state = SimpleNamespace(workers=workers, grammars=SlowGrammars())
+
+    async def late() -> None:
+        deadline = asyncio.get_running_loop().time() - 1.0  # the request's earlier compiles used it all
+        await compile_constraint(state, Constraint.json_schema({"type": "object"}), "tools: the tool-call grammar",
+                                 "tools", deadline)
+
+    try:
+        with pytest.raises(APIError) as caught:
+            asyncio.run(late())
+        assert caught.value.param == "tools" and "--structured-compile-timeout-s" in caught.value.message
+        assert not state.grammars.done.is_set()  # refused before the compile (0.5 s) could end
+    finally:
+        workers.close()

@@ -7,8 +7,8 @@ A tool whose parameters llguidance cannot compile is a 400 naming that tool.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
+import weakref
 
 from infer.server.errors import APIError
 from infer.server.state import ServerState
@@ -31,14 +31,17 @@ def think_rules(tokens: frozenset[str]) -> str:
 
 
 def markup_tokens(state: ServerState) -> frozenset[str]:
-    """The markup the served tokenizer has as single added tokens (llguidance treats those as special)."""
-    return _markup_tokens(state.grammars)
+    """The markup the served tokenizer has as single added tokens (llguidance treats those as special); looked up
+    once per compiler (the llguidance tokenizer is built at start-up, so this never waits for it)."""
+    found = _MARKUP_TOKENS.get(state.grammars)
+    if found is None:
+        ll = state.grammars.ll_tokenizer
+        found = frozenset(m for m in MARKUP if len(ids := ll.tokenize_str(m)) == 1 and ll.is_special_token(ids[0]))
+        _MARKUP_TOKENS[state.grammars] = found
+    return found
 
 
-@functools.cache  # one compiler per API server process: looked up once
-def _markup_tokens(grammars: GrammarCompiler) -> frozenset[str]:
-    ll = grammars.ll_tokenizer
-    return frozenset(m for m in MARKUP if len(ids := ll.tokenize_str(m)) == 1 and ll.is_special_token(ids[0]))
+_MARKUP_TOKENS: weakref.WeakKeyDictionary[GrammarCompiler, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 def tool_grammar(fmt: ToolFormat, request: ToolRequest, thinking: bool, tokens: frozenset[str] = frozenset()) -> str:
@@ -63,22 +66,25 @@ def after_reasoning(constraint: Constraint, tokens: frozenset[str] = frozenset()
 
 
 async def compile_tools(state: ServerState, fmt: ToolFormat, request: ToolRequest, thinking: bool) -> Constraint:
-    """The request's tool constraint, compiled against the served tokenizer off the event loop."""
+    """The request's tool constraint, compiled against the served tokenizer off the event loop: each tool's
+    schema, then the tool-call grammar, all within one --structured-compile-timeout-s."""
+    deadline = asyncio.get_running_loop().time() + state.workers.compile_timeout_s
     for i, tool in enumerate(request.tools):
         if tool in request.callable():
             schema = Constraint.json_schema({**tool.parameters})
             await compile_constraint(state, schema, f"tools[{i}] ({tool.name}): its parameters",
-                                     f"tools.{i}.function.parameters")
-    tokens = await asyncio.to_thread(markup_tokens, state)
-    constraint = Constraint("grammar", tool_grammar(fmt, request, thinking, tokens))
-    await compile_constraint(state, constraint, "tools: the tool-call grammar", "tools")
+                                     f"tools.{i}.function.parameters", deadline)
+    constraint = Constraint("grammar", tool_grammar(fmt, request, thinking, markup_tokens(state)))
+    await compile_constraint(state, constraint, "tools: the tool-call grammar", "tools", deadline)
     return constraint
 
 
-async def compile_constraint(state: ServerState, constraint: Constraint, what: str, param: str) -> None:
-    """Compile on the API server's compile pool, within --structured-compile-timeout-s as every constraint is."""
+async def compile_constraint(state: ServerState, constraint: Constraint, what: str, param: str,
+                             deadline: float | None = None) -> None:
+    """Compile on the API server's compile pool within --structured-compile-timeout-s (or what is left of it at
+    `deadline`, the event loop's clock), as every constraint is."""
     try:
-        await state.workers.compile(state.grammars, constraint)
+        await state.workers.compile(state.grammars, constraint, deadline)
     except ConstraintError as exc:
         raise APIError(400, f"{what} cannot be compiled by llguidance: {exc}", param) from exc
     except CompileTimeoutError as exc:
