@@ -43,7 +43,6 @@ class GrammarJobs:
         self.timeout_s = timeout_s
         self._pool = background_pool(COMPILE_THREADS, "infer-core-compile")
         self._jobs: dict[str, GrammarJob] = {}
-        compiler.prepare()  # before the core reports ready (see GrammarCompiler.prepare)
 
     @property
     def pending(self) -> bool:
