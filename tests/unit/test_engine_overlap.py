@@ -75,3 +75,24 @@ def test_a_short_request_ending_leaves_a_long_one_unchanged():
     outputs = run_all(engine2)
     assert _tokens(outputs)["a"] == a.output_token_ids
     assert len(_tokens(outputs)["b"]) == 3
+
+
+def test_prev_rows_equal_a_lookup_by_request(monkeypatch):
+    """Unchanged decode-table rows map row to row without a lookup; every step's answer equals finding each row's
+    request in the in-flight step (a pending token: its row there; none: -1)."""
+    from infer.engine.overlap import InFlight
+
+    original, checked = InFlight.prev_rows, []
+
+    def checking(self, batch):
+        got = original(self, batch)
+        if self.step is not None:
+            where = {id(r): i for i, r in enumerate(self.step[0].requests)}
+            want = [where[id(r)] if r.pending_tokens else -1 for r in batch.requests]
+            assert got == (want if any(i >= 0 for i in want) else None)
+            checked.append(got)
+        return got
+
+    monkeypatch.setattr(InFlight, "prev_rows", checking)
+    _run(1.0, n=6, max_tokens=10)
+    assert any(rows and rows == list(range(len(rows))) for rows in checked)

@@ -11,6 +11,8 @@ first (`may_launch_ahead`); structured output reads N inside N+1's launch instea
 
 from __future__ import annotations
 
+import numpy as np
+
 from infer.engine.scheduler import ScheduledBatch
 from infer.runners.base import LaunchedStep
 
@@ -32,7 +34,13 @@ class InFlight:
         """Per row of `batch`: the in-flight row whose sampled token is this row's last input, or -1."""
         if self.step is None:
             return None
-        rows = {id(r): i for i, r in enumerate(self.step[0].requests)}
+        before = self.step[0]
+        d, b = batch.decode, before.decode
+        if (d is not None and b is not None and not batch.rows and not before.rows and d.version == b.version
+                and len(d.index) and np.array_equal(d.index, b.index)):
+            # the same table rows in the same order, each with its in-flight token pending: row i continues row i
+            return list(range(len(d.requests)))
+        rows = {id(r): i for i, r in enumerate(before.requests)}
         out = [rows[id(r)] if r.pending_tokens else -1 for r in batch.requests]
         return out if any(i >= 0 for i in out) else None
 
