@@ -10,9 +10,8 @@ them (its requests' text decoded at their end, as `LLM.generate_ids` asks). `--p
 probe_overhead's probe set (16 probes at each of 4 layers) every token.
 Wait = time blocked reading a step's tokens (the device is behind the host); host = the rest of the step (text:
 its text side); the steps' own times as percentiles show stalls.
-Device = one CUDA-graph replay of the decode forward for B rows (sampling excluded), timed over back-to-back
-replays before and after the timed steps; their mean is the forward at the steps' mean context (its attention grows
-linearly with it).
+Device = one CUDA-graph replay of the decode forward for B rows (sampling excluded), timed with events before and
+after the timed steps; their mean is the forward at the steps' mean context (its attention grows linearly with it).
 With the overlap, a step costs max(host, device): the smaller one is hidden. Memory bound = the bytes a step
 must read (weights once, every row's KV at its context) over the device's copy bandwidth; the step's fraction
 of it is bound / step. A cProfile of the same steps follows (it slows the host, so its times are only
@@ -43,6 +42,7 @@ from infer.engine.text import TextProcessor
 from infer.runners.cuda_graphs import CudaGraphs
 from infer.runners.torch_runner import TorchRunner
 from infer.transfer import Readback
+from layerzero.perf.measure import measure
 from probe_overhead import probe_file
 
 
@@ -75,21 +75,13 @@ class Clock:
         setattr(self._cls, self._name, self._method)
 
 
-def device_ms(llm: LLM, batch: int, reps: int = 20) -> float:
-    """ms per replay of the batch's decode graph, `reps` replays back to back between two events. A replay rewrites
-    the KV of the last step's positions from other input tokens: the timing is unaffected, the tokens after it are
-    not what a real run would sample."""
+def device_ms(llm: LLM, batch: int, reps: int = 50) -> float:
+    """ms per replay of the batch's decode graph (median). A replay rewrites the KV of the last step's positions from
+    other input tokens: the timing is unaffected, the tokens after it are not what a real run would sample."""
     graphs = llm.runner.graphs
     if graphs is None or graphs.bucket(batch) != batch:
         return float("nan")
-    graphs.replay(batch)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graphs.replay(batch)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    return statistics.median(measure(lambda: graphs.replay(batch), device="cuda", iters=reps)) / 1e3
 
 
 def main() -> None:

@@ -94,19 +94,17 @@ class Tokenizer:
         with `▁` as the space (decoded alone, a Llama-2-style decoder would strip that space); anything else its
         decoded text."""
         piece = self.hf.convert_ids_to_tokens(token_id)
-        byte_fallback = isinstance(piece, str) and self._byte_level_inverse is None
-        byte = _BYTE_PIECE.fullmatch(piece) if byte_fallback else None
+        inverse = self._byte_level_inverse
+        byte = _BYTE_PIECE.fullmatch(piece) if piece is not None and inverse is None else None
         if byte is not None:  # as the byte-fallback decoder reads it, an added token or not
             return bytes([int(byte.group(1), 16)])
         added = self._added_tokens.get(token_id)
         if added is not None:
             return added.encode("utf-8")
-        if isinstance(piece, str):
-            inverse = self._byte_level_inverse
-            if inverse is not None and all(c in inverse for c in piece):
-                return bytes(inverse[c] for c in piece)
-            if "\u2581" in piece:
-                return piece.replace("\u2581", " ").encode("utf-8")
+        if piece is not None and inverse is not None and all(c in inverse for c in piece):
+            return bytes(inverse[c] for c in piece)
+        if piece is not None and "\u2581" in piece:
+            return piece.replace("\u2581", " ").encode("utf-8")
         return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     @functools.cached_property

@@ -127,7 +127,7 @@ class SamplingSlots:
         all_greedy = not self._sampled[slots_host].any()
         any_penalty = bool(self._penalty[slots_host].any())
         offsetting, holding = bool(self._offsetting[slots_host].any()), bool(self._holding[slots_host].any())
-        if all_greedy and not any_penalty and not (offsetting or holding):
+        if all_greedy and not any_penalty and not (offsetting or holding):  # plain_greedy, from the host flags
             rows = len(slots_host)
             floats, ints = self._greedy_floats[:, :rows], self._greedy_ints[:, :rows]
         else:

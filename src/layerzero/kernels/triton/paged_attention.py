@@ -41,7 +41,8 @@ _SOME_PROGRAMS_PER_SM = 6  # 128 x 8: 7.8; 64 x 8 (3.9) keeps the larger tile
 
 
 # the block-table row length and the split count follow the batch: one binary for all of them (a new
-# specialization would compile in the middle of serving)
+# specialization would compile in the middle of serving). The tile (`_tile`) follows the batch too, in three
+# variants: graph capture compiles them, and without graphs the warm-up's large decode groups do
 @triton.jit(do_not_specialize=["bt_sb", "num_splits"])
 def _paged_decode_kernel(
     q_ptr,
@@ -181,9 +182,9 @@ _MERGE_SPLITS = Launcher(_merge_splits_kernel)
 
 def _tile(head_dim: int, dtype: torch.dtype, programs_per_sm: float) -> tuple[int, int]:
     """(BLOCK_N keys per step, num_warps): checked spill-free for sm_90 with ptxas. With many programs per SM (a
-    large decode batch) small ones read the cache faster: one 16-key block per step on one warp reads it at 0.84
-    of copy bandwidth where 64 keys on 4 warps read it at 0.71 (256 sequences of 195 keys, head_dim 64, H100;
-    0.87 against 0.69 at head_dim 128; docs/gpu.md, "Paged decode attention at large batches")."""
+    large decode batch) small ones read the cache faster: one 16-key block per step on one warp reads it at 0.83
+    of copy bandwidth where 64 keys on 4 warps read it at 0.74 (256 sequences of 195 keys, head_dim 64, H100;
+    0.88 against 0.69 for 64 keys on 8 warps at head_dim 128; benchmarks/reports/decode_attention_tiles_h100.md)."""
     if _INTERPRETED:
         return 16, 1
     if dtype == torch.float32:
