@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
+    parser.add_argument("--no-peer", action="store_true", help="infer alone (an A/B of our own settings)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     gpu = torch.cuda.get_device_name(0)
@@ -137,7 +138,7 @@ def main() -> None:
             roofline = bandwidth / step_bytes(name, args.prompt_len + args.tokens // 2)
             rate, counts = ours(ms.write_model_dir(name, Path(root)), args)
             try:
-                peer = gptfast(name, args)
+                peer = float("nan") if args.no_peer else gptfast(name, args)
             except Exception as exc:  # noqa: BLE001 - the peer's failure is reported, ours still is
                 print(f"gpt-fast on {name} failed: {type(exc).__name__}: {exc}", flush=True)
                 peer = float("nan")

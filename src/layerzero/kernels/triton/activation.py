@@ -21,14 +21,8 @@ _MAX_BLOCK = 1024
 
 
 @triton.jit
-def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    await_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_inner
-    x_row = x_ptr + row * x_stride
-    g = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(x_row + n_inner + cols, mask=mask, other=0.0).to(tl.float32)
+def gated_product(g, u, ACT: tl.constexpr):
+    """act(g) * u in float32 for act "silu", "gelu" (erf) or "gelu_tanh"; g and u float32."""
     if ACT == "gelu":
         a = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
     else:
@@ -37,7 +31,19 @@ def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: t
         arg = g if ACT == "silu" else 1.5957691216057308 * (g + 0.044715 * g * g * g)
         e = tl.exp(-tl.abs(arg))
         a = g * tl.where(arg >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-    tl.store(out_ptr + row * n_inner + cols, (a * u).to(out_ptr.dtype.element_ty), mask=mask)
+    return a * u
+
+
+@triton.jit
+def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_inner
+    x_row = x_ptr + row * x_stride
+    g = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_row + n_inner + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_inner + cols, gated_product(g, u, ACT).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _GATED = Launcher(_gated_kernel)
