@@ -11,9 +11,6 @@ Beside cuBLAS (torch.mm): a one-pass Triton GEMV (each program owns BLOCK_N outp
 16 for tl.dot) over a small grid of tiles, reporting the best. It says where cuBLAS leaves bandwidth unused and
 whether a plain Triton kernel takes it; layerzero's `triton.linear` (layerzero/kernels/triton/gemv.py) runs where it
 measured faster.
-
-`--gated`: instead, the gate+up projections through layerzero's gated GEMV (act(gate) * up in the epilogue, output
-[M, I]) over the same tile grid plus BLOCK_K=64 and 2 stages, beside cuBLAS's projection alone.
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ import triton
 import triton.language as tl
 from device_rates import copy_bandwidth, graph_us
 from report_files import write_report
-
-from layerzero.kernels.triton.gemv import _gated_gemv_kernel
 
 SHAPES = {  # (N, K) per projection
     "llama-3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
@@ -63,19 +58,6 @@ def triton_gemv(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: dict[st
                                               num_stages=tile["num_stages"])
 
 
-GATED_TILES = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s)
-               for n, k, w, s in itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (2, 3, 4))]
-
-
-def gated_gemv(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: dict[str, int]) -> None:
-    m, k = x.shape
-    inner = w.shape[0] // 2
-    _gated_gemv_kernel[(triton.cdiv(inner, tile["BLOCK_N"]), 1)](
-        x, w, y, m, inner, k, x.stride(0), w.stride(0), y.stride(0), ACT="silu", BLOCK_M=16, BLOCK_N=tile["BLOCK_N"],
-        BLOCK_K=tile["BLOCK_K"], PRECISION="tf32", PDL=False, num_warps=tile["num_warps"],
-        num_stages=tile["num_stages"])
-
-
 L2_DEFEAT_BYTES = 256 * 2**20  # weight copies per projection add up to at least this (5x an H100's L2)
 
 
@@ -83,22 +65,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
-    parser.add_argument("--gated", action="store_true", help="the fused gate+up GEMV's tiles (see above)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     gpu = torch.cuda.get_device_name(0)
-    kernel = "gated GEMV (+ SiLU-and-mul)" if args.gated else "GEMV"
     lines = [f"# Skinny GEMMs vs copy bandwidth ({gpu})", "",
-             f"`python benchmarks/gemv_bandwidth.py{' --gated' if args.gated else ''}`; torch {torch.__version__}; bf16; copy bandwidth "
+             f"`python benchmarks/gemv_bandwidth.py`; torch {torch.__version__}; bf16; copy bandwidth "
              f"{bandwidth / 1e12:.2f} TB/s; µs per call inside a CUDA graph of >= 20 calls over weight copies "
              "of >= 256 MiB in all, median of 10 replays.", "",
-             f"| shape | projection | M | weight MB | cuBLAS µs | fraction | best Triton {kernel} µs | fraction | tile |",
+             "| shape | projection | M | weight MB | cuBLAS µs | fraction | best Triton GEMV µs | fraction | tile |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     rows: list[dict[str, Any]] = []
     for shape, projections in SHAPES.items():
         for name, (n, k) in projections.items():
-            if args.gated and name != "gate_up":
-                continue
             w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
             copies = [w] + [w.clone() for _ in range(-(-L2_DEFEAT_BYTES // (n * k * 2)) - 1)]
             for m in args.rows:
@@ -107,18 +85,14 @@ def main() -> None:
                 nbytes = (n * k + m * k + m * n) * 2
                 cublas = graph_us([lambda c=c: torch.mm(x, c.t(), out=y) for c in copies])
                 want = x.float() @ w.float().t()
-                launch, tiles = triton_gemv, TILES
-                if args.gated:
-                    g, u = want.chunk(2, dim=-1)
-                    want, y, launch, tiles = torch.nn.functional.silu(g) * u, y[:, : n // 2], gated_gemv, GATED_TILES
                 best: tuple[float, dict[str, int]] | None = None
-                for tile in tiles:
+                for tile in TILES:
                     try:
-                        launch(x, w, y, tile)
+                        triton_gemv(x, w, y, tile)
                         torch.cuda.synchronize()
                         if not torch.allclose(y.float(), want, rtol=2e-2, atol=2e-2):
                             continue
-                        us = graph_us([lambda c=c, t=tile: launch(x, c, y, t) for c in copies])
+                        us = graph_us([lambda c=c, t=tile: triton_gemv(x, c, y, t) for c in copies])
                     except Exception:  # noqa: BLE001 - a tile that does not compile or fit is skipped
                         continue
                     if best is None or us < best[0]:

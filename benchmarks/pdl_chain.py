@@ -11,8 +11,6 @@ own weights (past L2), a whole stack of layers per replay. Variants (VARIANTS): 
 with PDL for every Triton kernel, the GEMVs all Triton, or cuBLAS for the down projection, or cuBLAS for the weights
 under 64 MiB. (Prefetching into L2 before the wait, the first two weight tiles or a weight of at most 32 MiB whole,
 measured slower on an H100: 958 -> 970 and, in another run, 962 -> 1004 µs per 1B stack; dropped.)
-`pdl_cublas_small_gated`: the same with layerzero's gated GEMV (SiLU-and-mul in the gate+up GEMV's epilogue, one
-kernel fewer a layer); `--gated-tiles 32_128_3 ...` adds that kernel at other tiles (BLOCK_N_BLOCK_K_STAGES[_WARPS]).
 Fraction = the weights' bytes / time / copy bandwidth.
 """
 
@@ -29,11 +27,9 @@ from device_rates import copy_bandwidth, graph_us
 from report_files import write_report
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from layerzero.kernels.triton.gemv import _GATED_GEMV, gated_linear_gemv
-
 VARIANTS = {  # name: (PDL, which projections run on cuBLAS)
     "cublas": (False, "all"), "triton": (False, "none"), "pdl": (True, "none"), "pdl_cublas_down": (True, "down"),
-    "pdl_cublas_small": (True, "small"), "pdl_cublas_small_gated": (True, "small"),
+    "pdl_cublas_small": (True, "small"),
 }
 SMALL = 64 * 2**20  # layerzero's GEMV rule before PDL: cuBLAS for weights under 64 MiB
 SHAPES = {"llama-3.2-1b": (16, 2048, 3072, 8192), "llama-3.1-8b": (32, 4096, 6144, 14336)}  # layers, H, qkv, I
@@ -128,16 +124,8 @@ class Chain:
             self._linear(variant, "o", b["qkv"], self.h, layer["o"], b["o"])
             _norm[(1,)](b["o"], layer["n2"], b["h"], self.h, self.h, BLOCK=triton.next_power_of_2(self.h), PDL=pdl,
                         launch_pdl=pdl)
-            if variant.endswith("_gated"):  # layerzero's gate+up GEMV with SiLU-and-mul in its epilogue
-                b["a"] = gated_linear_gemv(b["h"], layer["gate_up"], activation="silu")
-            elif variant.startswith("gated_"):  # the same kernel at a tile: gated_BLOCKN_BLOCKK_STAGES[_WARPS]
-                bn, bk, st, *warps = (int(v) for v in variant.split("_")[1:])
-                _GATED_GEMV((triton.cdiv(self.i, bn), 1), b["h"], layer["gate_up"], b["a"], 1, self.i, self.h,
-                            b["h"].stride(0), self.h, self.i, ACT="silu", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-                            PRECISION="tf32", num_warps=warps[0] if warps else 4, num_stages=st)
-            else:
-                self._linear(variant, "gate_up", b["h"], self.h, layer["gate_up"], b["gu"])
-                _act[(triton.cdiv(self.i, 1024), 1)](b["gu"], b["a"], self.i, BLOCK=1024, PDL=pdl, launch_pdl=pdl)
+            self._linear(variant, "gate_up", b["h"], self.h, layer["gate_up"], b["gu"])
+            _act[(triton.cdiv(self.i, 1024), 1)](b["gu"], b["a"], self.i, BLOCK=1024, PDL=pdl, launch_pdl=pdl)
             self._linear(variant, "down", b["a"], self.i, layer["down"], b["y"])
             x = b["y"]
         return x
@@ -147,11 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shapes", nargs="+", default=sorted(SHAPES), choices=sorted(SHAPES))
-    parser.add_argument("--gated-tiles", nargs="*", default=[], metavar="N_K_STAGES",
-                        help="also the gated GEMV at these tiles (PDL, cuBLAS under 64 MiB), e.g. 32_128_3")
     args = parser.parse_args()
-    for tile in args.gated_tiles:
-        VARIANTS[f"gated_{tile}"] = (True, "small")
     bandwidth = copy_bandwidth()
     rows: list[dict[str, Any]] = []
     for shape in args.shapes:

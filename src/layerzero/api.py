@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from layerzero.dispatch.call import dispatch
-from layerzero.kernels.reference.activation import GATED_ACTIVATIONS
 from layerzero.select.layout import resolve_layout
 
 _HOST_OPS = frozenset({"tokenize", "detokenize"})
@@ -213,17 +212,6 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias)."""
     return _call("linear", x, weight, bias)
-
-
-def gated_linear(x: torch.Tensor, weight: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    """A gated MLP's gate+up projection and activation: act(x @ weight[:I].T) * (x @ weight[I:].T) for weight
-    [2I, K]; activation "silu" (SwiGLU), "gelu" (erf) or "gelu_tanh" (GeGLU as Gemma computes it)."""
-    if activation not in GATED_ACTIVATIONS:
-        raise ValueError(f"activation must be one of {GATED_ACTIVATIONS}, got {activation!r}")
-    if weight.dim() != 2 or weight.shape[0] % 2 or weight.shape[1] != x.shape[-1]:
-        raise ValueError(f"gated_linear: x [..., {x.shape[-1]}] needs weight [2I, {x.shape[-1]}], "
-                         f"got {tuple(weight.shape)}")
-    return _call("gated_linear", x, weight, activation=activation)
 
 
 def linear_int4(

@@ -203,8 +203,7 @@ class Attention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)) with gate and up fused into one projection: one `gated_linear` call for a float
-    weight (at decode a GEMV with the activation in its epilogue), `linear` and the activation for a quantized one."""
+    """down(act(gate(x)) * up(x)) with gate and up fused into one projection."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -213,7 +212,6 @@ class GatedMLP(nn.Module):
         self.down_proj = empty_param(cfg.hidden_size, cfg.intermediate_size)
         self.act = cfg.hidden_act
         self.gate_up_site, self.down_site = LinearSite(), LinearSite()
-        self.gated_site = lz.bind("gated_linear")
         self.act_site = lz.bind("silu_and_mul" if self.act == "silu" else "gelu_and_mul")
         self.tp_group: object | None = None  # tensor parallel: down_proj holds this rank's columns, summed over ranks
         self.reduce_site = lz.bind("all_reduce")
@@ -227,10 +225,7 @@ class GatedMLP(nn.Module):
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.gate_up_proj, torch.Tensor):
-            h = self.gated_site(x, self.gate_up_proj, activation="silu" if self.act == "silu" else "gelu_tanh")
-        else:
-            gate_up = self.gate_up_site(x, self.gate_up_proj)
-            h = self.act_site(gate_up) if self.act == "silu" else self.act_site(gate_up, approximate="tanh")
+        gate_up = self.gate_up_site(x, self.gate_up_proj)
+        h = self.act_site(gate_up) if self.act == "silu" else self.act_site(gate_up, approximate="tanh")
         out = self.down_site(h, self.down_proj)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)

@@ -256,17 +256,6 @@ def _(x, weight, bias):
     return x.new_empty([*x.shape[:-1], weight.shape[0]])
 
 
-@custom_op("layerzero::gated_linear", mutates_args=())
-def gated_linear(x: Tensor, weight: Tensor, *, activation: str) -> Tensor:
-    """act(x @ weight[:I].T) * (x @ weight[I:].T)."""
-    return _fresh(_dispatch("gated_linear", x, weight, activation=activation), (x, weight))
-
-
-@gated_linear.register_fake
-def _(x, weight, *, activation):
-    return x.new_empty([*x.shape[:-1], weight.shape[0] // 2])
-
-
 @custom_op("layerzero::linear_int4", mutates_args=())
 def linear_int4(x: Tensor, qweight: Tensor, scales_zeros: Tensor, bias: Tensor | None, *, group_size: int) -> Tensor:
     """x @ W.T (+ bias) for a 4-bit packed weight (layerzero.api.linear_int4)."""
@@ -362,7 +351,7 @@ OPS: dict[str, Any] = {
     "paged_prefill_attention": paged_prefill_attention, "store_kv_cache": store_kv_cache,
     "rope_store_kv": rope_store_kv, "rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm,
     "layer_norm": layer_norm, "rope": rope, "silu_and_mul": silu_and_mul, "gelu_and_mul": gelu_and_mul,
-    "linear": linear, "gated_linear": gated_linear, "linear_int4": linear_int4, "linear_w8": linear_w8, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
+    "linear": linear, "linear_int4": linear_int4, "linear_w8": linear_w8, "embedding": embedding, "sample_topk": sample_topk, "sample_topp": sample_topp,
     "argmax": argmax, "quantize": quantize, "dequantize": dequantize,
 }
 

@@ -1,5 +1,5 @@
-"""Every kernel: the reference, torch, oneDNN, 4- and 8-bit CPU, composed, our native C, optional-library and Triton
-backends, and plugins.
+"""Every kernel: the reference, torch, oneDNN, 4- and 8-bit CPU, our native C, optional-library and Triton backends,
+and plugins.
 
 `get_registry()` is the process registry, filled on first use from `SOURCES`; a failing backend is recorded
 as a reason instead of taking the others down."""
@@ -20,7 +20,6 @@ SOURCES: tuple[tuple[str, str, str], ...] = (
     ("torch", "layerzero.kernels.torch_backend", "kernel_specs"),
     ("onednn", "layerzero.kernels.onednn", "kernel_specs"),
     ("quant_cpu", "layerzero.kernels.quant_cpu", "kernel_specs"),
-    ("composed", "layerzero.kernels.composed", "kernel_specs"),
     ("native", "layerzero.kernels.native.specs", "kernel_specs"),
     ("optional", "layerzero.kernels.optional", "kernel_specs"),
     ("triton", "layerzero.kernels.triton.specs", "kernel_specs"),

@@ -24,7 +24,7 @@ CAST_PENALTY = 10.0
 # ops whose float inputs can be upcast to float32 and whose outputs cast back (functional ops only)
 CASTABLE_OPS = frozenset({
     "attention", "varlen_attention", "rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "silu_and_mul",
-    "gelu_and_mul", "linear", "gated_linear",
+    "gelu_and_mul", "linear",
 })
 _LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
 

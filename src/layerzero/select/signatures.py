@@ -122,12 +122,6 @@ def _linear(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
                 params=(("out_features", weight.shape[0]), ("bias", bias is not None)))
 
 
-def _gated_linear(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
-    x, weight = args[:2]  # out_features: the gate+up projection's (2I), as `linear` of that weight has
-    return dict(tokens=_rows(x), hidden=x.shape[-1],
-                params=(("out_features", weight.shape[0]), ("activation", kw["activation"])))
-
-
 def _linear_int4(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x, qweight, _, bias = args[:4]
     return dict(tokens=_rows(x), hidden=x.shape[-1],
@@ -212,7 +206,6 @@ SIGNATURES: dict[str, OpSignature] = {
     "silu_and_mul": OpSignature(_rowwise, (0,), ()),
     "gelu_and_mul": OpSignature(_rowwise, (0,), ("approximate",)),
     "linear": OpSignature(_linear, (0, 1, 2), ()),
-    "gated_linear": OpSignature(_gated_linear, (0, 1), ("activation",)),
     "linear_int4": OpSignature(_linear_int4, (0, 1, 2, 3), ("group_size",)),
     "linear_w8": OpSignature(_linear_w8, (0, 1, 2, 3), ("block_size",)),
     "embedding": OpSignature(_embedding, (0, 1), ()),

@@ -91,7 +91,6 @@ _CORE = {
     "rope": (rope, True),
     "silu_and_mul": (activation.silu_and_mul, True),
     "gelu_and_mul": (gelu_and_mul, True),
-    "gated_linear": (activation.gated_linear, True),
     "linear": (F.linear, True),
     "embedding": (F.embedding, True),
     "argmax": (argmax_ref.argmax, True),

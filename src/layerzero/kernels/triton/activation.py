@@ -21,20 +21,6 @@ _MAX_BLOCK = 1024
 
 
 @triton.jit
-def gated_product(g, u, ACT: tl.constexpr):
-    """act(g) * u in float32 for act "silu", "gelu" (erf) or "gelu_tanh"; g and u float32."""
-    if ACT == "gelu":
-        a = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
-    else:
-        # silu(g) = g * sigmoid(g); gelu_tanh(g) = g * sigmoid(2z) since 0.5 * (1 + tanh(z)) == sigmoid(2z),
-        # z = sqrt(2/pi) * (g + 0.044715 g^3). exp only of -|arg|: no overflow to inf.
-        arg = g if ACT == "silu" else 1.5957691216057308 * (g + 0.044715 * g * g * g)
-        e = tl.exp(-tl.abs(arg))
-        a = g * tl.where(arg >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-    return a * u
-
-
-@triton.jit
 def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -43,7 +29,15 @@ def _gated_kernel(x_ptr, out_ptr, n_inner, x_stride, ACT: tl.constexpr, BLOCK: t
     x_row = x_ptr + row * x_stride
     g = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_row + n_inner + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * n_inner + cols, gated_product(g, u, ACT).to(out_ptr.dtype.element_ty), mask=mask)
+    if ACT == "gelu":
+        a = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
+    else:
+        # silu(g) = g * sigmoid(g); gelu_tanh(g) = g * sigmoid(2z) since 0.5 * (1 + tanh(z)) == sigmoid(2z),
+        # z = sqrt(2/pi) * (g + 0.044715 g^3). exp only of -|arg|: no overflow to inf.
+        arg = g if ACT == "silu" else 1.5957691216057308 * (g + 0.044715 * g * g * g)
+        e = tl.exp(-tl.abs(arg))
+        a = g * tl.where(arg >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    tl.store(out_ptr + row * n_inner + cols, (a * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _GATED = Launcher(_gated_kernel)

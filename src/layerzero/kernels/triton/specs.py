@@ -106,22 +106,6 @@ def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
-# past it the fused gate+up GEMV read slower than the GEMV and the activation kernel: Llama-3.1-8B's 224 MiB weight took
-# 162-171 µs a layer against 160 (Llama-3.2-1B's 64 MiB: 54.1 against 55.3; benchmarks/pdl_chain.py, H100)
-GATED_MAX_WEIGHT_BYTES = 128 * 2**20
-
-
-def _gated_gemv_shape(ctx: SelectionContext) -> list[Reason]:
-    """The gated GEMV runs where the GEMV would, on weights up to GATED_MAX_WEIGHT_BYTES."""
-    reasons = _gemv_shape(ctx)
-    nbytes = (ctx.param("out_features") or 0) * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
-    if nbytes > GATED_MAX_WEIGHT_BYTES:
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB gate+up weight: over "
-                                                   f"{GATED_MAX_WEIGHT_BYTES // 2**20} MiB the GEMV and the "
-                                                   "activation measured faster"))
-    return reasons
-
-
 def _argmax_shape(ctx: SelectionContext) -> list[Reason]:
     """The kernel reduces the last dim of a 2-D [rows, V]."""
     ndim = ctx.param("ndim", 2)
@@ -168,8 +152,6 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, check=_gelu_mode, **common),
         KernelSpec("triton.linear", "linear", impl=_lazy("gemv", "linear_gemv"), priority=PRIORITY,
                    check=_gemv_shape, **common),
-        KernelSpec("triton.gated_linear", "gated_linear", impl=_lazy("gemv", "gated_linear_gemv"),
-                   priority=PRIORITY, check=_gated_gemv_shape, **common),
         KernelSpec("triton.linear_w8", "linear_w8", impl=_lazy("linear_w8", "linear_w8"), priority=PRIORITY,
                    quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_w8_blocks, **common),
         KernelSpec("triton.linear_int4", "linear_int4", impl=_lazy("linear_int4", "linear_int4"), priority=PRIORITY,

@@ -71,9 +71,6 @@ def _cases() -> list[tuple[str, tuple, dict, object]]:
     lw, lb = _rand(6, 16), _rand(6)
     cases.append(("linear", (x, lw, lb), {}, F.linear(x, lw, lb)))
     cases.append(("linear", (x, lw, None), {}, F.linear(x, lw)))
-    gw = _rand(12, 16)
-    for act in ("silu", "gelu", "gelu_tanh"):
-        cases.append(("gated_linear", (x, gw), dict(activation=act), activation.gated_linear(x, gw, activation=act)))
     # 24 output features: the packed CPU kernel needs 16 | N, so the reference answers (exact comparison)
     x4, qw, sz = _rand(3, 64), quantize.pack_int4(torch.randint(0, 16, (24, 64))), _rand(2, 24, 2)
     cases.append(("linear_int4", (x4, qw, sz, None), dict(group_size=32),
@@ -134,7 +131,7 @@ def _schema_call(op: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 def test_every_tensor_op_is_registered() -> None:
     expected = {"attention", "varlen_attention", "paged_attention", "paged_prefill_attention", "store_kv_cache", "rms_norm",
                 "fused_add_rms_norm", "layer_norm", "rope", "silu_and_mul", "gelu_and_mul", "linear", "linear_int4", "linear_w8",
-                "gated_linear", "embedding", "sample_topk", "sample_topp", "quantize", "dequantize", "rope_store_kv",
+                "embedding", "sample_topk", "sample_topp", "quantize", "dequantize", "rope_store_kv",
                 "argmax"}
     assert set(OPS) == expected
     assert all(hasattr(torch.ops.layerzero, op) for op in expected)
