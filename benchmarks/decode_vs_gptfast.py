@@ -127,7 +127,8 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(0)
     result: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "copy_bandwidth": bandwidth, "rows": []}
     lines = [f"# Batch-1 decode beside gpt-fast ({gpu})", "",
-             f"`python benchmarks/decode_vs_gptfast.py --models {' '.join(args.models)}`; torch {torch.__version__}; "
+             f"`python benchmarks/decode_vs_gptfast.py --models {' '.join(args.models)}"
+             f"{' --no-peer' if args.no_peer else ''}`; torch {torch.__version__}; "
              f"random bf16 weights; {args.prompt_len}-token prompt, {args.tokens} tokens greedy, median of "
              f"{args.repeats}; roofline: copy bandwidth {bandwidth / 1e12:.2f} TB/s over weights + KV at the mean "
              f"context.", "",
