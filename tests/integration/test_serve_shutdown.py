@@ -67,13 +67,17 @@ def test_a_second_sigterm_exits_at_once():
         served.proc.wait(timeout=60)  # far inside the 600 s drain
 
 
-def test_a_port_in_use_fails_before_the_model_loads():
+@pytest.mark.parametrize("api_servers", [1, 2])
+def test_a_port_in_use_fails_before_the_model_loads(api_servers):
+    """Also when the listener there shares its port (SO_REUSEPORT, as several API servers do) and this server would
+    too: it must not split another server's connections."""
     port = free_port()
     with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", port))
         taken.listen()
-        result = subprocess.run([sys.executable, "-m", "infer.cli", "serve", "--port", str(port)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run([sys.executable, "-m", "infer.cli", "serve", "--port", str(port),
+                                 "--api-server-count", str(api_servers)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert f"--port={port}" in result.stderr and "in use" in result.stderr
-    assert "Loading" not in result.stderr and "serving on" not in result.stdout + result.stderr
+    assert "loading" not in result.stderr.lower() and "serving on" not in result.stdout + result.stderr

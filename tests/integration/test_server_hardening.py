@@ -44,6 +44,42 @@ def test_lone_surrogate_is_a_400_naming_the_field(server, path, raw, param):
     assert _error(_post(server, path, raw), 400)["param"] == param
 
 
+@pytest.mark.parametrize(("path", "raw", "param"), [
+    ("/v1/completions", '{"prompt": "Hello", "max_tokens": 4, "stop": ["\\ud800"]}', "stop.0"),
+    ("/v1/completions", '{"prompt": "Hello", "max_tokens": 4, "stop": "x\\udfff", "stream": true}', "stop"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, '
+                             '"stop": ["ok", "\\ud800"]}', "stop.1"),
+])
+def test_a_stop_string_with_a_lone_surrogate_fails_alone(server, path, raw, param):
+    for _ in range(3):
+        assert _error(_post(server, path, raw), 400)["param"] == param
+    assert _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2}).status_code == 200
+    assert server.state.engine.num_waiting == 0 and server.call("idle")
+
+
+def test_a_request_that_cannot_be_encoded_fails_alone_and_is_never_counted(server, monkeypatch):
+    """Past the field checks (here switched off), the wire's own encoding refuses the request by its field; the
+    requests before and after it are untouched and nothing stays counted as waiting."""
+    monkeypatch.setattr("infer.server.sampling.check_text", lambda text, param: text)
+    for _ in range(3):
+        err = _error(_post(server, "/v1/completions", '{"prompt": "Hello", "max_tokens": 4, "stop": ["\\ud800"]}'), 400)
+        assert err["param"] == "stop"
+    for stream in (False, True):
+        assert _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "stream": stream}).status_code == 200
+    assert server.state.engine.num_waiting == 0 and server.call("idle")
+
+
+@pytest.mark.parametrize("depth", [100, 1000, 100_000])
+def test_deeply_nested_tool_call_arguments_are_a_400(server, depth):
+    arguments = '{"a": ' + "[" * depth + "]" * depth + "}"
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    body = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "ok"}], "max_tokens": 1}
+    err = _error(_post(server, "/v1/chat/completions", body), 400)
+    assert err["param"] == "messages.1.tool_calls.0.function.arguments" and "nested" in err["message"]
+    assert _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2}).status_code == 200
+
+
 @pytest.mark.parametrize("prompt", [[1, 96029485282826], [1, -5]])
 def test_echo_of_an_out_of_vocabulary_id_is_refused_before_decoding(server, prompt):
     err = _error(_post(server, "/v1/completions", {"prompt": prompt, "echo": True, "max_tokens": 1}), 422)

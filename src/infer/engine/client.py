@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -91,7 +92,7 @@ class EngineClient:
         self.gone_reason: str | None = None
         self.text = TextProcessor(tokenizer)
         self._live: dict[str, _Live] = {}
-        self._adds: list[m.CoreRequest] = []
+        self._adds: list[tuple[str, msgspec.Raw]] = []  # request id, the request encoded alone (m.encode_request)
         self._aborts: list[str] = []
         self._flush_scheduled = False
         self._core_waiting = 0  # the core's waiting queue as last reported
@@ -147,16 +148,18 @@ class EngineClient:
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                probe_names: tuple[str, ...] = (), incremental_text: bool = True) -> RequestStream:
-        """Queue a request; ValueError for a prompt the engine cannot run, QueueFullError when full, CoreGoneError
-        once the core has gone. `incremental_text=False`: only the final text is read (TextProcessor.add)."""
+        """Queue a request; ValueError for a prompt the engine cannot run (m.UnsendableRequest, naming the field, for
+        one that cannot be encoded), QueueFullError when full, CoreGoneError once the core has gone. Nothing of a
+        refused request stays behind. `incremental_text=False`: only the final text is read (TextProcessor.add)."""
         if self.gone_reason is not None:
             raise CoreGoneError(self.gone_reason)
         validate_prompt(prompt_token_ids, self.info.config.max_seq_len, self.info.vocab_size)
         if self.num_waiting >= self.max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({self.max_waiting_requests} requests); retry later")
+        payload = m.encode_request(m.CoreRequest(request_id, list(prompt_token_ids), params))
         live = self._live[request_id] = _Live(asyncio.Queue())
         self.text.add(request_id, prompt_token_ids, params, probe_names, incremental_text)
-        self._adds.append(m.CoreRequest(request_id, list(prompt_token_ids), params))
+        self._adds.append((request_id, payload))
         self._submitted += 1
         self._schedule_flush()
         return RequestStream(self, request_id, live)
@@ -189,7 +192,7 @@ class EngineClient:
 
     # the wire ----------------------------------------------------------------------------------
 
-    def _send(self, msg: m.ToCore) -> None:
+    def _send(self, msg: m.ToCore | m.EncodedAdd) -> None:
         self._socket.send(m.encode(msg), copy=False)  # never blocks: no high-water mark
 
     def _schedule_flush(self) -> None:
@@ -204,12 +207,18 @@ class EngineClient:
         self._flush_scheduled = False
         if self.gone_reason is not None:
             return
-        if self._adds:
-            self._send(m.Add(self._adds))
-            self._adds = []
-        if self._aborts:
-            self._send(m.Abort(self._aborts))
-            self._aborts = []
+        adds, aborts = self._adds, self._aborts
+        self._adds, self._aborts = [], []  # taken before sending: what one send did never reaches the next
+        if adds:
+            try:
+                self._send(m.EncodedAdd([payload for _, payload in adds]))
+            except Exception as exc:  # noqa: BLE001 - these requests never reached the core: they fail, no one else
+                log.exception("could not send %d request(s) to the engine core", len(adds))
+                self._submitted -= len(adds)
+                for request_id, _ in adds:
+                    self._fail(request_id, f"the request could not be sent to the engine core: {exc}")
+        if aborts:
+            self._send(m.Abort(aborts))
 
     async def _read(self) -> None:
         while True:
@@ -264,17 +273,21 @@ class EngineClient:
                 self._gone(f"the engine core process (pid {self.info.pid}) exited")
                 return
 
+    def _fail(self, request_id: str, reason: str) -> None:
+        """End one live request with an error output."""
+        live = self._live.pop(request_id, None)
+        out = self.text.finish(request_id, reason)
+        if live is not None and out is not None:
+            live.queue.put_nowait(out)
+
     def _gone(self, reason: str) -> None:
         """Fail every live request and call, once."""
         if self.gone_reason is not None:
             return
         self.gone_reason = reason
         log.error("%s; failing %d live request(s)", reason, len(self._live))
-        for request_id, live in list(self._live.items()):
-            out = self.text.finish(request_id, reason)
-            if out is not None:
-                live.queue.put_nowait(out)
-        self._live.clear()
+        for request_id in list(self._live):
+            self._fail(request_id, reason)
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(CoreGoneError(reason))

@@ -9,6 +9,7 @@ docs/engine.md draws the two processes.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import msgspec
@@ -79,7 +80,16 @@ class Abort(msgspec.Struct, array_like=True, tag=True):
 
 
 class Add(msgspec.Struct, array_like=True, tag=True):
+    """New requests. The API server encodes each on its own when it is submitted (`encode_request`) and sends
+    them as `EncodedAdd`, so a request that cannot be encoded fails alone, before it is counted anywhere."""
+
     requests: list[CoreRequest]
+
+
+class EncodedAdd(msgspec.Struct, array_like=True, tag="Add"):
+    """`Add` as the API server sends it: the same bytes on the wire, its requests encoded already."""
+
+    requests: list[msgspec.Raw]
 
 
 class Call(msgspec.Struct, array_like=True, tag=True):
@@ -120,8 +130,38 @@ _to_core = msgspec.msgpack.Decoder(ToCore)
 _from_core = msgspec.msgpack.Decoder(FromCore)
 
 
-def encode(message: ToCore | FromCore) -> bytes:
+def encode(message: ToCore | FromCore | EncodedAdd) -> bytes:
     return _encoder.encode(message)
+
+
+class UnsendableRequest(ValueError):
+    """A request that cannot be put on the wire (text that is not valid Unicode); `param` names its field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def encode_request(request: CoreRequest) -> msgspec.Raw:
+    """One request as msgpack, for `Add`; UnsendableRequest naming the field that cannot be encoded."""
+    try:
+        return msgspec.Raw(_encoder.encode(request))
+    except (msgspec.EncodeError, UnicodeError, TypeError, OverflowError) as exc:
+        param = _unsendable_field(request)
+        raise UnsendableRequest(f"{param} cannot be sent to the engine: {exc}", param) from exc
+
+
+def _unsendable_field(request: CoreRequest) -> str:
+    try:
+        _encoder.encode(request.prompt_token_ids)
+    except (msgspec.EncodeError, UnicodeError, TypeError, OverflowError):
+        return "prompt"
+    for f in fields(request.params):
+        try:
+            _encoder.encode(getattr(request.params, f.name))
+        except (msgspec.EncodeError, UnicodeError, TypeError, OverflowError):
+            return f.name
+    return "prompt"
 
 
 def decode_to_core(data: bytes) -> ToCore:

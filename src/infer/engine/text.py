@@ -28,6 +28,7 @@ class TextState:
     probe_index: dict[str, int]  # asked probe name -> its position in the core's score rows
     incremental: bool  # text per token; otherwise only at the end (no stop strings, nobody reads deltas)
     prompt_tokens: int
+    min_tokens: int = 0  # stop strings count only from the token after these (vLLM's rule for min_tokens)
     cached_tokens: int = 0  # as the core last said (a plain token's columns do not carry it)
     text: str = ""  # output text, cut at a stop string once one is hit
     emitted_chars: int = 0
@@ -55,7 +56,8 @@ class TextProcessor:
         strings need the text as it grows, so they keep it incremental."""
         index = {name: i for i, name in enumerate(probe_names)}
         state = TextState(IncrementalDetokenizer(self.tokenizer, prompt_token_ids), StopChecker(params.stop),
-                          params.ignore_eos, index, incremental or bool(params.stop), len(prompt_token_ids))
+                          params.ignore_eos, index, incremental or bool(params.stop), len(prompt_token_ids),
+                          params.min_tokens)
         self.states[request_id] = state
         return state
 
@@ -125,7 +127,8 @@ class TextProcessor:
             detokenizer.flush(keep_incomplete=is_text)
             text = detokenizer.text
         stops = state.stop_checker
-        stop_at = stops.check(text, len(state.text)) if stops.stops else None
+        counts = stops.stops and len(state.token_ids) > state.min_tokens  # text before that is never searched
+        stop_at = stops.check(text, len(state.text)) if counts else None
         if stop_at is not None:
             text = text[:stop_at]
             if reason is None:

@@ -27,8 +27,8 @@ class BodyGuardMiddleware:
         self.body_timeout_s = body_timeout_s
 
     def _too_large(self, size: int | None) -> tuple[int, str, str]:
-        shown = f"{size / MIB:.1f} MiB" if size is not None else "more"
-        return 413, (f"the request body is {shown}, over this server's limit of {self.max_bytes / MIB:.1f} MiB "
+        shown = f"is {size / MIB:.1f} MiB" if size is not None else "goes"
+        return 413, (f"the request body {shown}, over this server's limit of {self.max_bytes / MIB:.1f} MiB "
                      f"(--max-request-body-mb)"), "body"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

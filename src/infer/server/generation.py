@@ -13,6 +13,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from infer.engine.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
+from infer.engine.messages import UnsendableRequest
 from infer.engine.request import ProbeScores, StepOutput, probe_columns
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SEED_LIMIT, SamplingParams
@@ -100,6 +101,9 @@ class Generation:
         except (QueueFullError, CoreGoneError) as exc:
             self.abort(engine)
             raise APIError(503, str(exc)) from exc
+        except UnsendableRequest as exc:
+            self.abort(engine)
+            raise APIError(400, str(exc), exc.param) from exc
         except ValueError as exc:
             self.abort(engine)
             raise APIError(422, str(exc), "prompt") from exc

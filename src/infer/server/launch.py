@@ -45,8 +45,8 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     """Run `infer serve` until interrupted or until the core exits; the process's exit code."""
     api_server_count = api_servers_for(config, api_server_count)
     limits = limits or ServerLimits()
+    _check_port(host, port)  # before the minutes of loading: a taken port fails at once
     _say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
-    _check_port(host, port, api_server_count > 1)  # before the minutes of loading: a taken port fails at once
     try:
         cores = start_cores(config)
     except CoreStartError as exc:
@@ -159,13 +159,15 @@ def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_le
         ready = multiprocessing.connection.wait([*sentinels, *(p.sentinel for p in live)], timeout=0.5)
         exited = next((sentinels[s] for s in ready if s in sentinels), None)
         if exited is not None:
-            _say(f"error: the engine core (pid {exited.info.pid}) exited with code {exited.process.exitcode}; "
+            exited.process.join(1)  # its exit code is known once it is joined
+            _say(f"error: the engine core (pid {exited.info.pid}) {_ended(exited.process.exitcode)}; "
                  f"stopping the API servers")
             code = 1
             break
         for p in [p for p in live if p.sentinel in ready]:
             live.remove(p)
-            _say(f"API server {p.name} exited with code {p.exitcode}; {len(live)} still serving")
+            p.join(1)
+            _say(f"API server {p.name} {_ended(p.exitcode)}; {len(live)} still serving")
             code = max(code, 1 if p.exitcode else 0)
     for p in live:  # stopped, or the core is gone (they exit by themselves then, with their 503s answered)
         if stopping:
@@ -190,9 +192,21 @@ def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def _check_port(host: str, port: int, reuse_port: bool) -> None:
-    """ValueError naming the flag when the port cannot be bound (bound without listening: it takes no connection)."""
+def _ended(exitcode: int | None) -> str:
+    """How a child process ended, in words."""
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else str(-exitcode)
+        return f"was killed by signal {name}"
+    return f"exited with code {exitcode}"
+
+
+def _check_port(host: str, port: int) -> None:
+    """ValueError naming the flag when the port cannot be bound (bound without listening: it takes no connection).
+    Tried without SO_REUSEPORT even when several API servers will share the port: with it, binding would succeed
+    beside another server's listeners and split their connections."""
     try:
-        _bind(host, port, reuse_port).close()
+        _bind(host, port, reuse_port=False).close()
     except OSError as exc:
         raise ValueError(f"--port={port}: cannot listen on {host}:{port}: {exc.strerror}") from None

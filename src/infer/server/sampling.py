@@ -5,6 +5,7 @@ from __future__ import annotations
 from infer.sampling.params import LOGIT_BIAS_LIMIT, PENALTY_LIMIT, ProbeStop, SamplingParams
 from infer.server.errors import APIError
 from infer.server.protocol import CompletionRequest, SamplingFields
+from infer.server.state import check_text
 from infer.structured import Constraint
 
 
@@ -53,6 +54,10 @@ def sampling_params(
     except ValueError as exc:
         raise APIError(400, str(exc), "probe_stop") from exc
     adjustments = logit_adjustments(body, max_tokens, vocab_size)
+    stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    for i, stop in enumerate(stops):
+        if isinstance(stop, str):
+            check_text(stop, "stop" if isinstance(body.stop, str) else f"stop.{i}")
     try:
         return SamplingParams(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,

@@ -40,6 +40,19 @@ def test_a_stop_string_ends_the_request_here_and_is_reported_for_the_core():
     assert processor.process(CoreOutput("a", None, "stop")) is None
 
 
+def test_stop_strings_count_only_after_min_tokens():
+    """vLLM's rule: before min_tokens tokens, no stop string ends the text; a later one still does, even one
+    whose start lies in the earlier text."""
+    processor = TextProcessor(FakeTokenizer())  # type: ignore[arg-type]
+    processor.add("a", [1], SamplingParams(stop=["t5"], min_tokens=2, max_tokens=4))
+    outs = _run(processor, "a", [5, 6, 5, 6])
+    assert [o.finish_reason for o in outs[:2]] == [None, None] and outs[2].finish_reason == "stop"
+    assert "".join(o.text_delta for o in outs[:3]) == " t5 t6 "
+    processor.add("b", [1], SamplingParams(stop=["t5"], min_tokens=2, max_tokens=2))
+    outs = _run(processor, "b", [5, 5], last_reason="length")
+    assert outs[-1].finish_reason == "length" and "".join(o.text_delta for o in outs) == " t5 t5"
+
+
 def test_probe_values_become_named_scores():
     """The core sends None for a probe a reload removed (or a NaN score); the names come from this side."""
     processor = TextProcessor(FakeTokenizer())  # type: ignore[arg-type]

@@ -72,7 +72,7 @@ async def compile_tools(state: ServerState, fmt: ToolFormat, request: ToolReques
     for i, tool in enumerate(request.tools):
         if tool in request.callable():
             schema = Constraint.json_schema({**tool.parameters})
-            await compile_constraint(state, schema, f"tools[{i}] ({tool.name}): its parameters",
+            await compile_constraint(state, schema, f"tools[{i}] ({tool.name}): the parameters schema",
                                      f"tools.{i}.function.parameters", deadline)
     constraint = Constraint("grammar", tool_grammar(fmt, request, thinking, markup_tokens(state)))
     await compile_constraint(state, constraint, "tools: the tool-call grammar", "tools", deadline)

@@ -118,11 +118,29 @@ def _text(i: int, m: ChatMessage) -> str:
     return content or ""
 
 
+MAX_ARGUMENT_DEPTH = 64  # nesting of a tool call's arguments; deeper JSON would recurse in the parser and template
+
+
 def _arguments(text: str, param: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise APIError(400, f"{param}: not JSON ({exc})", param) from exc
+    except RecursionError as exc:
+        raise APIError(400, f"{param}: nested more than {MAX_ARGUMENT_DEPTH} levels deep", param) from exc
     if not isinstance(value, dict):
         raise APIError(400, f"{param}: must be a JSON object, got {type(value).__name__}", param)
+    if _depth(value) > MAX_ARGUMENT_DEPTH:
+        raise APIError(400, f"{param}: nested more than {MAX_ARGUMENT_DEPTH} levels deep", param)
     return value
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in a parsed JSON value, without recursion."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            level.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
