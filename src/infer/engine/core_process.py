@@ -120,7 +120,8 @@ def run_core(config: EngineConfig, address: str, ready: Connection) -> None:
     except BaseException as exc:
         ready.send(("error", (f"{type(exc).__name__}: {exc}", False)))
         raise
-    built.engine.grammars.prepare()  # before the core reports ready (see GrammarCompiler.prepare)
+    if (reason := built.engine.grammars.prepare()) is not None:  # before the core reports ready (see prepare)
+        log.warning("serving without structured output and tools: %s", reason)
     loop = CoreLoop(built, address)
     ready.send(("ready", CoreInfo(address, built.config, built.model_config, str(built.path),
                                   built.engine.runner.vocab_size, built.engine.probe_layout, built.load_seconds,

@@ -32,7 +32,7 @@ class ServerState:
         self.token_bytes = lru_cache(maxsize=65536)(self.built.tokenizer.token_bytes)
         # this process's own compiler: a constraint is checked here (400) before the core compiles it again
         self.grammars = GrammarCompiler(self.built.tokenizer, self.vocab_size)
-        self.grammars.prepare()  # before this API server serves (see GrammarCompiler.prepare)
+        self.grammars.prepare()  # before this API server serves (see GrammarCompiler.prepare); the core warns once
         self.workers = Workers(self.built.config.structured_compile_timeout_s)
 
     def _token_text(self, token_id: int) -> str:

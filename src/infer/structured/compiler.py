@@ -47,25 +47,33 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._ll: llguidance.LLTokenizer | None = None
+        self.unavailable: str | None = None  # why llguidance cannot read this tokenizer, once `prepare` found out
         self._matchers: OrderedDict[Constraint, llguidance.LLMatcher] = OrderedDict()  # unused templates, copied
         self._lock = threading.Lock()
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
-        """Built by `prepare` at a server's start-up, else on first use; then shared by every grammar and matcher."""
-        self.prepare()
+        """Built by `prepare` at a server's start-up, else on first use; then shared by every grammar and matcher.
+        ConstraintError when llguidance cannot read the tokenizer: every constraint fails with that reason."""
+        if self.prepare() is not None:
+            raise ConstraintError(f"structured output and tools are not available for this model: {self.unavailable}")
         assert self._ll is not None
         return self._ll
 
-    def prepare(self) -> None:
+    def prepare(self) -> str | None:
         """Build the llguidance tokenizer now, at start-up, rather than in the first constrained request: 0.26 s
         for SmolLM2's 49k-token vocabulary, 2.9 s for Gemma 3's 262k on the 2-core development machine, holding
-        the GIL for up to ~0.2 s at a time, so built on a thread while serving it would pause every stream."""
+        the GIL for up to ~0.2 s at a time, so built on a thread while serving it would pause every stream.
+        Returns why llguidance cannot read the tokenizer (a model without structured output), else None."""
         with self._lock:
-            if self._ll is None:
-                self._ll = llguidance.hf.from_tokenizer(
-                    self._tokenizer.hf, n_vocab=self._vocab_size, eos_token=sorted(self._tokenizer.eos_token_ids)
-                )
+            if self._ll is None and self.unavailable is None:
+                try:
+                    self._ll = llguidance.hf.from_tokenizer(
+                        self._tokenizer.hf, n_vocab=self._vocab_size, eos_token=sorted(self._tokenizer.eos_token_ids)
+                    )
+                except Exception as exc:  # noqa: BLE001 - llguidance's reasons vary (ValueError, RuntimeError, ...)
+                    self.unavailable = f"llguidance cannot read its tokenizer ({type(exc).__name__}: {exc})"
+            return self.unavailable
 
     def is_cached(self, constraint: Constraint) -> bool:
         """Whether `constraint` is compiled already (a matcher for it takes microseconds)."""
