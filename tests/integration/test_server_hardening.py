@@ -69,6 +69,21 @@ def test_a_request_that_cannot_be_encoded_fails_alone_and_is_never_counted(serve
     assert server.state.engine.num_waiting == 0 and server.call("idle")
 
 
+@pytest.mark.parametrize(("path", "param"), [("/v1/completions", "prompt"), ("/v1/chat/completions", "messages"),
+                                             ("/tokenize", "prompt")])
+def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(server, monkeypatch, path, param):
+    """Past max_seq_len x the most characters a token covers, no tokenization can fit: refused without running the
+    tokenizer (whose memory grows ~250x with its input)."""
+    calls = []
+    tokenizer = server.state.built.tokenizer
+    monkeypatch.setattr(tokenizer, "encode", lambda *a, **k: calls.append(a) or [])
+    text = "a" * (server.state.max_prompt_chars + 1)
+    body = {"messages": [{"role": "user", "content": text}]} if "chat" in path else {"prompt": text}
+    err = _error(_post(server, path, body if path == "/tokenize" else {**body, "max_tokens": 1}), 400)
+    assert err["code"] == "context_length_exceeded" and err["param"] == param and "characters" in err["message"]
+    assert calls == []
+
+
 @pytest.mark.parametrize("depth", [100, 1000, 100_000])
 def test_deeply_nested_tool_call_arguments_are_a_400(server, depth):
     arguments = '{"a": ' + "[" * depth + "]" * depth + "}"

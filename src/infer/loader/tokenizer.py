@@ -108,6 +108,15 @@ class Tokenizer:
         return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """At most how many characters of text one token stands for: the longest vocabulary entry (byte-level and
+        SentencePiece pieces are at least as long as their text), times 3 where a normalizer may compose characters
+        (NFC/NFKC turn up to three code points into one). A longer text cannot fit that many tokens per character."""
+        longest = max(map(len, self.hf.get_vocab()), default=1)
+        normalizer = str(getattr(self._backend, "normalizer", None) or "")
+        return longest * (3 if "NF" in normalizer or self._backend is None else 1)
+
+    @functools.cached_property
     def _added_tokens(self) -> dict[int, str]:
         return {i: t.content for i, t in self.hf.added_tokens_decoder.items()}
 
