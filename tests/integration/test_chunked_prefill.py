@@ -132,3 +132,48 @@ def test_chunks_that_do_not_sample_skip_the_lm_head(checkpoint, expected, device
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     assert llm.generate_ids([prompt], first)[0].token_ids == expected[3][:1]
     assert rows == [1]  # nothing for the 12 chunks before it
+
+
+def _prompt_logprobs(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list]:
+    """Each prompt's prompt logprobs (first output), as (logprob, top ids) per position."""
+    engine, firsts = llm.engine, {}
+    requests = [engine.add_request(prompt, params) for prompt in prompts]  # all at once: they compete for blocks
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None, out.error
+            if out.prompt_logprobs is not None:
+                firsts[out.request_id] = out.prompt_logprobs
+    out = []
+    for prompt, request in zip(prompts, requests):
+        first = firsts[request.request_id]
+        assert len(first) == len(prompt) and first[0] is None
+        out.append([(lp.logprob, [t for t, _ in lp.top]) for lp in first[1:]])
+    return out
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_prompt_logprobs_go_through_chunked_prefill(checkpoint, device, max_tokens):
+    """Echo with logprobs (lm-eval's loglikelihood) in chunks of 1 and 7 and preempted mid-prefill: no chunk is
+    wider than its size, and the logprobs equal whole-prompt prefill's."""
+    prompts = _prompts()
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=2)
+    whole = _prompt_logprobs(_llm(checkpoint, device, use_chunked_prefill=False), prompts, params)
+    for chosen, options in (([4], {"prefill_chunk_size": 1}), (range(len(prompts)), {"prefill_chunk_size": 7}),
+                            (range(len(prompts)), {"prefill_chunk_size": 5, "num_kv_blocks": 40})):
+        llm = _llm(checkpoint, device, **options)
+        scheduler, widths = llm.engine.scheduler, []
+        schedule = scheduler.schedule
+
+        def recording():
+            batch = schedule()
+            widths.extend(row.num_new for row in (batch.rows if batch is not None else []))
+            return batch
+
+        scheduler.schedule = recording  # type: ignore[method-assign]
+        got = _prompt_logprobs(llm, [prompts[i] for i in chosen], params)
+        assert max(widths) <= options["prefill_chunk_size"]
+        for ours, i in zip(got, chosen):
+            assert [top for _, top in ours] == [top for _, top in whole[i]]
+            assert max(abs(a - b) for (a, _), (b, _) in zip(ours, whole[i])) < 1e-5
+        assert llm.engine.kv.audit_blocks() == {}
+        assert (scheduler.num_preemptions > 0) == ("num_kv_blocks" in options)

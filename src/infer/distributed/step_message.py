@@ -55,7 +55,7 @@ class StepEncoder:
         tables = block_table_array(step.block_tables)
         fields: tuple[Any, ...] = (
             step.step_kind is StepKind.DECODE, step.token_ids, step.positions, step.query_lens, step.context_lens,
-            step.slot_mapping, slots, step.prev_rows, step.drafts, step.prompt_logprobs, step.samples,
+            step.slot_mapping, slots, step.prev_rows, step.drafts, step.prompt_logprobs, step.prompt_next, step.samples,
             tables.shape[1], *self.mirror.diff(slots, tables),
         )
         return pickle.dumps(fields, protocol=5)
@@ -69,11 +69,11 @@ class StepDecoder:
 
     def decode(self, data: bytes) -> StepInput:
         (decode, token_ids, positions, query_lens, context_lens, slot_mapping, slots, prev_rows, drafts,
-         prompt_logprobs, samples, width, *changed) = pickle.loads(data)
+         prompt_logprobs, prompt_next, samples, width, *changed) = pickle.loads(data)
         self.mirror.apply(*changed)
         return StepInput(
             step_kind=StepKind.DECODE if decode else StepKind.PREFILL, token_ids=token_ids, positions=positions,
             query_lens=query_lens, context_lens=context_lens, slot_mapping=slot_mapping,
             block_tables=self.mirror.read(slots, width), sampling_slots=slots, prev_rows=prev_rows, drafts=drafts,
-            prompt_logprobs=prompt_logprobs, samples=samples,
+            prompt_logprobs=prompt_logprobs, prompt_next=prompt_next, samples=samples,
         )

@@ -179,6 +179,8 @@ class EngineCore:
         first = batch.num_decode  # the decode table's rows come first, then batch.rows
         if result.prompt_probe_scores is not None:
             self.outputs.collect_prompt_probes(batch.rows, result.probe_layout, result.prompt_probe_scores[first:])
+        if result.prompt_logprobs:
+            self.outputs.collect_prompt_logprobs(batch.rows, result.prompt_logprobs[first:])
         # a request ended while this step was in flight (stop found in the step before, abort) drops its token
         rows = [(first + i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
         d = batch.decode  # its rows are checked as arrays (process_decode); of them only a non-plain one has a grammar
@@ -268,6 +270,8 @@ class EngineCore:
                                            else [] for r in rows]
         if not batch.is_decode:
             step.prompt_logprobs = [None] * n + [r.prompt_logprobs for r in rows]
+            if any(r.prompt_logprobs is not None for r in rows):
+                step.prompt_next = [-1] * n + [_prompt_next(r) for r in rows]
             if self.scheduler.wants_probes:
                 step.probe_prompt = [0] * n + [_prompt_rows(r) for r in rows]
         samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
@@ -302,6 +306,12 @@ class EngineCore:
 
 def _listed(values: list[int] | np.ndarray) -> list[int]:
     return values.tolist() if isinstance(values, np.ndarray) else values
+
+
+def _prompt_next(row: ScheduledRow) -> int:
+    """The prompt token after a row's chunk, the target of its last position's prompt logprob; -1 at the prompt's end."""
+    end, prompt = row.start + row.num_new, row.request.prompt_token_ids
+    return prompt[end] if row.prompt_logprobs is not None and end < len(prompt) else -1
 
 
 def _prompt_rows(row: ScheduledRow) -> int:

@@ -86,8 +86,9 @@ class OutputProcessor:
         return out
 
     def _process(self, request: Request, result: StepResult, row: int, token: int) -> CoreOutput:
-        prompt_logprobs = result.prompt_logprobs[row] if result.prompt_logprobs else None
         params = request.sampling_params
+        prompt_logprobs = request.prompt_logprobs if params.prompt_logprobs is not None and not request.outputs_sent \
+            else None
         if params.max_tokens == 0:  # prompt scoring only (echo with logprobs): nothing is generated
             self.scheduler.finish(request, "length")
             return self.output(request, None, "length", prompt_logprobs=prompt_logprobs)
@@ -168,6 +169,18 @@ class OutputProcessor:
                 values = chunk[skip:, column].tolist() if column is not None else [None] * (len(chunk) - skip)
                 request.prompt_probes.setdefault(name, []).extend(values)
             request.prompt_probe_positions = row.start + len(chunk)
+
+    @staticmethod
+    def collect_prompt_logprobs(rows: list[ScheduledRow], chunks: list[list[TokenLogprob] | None]) -> None:
+        """Keep the prompt logprobs a step computed for `rows`: a row's values are those of the prompt tokens at
+        positions start + 1, start + 2, ...; positions a recomputation repeats are skipped."""
+        for row, values in zip(rows, chunks):
+            request = row.request
+            if not values or request.finished:
+                continue
+            skip = len(request.prompt_logprobs) - (row.start + 1)
+            if 0 <= skip < len(values):
+                request.prompt_logprobs.extend(values[skip:])
 
     def fail(self, request: Request, error: str, client_error: bool = False) -> CoreOutput:
         self.scheduler.finish(request, "error", failed=True)

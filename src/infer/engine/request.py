@@ -102,6 +102,8 @@ class Request:
     probe_names: tuple[str, ...] = ()  # probes whose scores its outputs carry (checked against the loaded set)
     prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: collected so far
     prompt_probe_positions: int = 0  # prompt positions whose scores are collected (a recomputation skips them)
+    # with prompt_logprobs: the prompt's logprobs collected so far, chunk by chunk (the first token has none)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
     num_drafted: int = 0  # speculation: draft tokens verified for this request
     num_accepted: int = 0  # of which accepted
     num_drafter_tokens: int = 0  # draft model: leading positions whose KV the drafter holds (runners/drafter.py)
@@ -129,6 +131,12 @@ class Request:
         infer/engine/outputs.py)."""
         p = self.sampling_params
         return self.grammar is None and p.logprobs is None and p.probe_stop is None and p.max_tokens > 0
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """It asked for prompt logprobs and some prompt positions have none yet (so none may come from the prefix
+        cache)."""
+        return self.sampling_params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     @property
     def needs_prompt_probes(self) -> bool:

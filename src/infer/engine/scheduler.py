@@ -35,7 +35,7 @@ class ScheduledRow(NamedTuple):  # a tuple: built for every request in every ste
     slots: np.ndarray  # int64 [num_new]
     block_table: list[int]
     samples: bool  # the row reaches the request's last known token: its sampled token is kept
-    prompt_logprobs: int | None = None  # top-k for the prompt's tokens (a first, whole-prompt prefill only)
+    prompt_logprobs: int | None = None  # top-k for the logprobs of the prompt tokens after each of its positions
     drafts: tuple[int, ...] = ()  # speculation: proposed tokens after the last known one, its last num_new - 1 inputs
 
 
@@ -55,7 +55,8 @@ class ScheduledBatch:
         decoding = self.decode.requests if self.decode is not None else []
         self.requests = decoding + [row.request for row in self.rows]
         self.has_drafts = any(row.drafts for row in self.rows)
-        self.is_decode = all(row.num_new == 1 + len(row.drafts) for row in self.rows)
+        # a one-token prompt chunk that asks for prompt logprobs needs the prefill path's hidden states
+        self.is_decode = all(row.num_new == 1 + len(row.drafts) and row.prompt_logprobs is None for row in self.rows)
 
     @property
     def num_decode(self) -> int:
@@ -308,15 +309,14 @@ class Scheduler:
         """Reserve blocks for the request's first chunk (after its cached prefix) and move it to running."""
         if request.pending_tokens:  # preempted with a token still on the device: admit once it is read
             return None
-        whole = request.sampling_params.prompt_logprobs is not None and request.num_preemptions == 0
         # a full hit still computes the last token (its logits); prompt logprobs and probes need every position computed
-        lookup = not whole and not request.needs_prompt_probes
+        lookup = not request.needs_prompt_logprobs and not request.needs_prompt_probes
         cached = self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1) if lookup else 0
         if self._caching and lookup and self._prefix_in_progress(request, cached):
             self.kv.free(request.request_id)
             return None
         n = request.num_tokens - cached
-        if self._chunked and not whole:
+        if self._chunked:
             n = min(n, self.config.prefill_chunk_size, budget)
         fits = n <= budget and self.kv.can_allocate(request.request_id, cached + n)
         if fits and self.running:
@@ -332,7 +332,7 @@ class Scheduler:
         request.num_drafter_tokens = 0  # new blocks (and a cached prefix's) may hold no drafter KV: it starts over
         if request.num_preemptions == 0:
             request.num_cached_tokens = cached
-        return self._row(request, n, request.sampling_params.prompt_logprobs if whole else None)
+        return self._row(request, n)
 
     def _prefix_in_progress(self, request: Request, cached: int) -> bool:
         """Whether a running prefill is about to cache the request's next full block (same tokens up to its end):
@@ -360,14 +360,14 @@ class Scheduler:
         self.kv.allocate(request.request_id, num_tokens)
         return True
 
-    def _row(self, request: Request, num_new: int, prompt_logprobs: int | None = None,
-             drafts: tuple[int, ...] = ()) -> ScheduledRow:
+    def _row(self, request: Request, num_new: int, drafts: tuple[int, ...] = ()) -> ScheduledRow:
         start = request.num_computed_tokens
         return ScheduledRow(
             request, start, num_new, self.kv.slots(request.request_id, start, num_new),
             self.kv.block_table(request.request_id),
             samples=start + num_new - len(drafts) == request.num_scheduled_tokens,
-            prompt_logprobs=prompt_logprobs, drafts=drafts,
+            prompt_logprobs=request.sampling_params.prompt_logprobs if request.needs_prompt_logprobs else None,
+            drafts=drafts,
         )
 
     def _join(self, request: Request) -> None:

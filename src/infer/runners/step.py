@@ -41,7 +41,10 @@ class StepInput:
     prev_rows: list[int] | None = None  # per sequence: the previous step's row whose sampled id is its last input, or -1
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set
     logprobs: list[int | None] | None = None  # per sequence: top-k count for the sampled token (None: nobody asks)
-    prompt_logprobs: list[int | None] | None = None  # per sequence (prefill): the same for its tokens
+    # per sequence (prefill): the same for the prompt tokens after each of its positions, the last position's
+    # target being `prompt_next` (the prompt's next token past this chunk; -1 where the chunk ends the prompt)
+    prompt_logprobs: list[int | None] | None = None
+    prompt_next: list[int] | None = None
     probes: bool = False  # read back each sequence's probe scores at the row that samples its token
     probe_prompt: list[int] | None = None  # per sequence (prefill): how many of its first new rows' scores to read
     drafts: list[tuple[int, ...]] | None = None  # per sequence: draft tokens, its last inputs, to verify (None: no drafts)
@@ -76,7 +79,8 @@ def block_table_array(tables: list[list[int]] | np.ndarray) -> np.ndarray:
 class StepResult:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per sequence, when asked
-    prompt_logprobs: list[list[TokenLogprob | None] | None] = field(default_factory=list)
+    # per sequence that asked: the logprobs of its prompt tokens after each position of its chunk (StepInput)
+    prompt_logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
     probe_layout: ProbeLayout | None = None  # the probe set the scores below were computed with
     probe_scores: np.ndarray | None = None  # [num_seqs, columns]: the scores of the row each token was sampled at
     prompt_probe_scores: list[np.ndarray] | None = None  # per sequence: [probe_prompt[i], columns]

@@ -32,7 +32,7 @@ from infer.runners.prefill_graphs import PrefillGraphs, prefill_shapes
 from infer.runners.step import StepInput, StepKind, StepResult
 from infer.runners.strict_sync import step_scope
 from infer.runners.verify import VerifyInputs, decode_rows, pack, unpack, verify_inputs
-from infer.sampling.logprobs import LogprobTensors, by_sequence, logprob_tensors, prompt_positions
+from infer.sampling.logprobs import LogprobTensors, by_sequence, logprob_tensors
 from infer.sampling.sampler import SamplingTensors, sample
 from infer.sampling.slots import SamplingSlots
 from infer.sampling.speculative import verify
@@ -69,7 +69,7 @@ class LaunchedStep:
             rows, tensors = self.logprobs
             out.logprobs = by_sequence(self.num_seqs, rows, tensors.to_host())
         if self.prompt_logprobs is not None:
-            out.prompt_logprobs = [None if t is None else prompt_positions(t.to_host()) for t in self.prompt_logprobs]
+            out.prompt_logprobs = [None if t is None else t.to_host() for t in self.prompt_logprobs]
         return out
 
 
@@ -371,15 +371,20 @@ class TorchRunner:
     def _prompt_logprobs(
         self, step: StepInput, batch: ForwardBatch, hidden: torch.Tensor, ids: torch.Tensor
     ) -> list[LogprobTensors | None] | None:
-        """Logprob of each prompt token given the ones before it, for the sequences that asked."""
-        if step.prompt_logprobs is None or not any(k is not None for k in step.prompt_logprobs):
+        """Logprob of each prompt token given the ones before it, for the sequences that asked: the targets of a
+        chunk's positions are its own next ids, then the prompt's next token past the chunk (StepInput.prompt_next)."""
+        if step.prompt_logprobs is None or step.prompt_next is None:
             return None
         out: list[LogprobTensors | None] = [None] * step.num_seqs
         cu = batch.cu_seqlens_q_host
-        for i, k in enumerate(step.prompt_logprobs):
-            if k is None:
-                continue
+        asked = [i for i, k in enumerate(step.prompt_logprobs) if k is not None]
+        following = upload([step.prompt_next[i] for i in asked], torch.long, ids.device)
+        for j, i in enumerate(asked):
             start, end = cu[i], cu[i + 1]
-            logits = self.model.compute_logits(hidden[start : end - 1])
-            out[i] = logprob_tensors(logits, ids[start + 1 : end], [k] * (end - start - 1))
+            targets = ids[start + 1 : end]
+            if step.prompt_next[i] >= 0:
+                targets = torch.cat([targets, following[j : j + 1]])
+            if len(targets):
+                logits = self.model.compute_logits(hidden[start : start + len(targets)])
+                out[i] = logprob_tensors(logits, targets, [step.prompt_logprobs[i]] * len(targets))
         return out

@@ -41,11 +41,6 @@ def by_sequence(num_seqs: int, rows: list[int], values: list[TokenLogprob]) -> l
     return found
 
 
-def prompt_positions(values: list[TokenLogprob]) -> list[TokenLogprob | None]:
-    """A prompt's logprobs by position: the first token has none, each other one its logprob given those before."""
-    return [None, *values]
-
-
 def logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> LogprobTensors:
     """Logprobs of token_ids [N] under logits [N, V], with each row's num_top[i] best tokens; no host sync."""
     logp = torch.log_softmax(logits.float(), dim=-1)

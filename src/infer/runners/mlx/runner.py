@@ -22,7 +22,7 @@ from infer.runners.mlx.sampler import MxLogprobs, column_words, logprobs, sample
 from infer.runners.mlx.slots import MxSamplingSlots
 from infer.runners.mlx.strict import Phase, phase
 from infer.runners.step import StepInput, StepResult
-from infer.sampling.logprobs import by_sequence, prompt_positions
+from infer.sampling.logprobs import by_sequence
 from omniscience import ProbeBank
 
 
@@ -51,8 +51,7 @@ class MlxLaunchedStep:
                 rows, lp = self.logprobs
                 out.logprobs = by_sequence(self.num_seqs, rows, lp.to_host())
             if self.prompt_logprobs is not None:
-                out.prompt_logprobs = [None if p is None else prompt_positions(p.to_host())
-                                       for p in self.prompt_logprobs]
+                out.prompt_logprobs = [None if p is None else p.to_host() for p in self.prompt_logprobs]
         return out
 
 
@@ -152,15 +151,19 @@ class MlxRunner:
 
     def _prompt_logprobs(self, step: StepInput, layout: StepLayout, hidden: mx.array, ids: mx.array
                          ) -> list[MxLogprobs | None] | None:
-        """Logprob of each prompt token given the ones before it, for the sequences that asked."""
-        if step.prompt_logprobs is None or not any(k is not None for k in step.prompt_logprobs):
+        """Logprob of each prompt token given the ones before it, for the sequences that asked: the targets of a
+        chunk's positions are its own next ids, then the prompt's next token past the chunk (StepInput.prompt_next)."""
+        if step.prompt_logprobs is None or step.prompt_next is None:
             return None
         out: list[MxLogprobs | None] = [None] * step.num_seqs
         starts = [0, *(r + 1 for r in layout.last_rows)]
         for i, k in enumerate(step.prompt_logprobs):
             start, end = starts[i], starts[i + 1]
-            if k is not None and end - start > 1:
-                out[i] = logprobs(self.model.logits(hidden[start : end - 1]), ids[start + 1 : end], [k] * (end - start - 1))
+            targets = ids[start + 1 : end]
+            if k is not None and step.prompt_next[i] >= 0:
+                targets = mx.concatenate([targets, mx.array([step.prompt_next[i]], dtype=targets.dtype)])
+            if k is not None and targets.size:
+                out[i] = logprobs(self.model.logits(hidden[start : start + targets.size]), targets, [k] * targets.size)
         return out
 
 
