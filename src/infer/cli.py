@@ -29,6 +29,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.7, metavar="T", help="sampling temperature; 0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling: keep the smallest set of tokens with mass >= P")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep only the K most likely tokens; 0 = off")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="drop tokens less likely than P times the most likely one (after temperature); 0 = off")
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
                    help="divide logits of already-seen tokens by R (>1 discourages repeats)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
@@ -323,7 +325,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.show_probes is not None and args.probes is None:
         raise ValueError("--show-probes needs --probes FILE")
     params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, max_tokens=args.max_tokens,
         repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, ignore_eos=args.ignore_eos,
         structured=_constraint(args), probes=True if args.probes else None,
     )

@@ -9,7 +9,7 @@ import pytest
 
 from infer.cli import build_parser
 
-FLAGS = ["--model", "--chat", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k",
+FLAGS = ["--model", "--chat", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p",
          "--repetition-penalty", "--stop", "--seed", "--ignore-eos", "--json-schema", "--regex", "--dtype", "--device",
          "--max-seq-len", "--quantization", "--speculative-method", "--num-speculative-tokens", "--draft-model"]
 
@@ -42,6 +42,12 @@ def test_invalid_value_is_a_clear_error_before_loading():
     result = _run("generate", "hi", "--temperature", "-1")
     assert result.returncode == 2
     assert "temperature" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_min_p_out_of_range_is_a_clear_error_before_loading():
+    result = _run("generate", "hi", "--min-p", "1.5")
+    assert result.returncode == 2
+    assert "min_p must be in [0, 1]" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_missing_model_path_is_a_clear_error():

@@ -1,4 +1,4 @@
-"""logit_bias, presence / frequency penalties and min_tokens through the engine (a tiny Llama with n-gram
+"""logit_bias, presence / frequency penalties, min_tokens and min_p through the engine (a tiny Llama with n-gram
 speculation and structured output in the same batches) and through the server with the openai client."""
 
 from __future__ import annotations
@@ -104,3 +104,34 @@ def test_min_tokens_holds_back_the_end(client, server):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**body, extra_body={"min_tokens": 13})
     assert info.value.body["param"] == "min_tokens"
+
+
+def test_min_p_offline_one_is_greedy_and_rows_reproduce_beside_speculation(tiny):
+    """LLM.generate with min_p: at 1.0 (temperature 1) only the likeliest token survives, so the text is the greedy
+    one, with n-gram drafts verified too; a min_p=0.1 row gives the same tokens alone and in the batch."""
+    llm = _llm(tiny, speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=3,
+               speculative_disable_by_batch_size=0)
+    prompts = ["The quick brown fox", "Once upon a time there", "a b c a b c a b"]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    top = llm.generate(prompts, SamplingParams(temperature=1.0, min_p=1.0, seed=3, max_tokens=20, ignore_eos=True))
+    assert [o.token_ids for o in top] == [o.token_ids for o in greedy]
+    cut = [SamplingParams(temperature=1.3, min_p=0.1, seed=10 + i, max_tokens=20, ignore_eos=True) for i in range(3)]
+    together = llm.generate(prompts, cut)
+    assert [o.token_ids for o in together] == [llm.generate([p], q)[0].token_ids for p, q in zip(prompts, cut)]
+    assert [o.token_ids for o in together] != [o.token_ids for o in greedy]
+
+
+def test_min_p_on_both_endpoints(client, server):
+    completion = dict(model=MODEL, prompt="The capital of France is", max_tokens=6)
+    greedy = client.completions.create(**completion, temperature=0).choices[0].text
+    top = client.completions.create(**completion, temperature=1.0, seed=7, extra_body={"min_p": 1.0})
+    assert top.choices[0].text == greedy
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6)
+    answer = client.chat.completions.create(**chat, temperature=0.8, seed=2, extra_body={"min_p": 0.1})
+    assert answer.choices[0].message.content
+    for path, body in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
+        for value in (1.5, -0.1, True, "0.1"):
+            r = httpx.post(f"{server.base_url}{path}", json=body | {"min_p": value}, timeout=60)
+            assert 400 <= r.status_code < 500, (path, value, r.text)
+            error = r.json()["error"]
+            assert error["param"] == "min_p" and "min_p" in error["message"], error

@@ -45,6 +45,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None  # None, 0 or -1: disabled (stored as None)
+    min_p: float = 0.0  # vLLM's: after temperature, tokens less likely than min_p times the likeliest are cut; 0: off
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0  # OpenAI's: subtracted once from the logit of every token generated so far
     frequency_penalty: float = 0.0  # OpenAI's: subtracted per occurrence among the tokens generated so far
@@ -74,6 +75,9 @@ class SamplingParams:
             self.top_k = None
         elif not _is_int(self.top_k) or self.top_k < 1:
             raise ValueError(f"top_k must be an integer >= 1 (or None/0/-1 to disable), got {self.top_k!r}")
+        self.min_p = _real("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty)
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}")
@@ -130,6 +134,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Temperature 0 (or below GREEDY_BELOW) means argmax decoding."""
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def cuts_min_p(self) -> bool:
+        """A sampled row with min_p > 0 (greedy rows take the argmax, which min_p never cuts)."""
+        return not self.greedy and self.min_p > 0
 
     @property
     def needs_history(self) -> bool:

@@ -1,16 +1,18 @@
 """Batched token sampling with per-row parameters held as tensors: one pass serves greedy and sampled rows.
 
 Order of operations follows transformers: repetition penalty, then OpenAI's logit_bias and presence /
-frequency penalties and vLLM's min_tokens (sampling/adjust.py), then (sampled rows) temperature, top-k,
-top-p, then a Gumbel-max draw whose noise comes from `random.uniform`, indexed by vocabulary id, so a
-row's token depends only on its logits, its parameters, its seed and its step.
+frequency penalties and vLLM's min_tokens (sampling/adjust.py), then (sampled rows) temperature, min-p,
+top-k, top-p (min-p before top-k/top-p, as vLLM does: top-p measures the mass min-p left), then a
+Gumbel-max draw whose noise comes from `random.uniform`, indexed by vocabulary id, so a row's token
+depends only on its logits, its parameters, its seed and its step.
 
 Ties. Greedy takes the lowest token id among equal maxima (torch.argmax). Top-k keeps every token whose
 logit equals the k-th largest, as transformers' TopKLogitsWarper does, so more than k may survive.
 Top-p finds its cut exactly as TopPLogitsWarper does (ascending softmax cumsum, drop positions whose
 cumulative mass is <= 1 - top_p, always keep the most likely token) and then keeps every token whose
 logit equals the cut value; transformers instead splits such a tie by sort order, keeping an arbitrary
-subset of it. Without a tie at the cut the kept sets are identical.
+subset of it. Without a tie at the cut the kept sets are identical. Min-p keeps token i while
+p_i >= min_p * max p, compared as logit_i - max logit >= log(min_p); ties with the top token always stay.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class SamplingTensors:
     any_top_k_or_p: bool  # some sampled row filters its vocabulary
     any_penalty: bool  # some row has repetition_penalty != 1
     adjust: LogitAdjustments | None = None  # logit_bias, presence / frequency penalties, min_tokens (if any row has one)
+    min_p: torch.Tensor | None = None  # [B] float32 in [0, 1] (0: off); None when no sampled row has one
 
     @property
     def plain_greedy(self) -> bool:
@@ -57,7 +60,8 @@ class SamplingTensors:
         steps = (self.steps[:, None] + torch.arange(width, device=self.steps.device)).reshape(-1)
         return SamplingTensors(rows(self.temperature), rows(self.top_k), rows(self.top_p), rows(self.repetition_penalty),
                                rows(self.seeds), steps, self.all_greedy, self.any_top_k_or_p, self.any_penalty,
-                               None if self.adjust is None else self.adjust.per_position(width))
+                               None if self.adjust is None else self.adjust.per_position(width),
+                               None if self.min_p is None else rows(self.min_p))
 
     @classmethod
     def from_params(
@@ -74,7 +78,8 @@ class SamplingTensors:
         top_ks = [vocab_size if p.top_k is None else min(p.top_k, vocab_size) for p in params]
         device = torch.device(device)
         floats = upload(
-            [[0.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params], [p.repetition_penalty for p in params]],
+            [[0.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
+             [p.repetition_penalty for p in params], [p.min_p for p in params]],
             torch.float32, device,
         )
         ints = upload([top_ks, seeds, steps], torch.int64, device)
@@ -88,6 +93,7 @@ class SamplingTensors:
             all_greedy=all(p.greedy for p in params),
             any_top_k_or_p=any(filters_vocabulary(p, vocab_size) for p in params),
             any_penalty=any(p.repetition_penalty != 1 for p in params),
+            min_p=floats[3] if any(p.cuts_min_p for p in params) else None,
         )
 
 
@@ -111,6 +117,13 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return mask_top_k_top_p(logits, top_k, top_p)
 
 
+def filter_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit [B, V] whose probability is below min_p [B] times its row's largest (vLLM's min-p),
+    compared in logit space (p_i / p_max = exp(x_i - x_max)), so no softmax; a row with min_p 0 is unchanged."""
+    gap = logits - logits.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(gap < min_p.log()[:, None], float("-inf"))
+
+
 _ARGMAX = lz.bind("argmax")  # one call site: selection runs once per logits shape and dtype
 
 
@@ -131,8 +144,11 @@ def penalized(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | Non
 
 
 def scaled_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """What sampled rows draw from: logits over the temperature, outside top-k / top-p at -inf (greedy rows / 1)."""
+    """What sampled rows draw from: logits over the temperature, outside min-p, then top-k / top-p at -inf
+    (greedy rows / 1)."""
     scaled = logits / t.temperature.masked_fill(t.temperature == 0, 1.0)[:, None]
+    if t.min_p is not None:
+        scaled = filter_min_p(scaled, t.min_p)
     return filter_top_k_top_p(scaled, t.top_k, t.top_p) if t.any_top_k_or_p else scaled
 
 

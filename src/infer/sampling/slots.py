@@ -42,8 +42,8 @@ class SlotState(NamedTuple):
 class SamplingSlots:
     def __init__(self, num_slots: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size, self.device = vocab_size, device
-        # temperature, top_p, repetition penalty, presence penalty, frequency penalty
-        self._floats = torch.zeros(5, num_slots, dtype=torch.float32, device=device)
+        # temperature, top_p, repetition penalty, presence penalty, frequency penalty, min_p
+        self._floats = torch.zeros(6, num_slots, dtype=torch.float32, device=device)
         self._ints = torch.zeros(4, num_slots, dtype=torch.int64, device=device)  # top_k, seed, steps, min_tokens
         self._offset: torch.Tensor | None = None  # [slots, vocab] float32: bias minus penalties, made on first use
         self._counts: torch.Tensor | None = None  # [slots, vocab] float32, made with the first presence/frequency penalty
@@ -55,6 +55,7 @@ class SamplingSlots:
         # host copies of what decides which sampling work a step needs (SamplingTensors' flags)
         self._sampled = np.zeros(num_slots, dtype=bool)
         self._filters = np.zeros(num_slots, dtype=bool)
+        self._min_p = np.zeros(num_slots, dtype=bool)
         self._penalty = np.zeros(num_slots, dtype=bool)
         self._offsetting = np.zeros(num_slots, dtype=bool)  # a logit_bias or a presence / frequency penalty
         self._counting = np.zeros(num_slots, dtype=bool)
@@ -68,8 +69,8 @@ class SamplingSlots:
             [s.params for s in joined], [s.seed for s in joined], [s.steps for s in joined], self.vocab_size, self.device
         )
         index = upload([s.slot for s in joined], torch.int64, self.device)
-        extra_floats = upload([[s.params.presence_penalty for s in joined], [s.params.frequency_penalty for s in joined]],
-                              torch.float32, self.device)
+        extra_floats = upload([[s.params.presence_penalty for s in joined], [s.params.frequency_penalty for s in joined],
+                               [s.params.min_p for s in joined]], torch.float32, self.device)
         self._floats.index_copy_(1, index, torch.cat([torch.stack([packed.temperature, packed.top_p,
                                                                    packed.repetition_penalty]), extra_floats]))
         min_tokens = upload([[s.params.min_tokens for s in joined]], torch.int64, self.device)
@@ -78,6 +79,7 @@ class SamplingSlots:
             p = s.params
             self._sampled[s.slot] = not p.greedy
             self._filters[s.slot] = filters_vocabulary(p, self.vocab_size)
+            self._min_p[s.slot] = p.cuts_min_p
             self._penalty[s.slot] = p.repetition_penalty != 1
         self._join_adjustments(joined, index)
 
@@ -139,6 +141,7 @@ class SamplingSlots:
             any_top_k_or_p=bool(self._filters[slots_host].any()),
             any_penalty=any_penalty,
             adjust=self._adjustments(slots, ints, offsetting, holding),
+            min_p=floats[5] if self._min_p[slots_host].any() else None,
         )
 
     def _adjustments(self, slots: torch.Tensor, ints: torch.Tensor, offsetting: bool,

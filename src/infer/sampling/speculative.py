@@ -11,6 +11,8 @@ seeded request is reproducible whatever shares its batch, and a row with no draf
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from infer.sampling.random import uniform64
@@ -70,11 +72,11 @@ _DRAFT_SEED_SALT = 0x2C1B3C6D5E4F7A89  # the drafter's noise: a stream apart fro
 def draft_sample(logits: torch.Tensor, t: SamplingTensors, offset: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(draft tokens [R], the drafter's distributions q [R, V] or None when every row is greedy) from the drafter's
     logits [R, V] for the token index `offset` past each row's counter. Greedy rows take the argmax; sampled rows
-    draw from softmax of their filtered, tempered logits, which is the q that `verify` divides by."""
+    draw from softmax of their tempered logits filtered by min-p, top-k and top-p, which is the q that `verify`
+    divides by."""
     if t.all_greedy:
         return argmax_rows(logits), None
-    at = SamplingTensors(t.temperature, t.top_k, t.top_p, t.repetition_penalty, t.seeds ^ _DRAFT_SEED_SALT,
-                         t.steps + offset, t.all_greedy, t.any_top_k_or_p, t.any_penalty)
+    at = replace(t, seeds=t.seeds ^ _DRAFT_SEED_SALT, steps=t.steps + offset)
     scaled = scaled_logits(logits, at)
     sampled = argmax_rows(scaled - gumbel_log_e(at, logits.shape[-1]))
     return torch.where(t.temperature == 0, argmax_rows(logits), sampled), scaled.softmax(dim=-1)

@@ -73,6 +73,8 @@ class SamplingFields(_Body):
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=-1, description="vLLM extension; None, 0 or -1 disable it")
+    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, strict=True,
+                         description="vLLM extension: drop tokens less likely than min_p times the likeliest; 0: off")
     repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False, description="vLLM extension")
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)

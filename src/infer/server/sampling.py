@@ -60,7 +60,7 @@ def sampling_params(
             check_text(stop, "stop" if isinstance(body.stop, str) else f"stop.{i}")
     try:
         return SamplingParams(
-            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
             repetition_penalty=body.repetition_penalty, max_tokens=max_tokens, stop=body.stop,  # type: ignore[arg-type]
             **adjustments,  # type: ignore[arg-type]
             seed=body.seed, ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,

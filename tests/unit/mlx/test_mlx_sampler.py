@@ -1,5 +1,6 @@
 """The MLX sampler against the torch sampler it ports: the same noise bit for bit, the same top-k / top-p cut, and
-the same tokens for greedy, sampled, filtered, penalised, biased and min_tokens rows."""
+the same tokens for greedy, sampled, filtered, min-p, penalised, biased and min_tokens rows; min-p's kept set equals a
+float64 reference."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from infer.runners.mlx.sampler import column_words, mask_top_k_top_p, row_keys, sample, uniform
+from infer.runners.mlx.sampler import column_words, mask_min_p, mask_top_k_top_p, row_keys, sample, uniform
 from infer.runners.mlx.slots import MxSamplingSlots
 from infer.runners.mlx.strict import Phase, phase
 from infer.sampling.params import SamplingParams
@@ -47,6 +48,8 @@ PARAMS = [
     SamplingParams(temperature=1.0, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=4),
     SamplingParams(temperature=0.9, logit_bias={5: 5.0, 6: -100}, presence_penalty=0.5, frequency_penalty=0.3, seed=5),
     SamplingParams(temperature=0, min_tokens=3, seed=6),
+    SamplingParams(temperature=1.1, min_p=0.15, seed=7),
+    SamplingParams(temperature=0.8, min_p=0.05, top_k=30, top_p=0.9, seed=8),
 ]
 
 
@@ -92,3 +95,30 @@ def test_a_row_samples_the_same_alone_and_in_a_batch(row: int) -> None:
     together = sample(logits, batch.rows(list(range(len(PARAMS)))), column_words(VOCAB), seen)
     single = sample(logits[row : row + 1], alone.rows([0]), column_words(VOCAB), seen[row : row + 1])
     assert together.tolist()[row] == single.tolist()[0]
+
+
+def test_min_p_keeps_the_float64_reference_set() -> None:
+    """Rows with and without min_p in one batch: the cut keeps exactly {i : p_i >= min_p * max p} of softmax(logits / T)
+    (rows without min_p keep everything), and every draw of many steps lands inside it."""
+    params = [SamplingParams(temperature=t, min_p=m, seed=i)
+              for i, (t, m) in enumerate([(1.0, 0.1), (0.7, 0.0), (1.5, 0.3), (1.0, 1.0), (0.9, 0.02), (1.2, 0.0)])]
+    n = len(params)
+    logits = np.random.default_rng(11).normal(size=(n, VOCAB)).astype(np.float32) * 2
+    scaled = logits.astype(np.float64) / np.array([p.temperature for p in params])[:, None]
+    log_ratio = scaled - scaled.max(axis=-1, keepdims=True)  # log(p_i / p_max)
+    with np.errstate(divide="ignore"):
+        threshold = np.log(np.array([p.min_p for p in params]))[:, None]
+    keep = log_ratio >= threshold
+    decided = np.abs(log_ratio - threshold) > 1e-4
+    slots = MxSamplingSlots(n, VOCAB)
+    slots.join([SlotState(i, p, i, 0) for i, p in enumerate(params)])
+    rows = slots.rows(list(range(n)))
+    assert rows.min_p is not None
+    cut = np.isfinite(np.array(mask_min_p(mx.array(logits) / rows.temperature[:, None], rows.min_p)))
+    assert np.array_equal(cut[decided], keep[decided])
+    assert keep[1].all() and keep[5].all() and keep[3].sum() == 1 and not keep[2].all()
+    for _ in range(40):
+        tokens = np.array(sample(mx.array(logits), slots.rows(list(range(n))), column_words(VOCAB)))
+        slots.advance(list(range(n)), None)
+        assert keep[np.arange(n), tokens].all()
+    assert tokens[3] == logits[3].argmax()

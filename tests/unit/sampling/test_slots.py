@@ -18,6 +18,7 @@ params_strategy = st.builds(
     temperature=st.sampled_from([0.0, 0.7, 1.3]),
     top_k=st.sampled_from([None, 5, VOCAB + 10]),
     top_p=st.sampled_from([1.0, 0.9]),
+    min_p=st.sampled_from([0.0, 0.25]),
     repetition_penalty=st.sampled_from([1.0, 1.2]),
 )
 join = st.tuples(st.just("join"), st.integers(0, SLOTS - 1), params_strategy, st.integers(0, 2**62), st.integers(0, 99))
@@ -51,6 +52,9 @@ def test_gathered_tensors_equal_fresh_packing(ops) -> None:
             assert torch.equal(getattr(got, name), getattr(want, name)), name
         assert (got.all_greedy, got.any_top_k_or_p, got.any_penalty) == (want.all_greedy, want.any_top_k_or_p,
                                                                           want.any_penalty)
+        assert (got.min_p is None) == (want.min_p is None)
+        if want.min_p is not None:
+            assert torch.equal(got.min_p, want.min_p)
         advancing = [s for s, c in zip(rows, counts) if c]
         slots.advance(torch.tensor(advancing, dtype=torch.int64))
         for s in advancing:

@@ -1,11 +1,11 @@
 """The seeded sampler of infer/sampling/sampler.py in MLX, built lazily inside the step and evaluated with it.
 
-Same order of operations (repetition penalty, logit adjustments, then temperature, top-k, top-p and a Gumbel-max
-draw), the same top-k / top-p cut (layerzero's `mask_top_k_top_p`, ties kept), and the same counter-based noise
-(sampling/random.py): the row key is hashed on the host from (seed, step) with the torch code's constants, the
-column words once per vocabulary, and the per-token mix runs in uint32 on the device (MLX's uint32 products wrap
-mod 2**32, which is the torch code's `& 0xFFFFFFFF`). A request's tokens under a seed are the torch runner's
-whenever the logits agree to within the float noise of the two backends.
+Same order of operations (repetition penalty, logit adjustments, then temperature, min-p, top-k, top-p and a
+Gumbel-max draw), the same min-p and top-k / top-p cuts (layerzero's `mask_top_k_top_p`, ties kept), and the same
+counter-based noise (sampling/random.py): the row key is hashed on the host from (seed, step) with the torch code's
+constants, the column words once per vocabulary, and the per-token mix runs in uint32 on the device (MLX's uint32
+products wrap mod 2**32, which is the torch code's `& 0xFFFFFFFF`). A request's tokens under a seed are the torch
+runner's whenever the logits agree to within the float noise of the two backends.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class MxSamplingRows:
     offset: mx.array | None = None  # [B, V] logit_bias minus presence / frequency penalties so far
     held: mx.array | None = None  # [B, H] ids at -inf where `holding`
     holding: mx.array | None = None  # [B] bool: the row has generated fewer than its min_tokens
+    min_p: mx.array | None = None  # [B] float32 (0: off); None when no sampled row has one
 
 
 def mask_top_k_top_p(logits: mx.array, top_k: mx.array, top_p: mx.array) -> mx.array:
@@ -87,6 +88,12 @@ def mask_top_k_top_p(logits: mx.array, top_k: mx.array, top_p: mx.array) -> mx.a
     dropped = mx.sum(cumulative <= (1 - top_p)[:, None], axis=-1, keepdims=True)
     cut = mx.take_along_axis(ascending, mx.minimum(dropped, vocab - 1), axis=-1)
     return mx.where(logits < cut, NEG_INF, logits)
+
+
+def mask_min_p(logits: mx.array, min_p: mx.array) -> mx.array:
+    """sampling/sampler.py's `filter_min_p`: -inf where logit - row max < log(min_p), i.e. p < min_p * max p."""
+    gap = logits - mx.max(logits, axis=-1, keepdims=True)
+    return mx.where(gap < mx.log(min_p)[:, None], NEG_INF, logits)
 
 
 def adjusted(logits: mx.array, t: MxSamplingRows, seen: mx.array | None) -> mx.array:
@@ -111,6 +118,8 @@ def sample(logits: mx.array, t: MxSamplingRows, cols: mx.array, seen: mx.array |
     if t.all_greedy:
         return greedy
     scaled = logits / mx.where(t.temperature == 0, 1.0, t.temperature)[:, None]
+    if t.min_p is not None:
+        scaled = mask_min_p(scaled, t.min_p)
     if t.any_top_k_or_p:
         scaled = mask_top_k_top_p(scaled, t.top_k, t.top_p)
     log_e = mx.log(-mx.log(uniform(t.keys, cols)))

@@ -24,6 +24,7 @@ class MxSamplingSlots:
         self.vocab_size = vocab_size
         n = num_slots
         self.temperature, self.top_p, self.penalty = np.zeros(n, np.float32), np.ones(n, np.float32), np.ones(n, np.float32)
+        self.min_p = np.zeros(n, np.float32)  # 0 where off, and on greedy rows (min-p never cuts their argmax)
         self.presence, self.frequency = np.zeros(n, np.float32), np.zeros(n, np.float32)
         self.top_k, self.min_tokens = np.full(n, vocab_size, np.int32), np.zeros(n, np.int64)
         self.seeds, self.steps = np.zeros(n, np.uint64), np.zeros(n, np.int64)
@@ -39,6 +40,7 @@ class MxSamplingSlots:
             p, i = s.params, s.slot
             self.temperature[i] = 0.0 if p.greedy else p.temperature
             self.top_p[i], self.penalty[i] = p.top_p, p.repetition_penalty
+            self.min_p[i] = p.min_p if p.cuts_min_p else 0.0
             self.presence[i], self.frequency[i] = p.presence_penalty, p.frequency_penalty
             self.top_k[i] = self.vocab_size if p.top_k is None else min(p.top_k, self.vocab_size)
             self.seeds[i], self.steps[i], self.min_tokens[i] = s.seed, s.steps, p.min_tokens
@@ -76,7 +78,7 @@ class MxSamplingSlots:
     def rows(self, slots: list[int] | np.ndarray) -> MxSamplingRows:
         """The sampling parameters of a step whose rows hold `slots`."""
         s = np.asarray(slots, dtype=np.int64)
-        temperature = self.temperature[s]
+        temperature, min_p = self.temperature[s], self.min_p[s]
         holding = self.holds[s] & (self.steps[s] < self.min_tokens[s])
         index = mx.array(s.astype(np.int32))
         return MxSamplingRows(
@@ -87,6 +89,7 @@ class MxSamplingSlots:
             offset=self.offset[index] if self.offset is not None and self.offsetting[s].any() else None,
             held=mx.array(self.held[s]) if holding.any() else None,
             holding=mx.array(holding) if holding.any() else None,
+            min_p=mx.array(min_p) if min_p.any() else None,
         )
 
     def record(self, slots: list[int] | np.ndarray, tokens: mx.array, samples: list[bool] | None) -> None:
