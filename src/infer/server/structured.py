@@ -14,7 +14,7 @@ from typing import Any
 from infer.server.errors import APIError
 from infer.server.protocol import RESPONSE_FORMATS, SamplingFields, StructuredOutputs
 from infer.server.state import ServerState
-from infer.server.workers import CompileTimeoutError
+from infer.server.workers import CompileBusyError, CompileTimeoutError
 from infer.structured import Constraint, ConstraintError, UnsatisfiableConstraintError
 
 
@@ -89,4 +89,6 @@ async def requested_constraint(state: ServerState, body: SamplingFields) -> Cons
         raise APIError(400, f"{param}: this {constraint.kind} constraint {what}: {exc}", param) from exc
     except CompileTimeoutError as exc:
         raise APIError(400, f"{param}: this {constraint.kind} constraint is too costly: {exc}", param) from exc
+    except CompileBusyError as exc:
+        raise APIError(503, str(exc)) from exc
     return constraint

@@ -11,7 +11,7 @@ import pytest
 
 from infer.server.errors import APIError
 from infer.server.tools.grammar import compile_constraint
-from infer.server.workers import Workers
+from infer.server.workers import CompileBudget, Workers
 from infer.structured import Constraint
 
 
@@ -47,14 +47,14 @@ def test_a_tool_schema_past_the_compile_budget_is_a_400_naming_the_field() -> No
 
 
 def test_a_requests_compiles_share_one_budget() -> None:
-    """The deadline a request's tools share: a compile started after it has passed waits for nothing."""
+    """The budget a request's tools share: a compile started after it is spent waits for nothing."""
     workers = Workers(compile_timeout_s=10.0)
     state = SimpleNamespace(workers=workers, grammars=SlowGrammars())
 
     async def late() -> None:
-        deadline = asyncio.get_running_loop().time() - 1.0  # the request's earlier compiles used it all
+        spent = CompileBudget(0.0)  # the request's earlier compiles used it all
         await compile_constraint(state, Constraint.json_schema({"type": "object"}), "tools: the tool-call grammar",
-                                 "tools", deadline)
+                                 "tools", spent)
 
     try:
         with pytest.raises(APIError) as caught:

@@ -6,7 +6,6 @@ A tool whose parameters llguidance cannot compile is a 400 naming that tool.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import weakref
 
@@ -14,7 +13,7 @@ from infer.server.errors import APIError
 from infer.server.state import ServerState
 from infer.server.tools.formats import ToolFormat, markup
 from infer.server.tools.request import ToolRequest
-from infer.server.workers import CompileTimeoutError
+from infer.server.workers import CompileBudget, CompileBusyError, CompileTimeoutError
 from infer.structured import Constraint, ConstraintError, GrammarCompiler
 
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>")
@@ -67,25 +66,27 @@ def after_reasoning(constraint: Constraint, tokens: frozenset[str] = frozenset()
 
 async def compile_tools(state: ServerState, fmt: ToolFormat, request: ToolRequest, thinking: bool) -> Constraint:
     """The request's tool constraint, compiled against the served tokenizer off the event loop: each tool's
-    schema, then the tool-call grammar, all within one --structured-compile-timeout-s."""
-    deadline = asyncio.get_running_loop().time() + state.workers.compile_timeout_s
+    schema, then the tool-call grammar, all within one --structured-compile-timeout-s of compiling."""
+    budget = CompileBudget(state.workers.compile_timeout_s)
     for i, tool in enumerate(request.tools):
         if tool in request.callable():
             schema = Constraint.json_schema({**tool.parameters})
             await compile_constraint(state, schema, f"tools[{i}] ({tool.name}): the parameters schema",
-                                     f"tools.{i}.function.parameters", deadline)
+                                     f"tools.{i}.function.parameters", budget)
     constraint = Constraint("grammar", tool_grammar(fmt, request, thinking, markup_tokens(state)))
-    await compile_constraint(state, constraint, "tools: the tool-call grammar", "tools", deadline)
+    await compile_constraint(state, constraint, "tools: the tool-call grammar", "tools", budget)
     return constraint
 
 
 async def compile_constraint(state: ServerState, constraint: Constraint, what: str, param: str,
-                             deadline: float | None = None) -> None:
-    """Compile on the API server's compile pool within --structured-compile-timeout-s (or what is left of it at
-    `deadline`, the event loop's clock), as every constraint is."""
+                             budget: CompileBudget | None = None) -> None:
+    """Compile on the API server's compile pool within --structured-compile-timeout-s (or what is left of a
+    request's shared `budget`), as every constraint is."""
     try:
-        await state.workers.compile(state.grammars, constraint, deadline)
+        await state.workers.compile(state.grammars, constraint, budget)
     except ConstraintError as exc:
         raise APIError(400, f"{what} cannot be compiled by llguidance: {exc}", param) from exc
     except CompileTimeoutError as exc:
         raise APIError(400, f"{what} is too costly: {exc}", param) from exc
+    except CompileBusyError as exc:
+        raise APIError(503, str(exc)) from exc
