@@ -1,5 +1,5 @@
-"""Tiny random Llama 3 / Qwen 3 / Gemma 3 checkpoints built with transformers' own config classes, and the same
-written as 8-bit HF checkpoints or as a quantized GGUF."""
+"""Tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral checkpoints built with transformers' own config classes, and the
+same written as 8-bit HF checkpoints or as a GGUF (quantized, or float32 as llama.cpp converts them)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,18 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen3Config
 
 FAMILIES = ("llama", "qwen3", "gemma3")
+
+
+
+# the Mistral checkpoints the parity tests build: name -> (family, config overrides), with a window shorter than the
+# long prompts and without one
+VARIANTS = {
+    "mistral-window": ("mistral", {}),
+    "mistral-full": ("mistral", {"sliding_window": None}),
+}
 
 
 def tiny_config(family: str, **overrides):
@@ -35,6 +44,8 @@ def tiny_config(family: str, **overrides):
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
         )
+    elif family == "mistral":  # a window shorter than the long test prompts
+        cfg = MistralConfig(**common, num_key_value_heads=2, sliding_window=5, tie_word_embeddings=False)
     else:
         raise ValueError(family)
     for key, value in overrides.items():
@@ -61,7 +72,7 @@ def save_tiny(family: str, path: Path, sharded: bool = False, seed: int = 0, **o
     return path
 
 
-def save_tiny_with_tokenizer(family: str, path: Path, seed: int = 0) -> Path:
+def save_tiny_with_tokenizer(family: str, path: Path, seed: int = 0, **overrides) -> Path:
     """A tiny checkpoint that `LLM(path)` serves: random weights plus a byte-level BPE tokenizer trained here
     on a few sentences (every byte has a token, so any text is spellable), its vocabulary the model's 320."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -75,7 +86,7 @@ def save_tiny_with_tokenizer(family: str, path: Path, seed: int = 0) -> Path:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(corpus, trainer)
     PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>").save_pretrained(path)
-    return save_tiny(family, path, seed=seed, eos_token_id=bpe.token_to_id("</s>"), bos_token_id=None)
+    return save_tiny(family, path, seed=seed, eos_token_id=bpe.token_to_id("</s>"), bos_token_id=None, **overrides)
 
 
 QWEN3_SPECIAL = ["</s>", "<|im_start|>", "<|im_end|>"]
@@ -232,3 +243,34 @@ def write_llama_gguf(path: Path, seed: int = 4, kinds: dict[str, GGMLQuantizatio
     writer.write_tensors_to_file()
     writer.close()
     return path, raw
+
+
+
+def write_f32_gguf(model, path: Path) -> Path:
+    """A tiny transformers Mistral in float32 as llama.cpp's converter writes it: architecture "llama", q/k rows
+    permuted, no sliding window kept."""
+    cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
+    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
+    writer.add_tensor("output.weight", state["lm_head.weight"])
+    for i in range(cfg.num_hidden_layers):
+        for hf, ours in GGUF_LAYER.items():
+            w = state[f"model.layers.{i}.{hf}.weight"]
+            if ours in ("attn_q", "attn_k"):
+                w = _permute(w, cfg.num_attention_heads if ours == "attn_q" else cfg.num_key_value_heads)
+            writer.add_tensor(f"blk.{i}.{ours}.weight", np.ascontiguousarray(w))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

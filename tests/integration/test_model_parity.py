@@ -1,4 +1,5 @@
-"""Logits parity against transformers for tiny random Llama 3 / Qwen 3 / Gemma 3 checkpoints."""
+"""Logits parity against transformers for tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral checkpoints (safetensors,
+single and sharded; Mistral also as GGUF), and Mistral's greedy tokens through the engine on the torch runner."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from checkpoints import FAMILIES, save_tiny
+from checkpoints import FAMILIES, VARIANTS, save_tiny, save_tiny_with_tokenizer, tiny_hf_model, write_f32_gguf
+from infer import LLM, SamplingParams
 from infer.debug import activation_diff
 from infer.loader.model_loader import load_model
 from infer.models.forward_batch import ForwardBatch
@@ -16,21 +18,25 @@ FP32_ATOL = 1e-4
 # llama 0.033/2.5 (1.3%), qwen3 0.156/11.5 (1.4%), gemma3 0.125/20.4 (0.6%); fp32 diffs are
 # <= 5e-6. We keep norms and rope in float32 where transformers rounds some of them to bf16.
 BF16_RTOL_OF_MAX = 0.02
+CHECKPOINTS = {family: (family, {}) for family in FAMILIES} | VARIANTS  # name -> (family, config overrides)
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=[(f, s) for f in FAMILIES for s in (False, True)],
+@pytest.fixture(scope="module", params=[(name, s) for name in CHECKPOINTS for s in (False, True)],
                 ids=lambda p: f"{p[0]}-{'sharded' if p[1] else 'single'}")
 def checkpoint(request, tmp_path_factory):
-    family, sharded = request.param
-    path = save_tiny(family, tmp_path_factory.mktemp(family), sharded=sharded)
+    name, sharded = request.param
+    family, overrides = CHECKPOINTS[name]
+    path = save_tiny(family, tmp_path_factory.mktemp(name), sharded=sharded, **overrides)
     if sharded:
         assert (path / "model.safetensors.index.json").exists()
     return family, path
 
 
 def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    """Prompts of 3, 40, 9 and 1 tokens: the 40 outgrow Mistral's window."""
     g = torch.Generator().manual_seed(seed)
-    lengths = [3, 17, 9, 1][:n]
+    lengths = [3, 40, 9, 1][:n]
     return [torch.randint(0, vocab, (L,), generator=g).tolist() for L in lengths]
 
 
@@ -78,3 +84,49 @@ def test_full_model_logits_bf16(checkpoint):
     prompts = _prompts(3, ours.config.vocab_size, seed=3)
     diff, largest = _max_diff(_our_logits(ours, prompts), hf, prompts)
     assert diff <= BF16_RTOL_OF_MAX * largest
+
+
+@pytest.mark.parametrize("name", ["mistral-full"])
+def test_gguf_logits_fp32(name, tmp_path):
+    """The same weights as llama.cpp writes them (Mistral as "llama": it keeps no window, hence the full one)."""
+    family, overrides = CHECKPOINTS[name]
+    hf = tiny_hf_model(family, **overrides)
+    ours = load_model(write_f32_gguf(hf, tmp_path / f"{name}.gguf"), torch.float32).model
+    prompts = _prompts(4, ours.config.vocab_size, seed=4)
+    diff, largest = _max_diff(_our_logits(ours, prompts), hf, prompts)
+    assert largest > 1.0 and diff <= FP32_ATOL
+
+
+def greedy_prompts() -> list[list[int]]:
+    """Prompts of 12 and 40 tokens, both longer than Mistral's window."""
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(1, 320, (n,), generator=g).tolist() for n in (12, 40)]
+
+
+def transformers_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, GREEDY.max_tokens long, each token from a forward over the
+    whole sequence so far (what its generate() approximates with a cache; it would also stop at EOS)."""
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = list(prompt)
+            for _ in range(GREEDY.max_tokens):
+                ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+            out.append(ids[len(prompt):])
+    return out
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def served(request, tmp_path_factory) -> tuple[str, list[list[int]]]:
+    """A tiny Mistral with a tokenizer, and transformers' greedy tokens for greedy_prompts()."""
+    family, overrides = VARIANTS[request.param]
+    path = save_tiny_with_tokenizer(family, tmp_path_factory.mktemp(request.param), seed=3, **overrides)
+    return str(path), transformers_greedy(path, greedy_prompts())
+
+
+def test_greedy_tokens_equal_transformers(served) -> None:
+    """Both prompts in one batch through the paged cache."""
+    path, expected = served
+    llm = LLM(path, runner="torch", dtype="float32", max_seq_len=96, max_batch_size=4, block_size=4)
+    assert [o.token_ids for o in llm.generate_ids(greedy_prompts(), GREEDY)] == expected

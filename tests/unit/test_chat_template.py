@@ -29,7 +29,9 @@ REFERENCE = {
     "qwen3": ("Qwen-Qwen3-0.6B.jinja", ""),
     "gemma3": ("google-gemma-3-it.jinja", "<bos>"),
     "chatml": ("HuggingFaceTB-SmolLM2-135M-Instruct.jinja", "<|im_start|>"),
+    "mistral": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>"),
 }
+EOS = {"mistral": "</s>"}  # our templates write these; the official ones take eos_token
 
 
 def msg(role: str, content: str) -> dict[str, str]:
@@ -99,7 +101,8 @@ def assert_matches(name: str, messages: list[dict[str, str]], add_generation_pro
     """Ours and the official template give the same text."""
     filename, bos = REFERENCE[name]
     ours = render_chat(name, messages, add_generation_prompt=add_generation_prompt, bos_token=bos, **kwargs)
-    assert ours == reference(filename, messages, add_generation_prompt, bos, **kwargs)
+    eos = {"eos_token": EOS[name]} if name in EOS else {}
+    assert ours == reference(filename, messages, add_generation_prompt, bos, **eos, **kwargs)
 
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
@@ -109,8 +112,8 @@ def test_matches_official_template(name: str, conversation: str, add_generation_
     assert_matches(name, CONVERSATIONS[conversation], add_generation_prompt)
 
 
-def test_bundled_templates_are_the_four_families() -> None:
-    assert available_templates() == ["chatml", "gemma3", "llama3", "qwen3"]
+def test_bundled_templates_are_the_families_formats() -> None:
+    assert available_templates() == ["chatml", "gemma3", "llama3", "mistral", "qwen3"]
     assert load_template("llama3") is load_template("llama3")
 
 
@@ -229,6 +232,26 @@ def test_gemma3_rejects_system_only_conversation() -> None:
         render_chat("gemma3", [msg("system", "s")])
 
 
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [msg("assistant", "first")],
+        [msg("user", "a"), msg("user", "b")],
+        [msg("system", "s"), msg("user", "a"), msg("assistant", "b"), msg("system", "late")],
+    ],
+)
+def test_mistral_rejects_non_alternating_roles_like_official(messages: list[dict[str, str]]) -> None:
+    with pytest.raises(ChatTemplateError, match="mistral: message"):
+        render_chat("mistral", messages)
+    with pytest.raises(Exception, match="alternate|roles are supported"):
+        reference(REFERENCE["mistral"][0], messages, True, "<s>", eos_token="</s>")
+
+
+def test_mistral_rejects_system_only_conversation() -> None:
+    with pytest.raises(ChatTemplateError, match="followed by a user message"):
+        render_chat("mistral", [msg("system", "s")])
+
+
 def test_chatml_inserts_smollm2_default_system_prompt() -> None:
     text = render_chat("chatml", [msg("user", "hi")], add_generation_prompt=False)
     assert text == (
@@ -240,12 +263,12 @@ def test_chatml_inserts_smollm2_default_system_prompt() -> None:
 # --- errors -------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["mistral", "../templates/llama3", "llama3.jinja", ""])
+@pytest.mark.parametrize("name", ["falcon", "../templates/llama3", "llama3.jinja", ""])
 def test_unknown_template_names_the_folder_and_choices(name: str) -> None:
     with pytest.raises(ChatTemplateError) as info:
         render_chat(name, [msg("user", "hi")])
     assert str(TEMPLATE_DIR) in str(info.value)
-    assert "chatml, gemma3, llama3, qwen3" in str(info.value)
+    assert "chatml, gemma3, llama3, mistral, qwen3" in str(info.value)
     assert isinstance(info.value, ValueError)
 
 
@@ -374,15 +397,18 @@ def test_llama3_parallel_calls_join_with_semicolons() -> None:
     assert text.count("<|start_header_id|>ipython<|end_header_id|>\n\n") == 2
 
 
-@pytest.mark.parametrize("name", ["chatml", "gemma3"])
+# how each template opens a user turn
+USER_TURN = {"chatml": "<|im_start|>user\n", "gemma3": "<start_of_turn>user\n", "mistral": "[INST]"}
+
+
+@pytest.mark.parametrize("name", sorted(USER_TURN))
 def test_our_tool_convention_for_families_without_one(name: str) -> None:
     text = render_chat(name, PARALLEL, tools=[WEATHER, TIME])
     assert "<tools>\n" + json.dumps(WEATHER) + "\n" + json.dumps(TIME) + "\n</tools>" in text
     assert ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>\n'
             '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>') in text
     assert "<tool_response>\n21\n</tool_response>\n<tool_response>\n12:00\n</tool_response>" in text
-    turn = "<start_of_turn>user\n" if name == "gemma3" else "<|im_start|>user\n"
-    assert text.count(turn) == 2  # the question, then both results in one user turn
+    assert text.count(USER_TURN[name]) == 2  # the question, then both results in one user turn
     assert render_chat(name, PARALLEL[:1]) == render_chat(name, PARALLEL[:1], tools=[])
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SLIDING_EVERY_LAYER = ("mistral",)  # families whose config's sliding_window, when set, covers every layer
 
 
 class ConfigError(ValueError):
@@ -28,7 +29,7 @@ class RopeConfig:
 class ModelConfig:
     """Everything the model code needs; family-specific fields have neutral defaults."""
 
-    model_type: str  # "llama" | "qwen3" | "gemma3_text"
+    model_type: str  # "llama" | "mistral" | "qwen3" | "gemma3_text"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -42,9 +43,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     hidden_act: str = "silu"
-    # Gemma 3
-    query_pre_attn_scalar: float | None = None
-    sliding_window: int | None = None
+    query_pre_attn_scalar: float | None = None  # Gemma 3
+    sliding_window: int | None = None  # Gemma 3, Mistral
     layer_types: tuple[str, ...] = ()
     rope_local: RopeConfig | None = None
     final_logit_softcapping: float | None = None
@@ -140,6 +140,8 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     n_layers = int(_require(d, "num_hidden_layers"))
     rope, rope_local = _parse_ropes(d, model_type)
     gemma = model_type == "gemma3_text"
+    slides = gemma or model_type in SLIDING_EVERY_LAYER
+    window = int(d["sliding_window"]) if slides and d.get("sliding_window") else None
     act = d.get("hidden_activation") or d.get("hidden_act") or "silu"
     cfg = ModelConfig(
         model_type=model_type,
@@ -157,8 +159,8 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         attention_bias=bool(d.get("attention_bias", False)),
         hidden_act=act,
         query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)) if gemma else None,
-        sliding_window=int(d["sliding_window"]) if gemma and d.get("sliding_window") else None,
-        layer_types=_gemma_layer_types(d, n_layers) if gemma else (),
+        sliding_window=window,
+        layer_types=_gemma_layer_types(d, n_layers) if gemma else ("sliding_attention",) * n_layers if window else (),
         rope_local=rope_local,
         final_logit_softcapping=d.get("final_logit_softcapping"),
     )

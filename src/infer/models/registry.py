@@ -17,8 +17,12 @@ class ModelSpec:
     chat_templates: tuple[tuple[str, str], ...]
 
 
+# Mistral's [INST] format where the vocabulary has the token, else Llama's; llama.cpp writes Mistral as "llama"
+LLAMA_TEMPLATES = (("mistral", "[INST]"), ("llama3", "<|eot_id|>"), ("chatml", "<|im_start|>"))
+
 REGISTRY: dict[str, ModelSpec] = {
-    "llama": ModelSpec(LlamaForCausalLM, (("llama3", "<|eot_id|>"), ("chatml", "<|im_start|>"))),
+    "llama": ModelSpec(LlamaForCausalLM, LLAMA_TEMPLATES),
+    "mistral": ModelSpec(LlamaForCausalLM, LLAMA_TEMPLATES),
     "qwen3": ModelSpec(Qwen3ForCausalLM, (("qwen3", "<|im_start|>"),)),
     "gemma3_text": ModelSpec(Gemma3ForCausalLM, (("gemma3", "<start_of_turn>"),)),
 }

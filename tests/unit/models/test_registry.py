@@ -1,0 +1,28 @@
+"""Each family's chat template is picked by its marker token: Mistral's [INST] format for Mistral checkpoints and for
+Mistral GGUFs (written as "llama"), else Llama's templates."""
+
+from __future__ import annotations
+
+import pytest
+
+from infer.engine.builder import chat_template_name
+
+
+class Vocabulary:
+    """A tokenizer as the template choice sees it: which tokens it has."""
+
+    def __init__(self, *tokens: str) -> None:
+        self.tokens = set(tokens)
+
+    def has_token(self, token: str) -> bool:
+        return token in self.tokens
+
+
+@pytest.mark.parametrize(("model_type", "tokens", "template"), [
+    ("mistral", ("[INST]", "[/INST]", "</s>"), "mistral"),
+    ("llama", ("[INST]", "[/INST]", "</s>"), "mistral"),
+    ("mistral", ("<|im_start|>",), "chatml"),
+    ("llama", ("<|eot_id|>",), "llama3"),
+])
+def test_marker_tokens_pick_the_template(model_type: str, tokens: tuple[str, ...], template: str) -> None:
+    assert chat_template_name(model_type, Vocabulary(*tokens)) == template
