@@ -1,25 +1,39 @@
-"""Tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral checkpoints built with transformers' own config classes, and the
-same written as 8-bit HF checkpoints or as a GGUF (quantized, or float32 as llama.cpp converts them)."""
+"""Tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral / Phi-3 checkpoints built with transformers' own config classes,
+and the same written as 8-bit HF checkpoints or as a GGUF (quantized, or float32 as llama.cpp converts them)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen3Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen3Config
 
 FAMILIES = ("llama", "qwen3", "gemma3")
+PHI3_ORIGINAL_CONTEXT = 32  # the tiny Phi-3's original_max_position_embeddings: LongRoPE's long factors start past it
 
 
+def longrope(rotary_dim: int, **extra: object) -> dict:
+    """Phi-3 `rope_parameters` with LongRoPE over `rotary_dim` rotated dims: distinct short and long divisors."""
+    half = rotary_dim // 2
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": PHI3_ORIGINAL_CONTEXT,
+            "short_factor": [1.0 + 0.25 * i for i in range(half)], "long_factor": [2.0 + 1.5 * i for i in range(half)],
+            **extra}
 
-# the Mistral checkpoints the parity tests build: name -> (family, config overrides), with a window shorter than the
-# long prompts and without one
+
+# the Mistral and Phi-3 checkpoints the parity tests build: name -> (family, config overrides). Mistral with a window
+# shorter than the long prompts and without one; Phi-3 with LongRoPE, with it on half of each head and a window, and
+# with plain rope
 VARIANTS = {
     "mistral-window": ("mistral", {}),
     "mistral-full": ("mistral", {"sliding_window": None}),
+    "phi3-longrope": ("phi3", {}),
+    "phi3-partial-window": ("phi3", {"rope_parameters": longrope(8, partial_rotary_factor=0.5), "sliding_window": 7}),
+    "phi3-plain": ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 1.0}}),
 }
 
 
@@ -46,6 +60,10 @@ def tiny_config(family: str, **overrides):
         )
     elif family == "mistral":  # a window shorter than the long test prompts
         cfg = MistralConfig(**common, num_key_value_heads=2, sliding_window=5, tie_word_embeddings=False)
+    elif family == "phi3":  # LongRoPE: a 4x context over an original one the long test prompts outgrow
+        cfg = Phi3Config(**common | {"max_position_embeddings": 4 * PHI3_ORIGINAL_CONTEXT}, num_key_value_heads=2,
+                         original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT, rope_parameters=longrope(16),
+                         pad_token_id=None, eos_token_id=None)
     else:
         raise ValueError(family)
     for key, value in overrides.items():
@@ -245,12 +263,18 @@ def write_llama_gguf(path: Path, seed: int = 4, kinds: dict[str, GGMLQuantizatio
     return path, raw
 
 
+PHI3_GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+                   "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
 
 def write_f32_gguf(model, path: Path) -> Path:
-    """A tiny transformers Mistral in float32 as llama.cpp's converter writes it: architecture "llama", q/k rows
-    permuted, no sliding window kept."""
+    """A tiny transformers Mistral or Phi-3 in float32 as llama.cpp's converter writes it: Mistral as architecture
+    "llama" (q/k rows permuted, no sliding window kept), Phi-3 as "phi3" (fused attn_qkv, ffn_up holding gate and up,
+    the rotated dims as the rope dimension count, LongRoPE's factors as tensors, the window as metadata, 0 for none)."""
     cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
-    writer = GGUFWriter(str(path), "llama")
+    phi3, rope = cfg.model_type == "phi3", cfg.rope_parameters
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    writer = GGUFWriter(str(path), "phi3" if phi3 else "llama")
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -258,13 +282,22 @@ def write_f32_gguf(model, path: Path) -> Path:
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    if phi3:
+        original = cfg.original_max_position_embeddings
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_sliding_window(cfg.sliding_window or 0)
+        if rope["rope_type"] == "longrope":
+            scale = cfg.max_position_embeddings / original
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+            writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+            writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
     writer.add_tensor("output.weight", state["lm_head.weight"])
     for i in range(cfg.num_hidden_layers):
-        for hf, ours in GGUF_LAYER.items():
+        for hf, ours in (PHI3_GGUF_LAYER if phi3 else GGUF_LAYER).items():
             w = state[f"model.layers.{i}.{hf}.weight"]
             if ours in ("attn_q", "attn_k"):
                 w = _permute(w, cfg.num_attention_heads if ours == "attn_q" else cfg.num_key_value_heads)

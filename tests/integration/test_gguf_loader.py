@@ -129,7 +129,7 @@ def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tmp_path: Path) -> Non
 
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
     path = _write_gguf(tmp_path / "falcon.gguf", "falcon", {})
-    with pytest.raises(ValueError, match=r"'falcon'.*gemma3, llama, qwen3"):
+    with pytest.raises(ValueError, match=r"'falcon'.*gemma3, llama, phi3, qwen3"):
         read_gguf_config(path)
 
 

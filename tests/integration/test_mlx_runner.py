@@ -1,6 +1,6 @@
 """The MLX runner (MLX's CPU backend, float32) against the torch runner on tiny Llama 3 / Qwen 3 / Gemma 3
-checkpoints: logits within 1e-4 of torch's and transformers' (Mistral's too, with its greedy tokens equal to
-transformers'), the same greedy tokens through whole prompts, chunked prefill, prefix caching and
+checkpoints: logits within 1e-4 of torch's and transformers' (Mistral's and Phi-3's too, with their greedy tokens
+equal to transformers'), the same greedy tokens through whole prompts, chunked prefill, prefix caching and
 preemption, the same seeded samples alone and in batches, the same logprobs and structured outputs; a wait inside a
 step fails it; unsupported features are declined at startup. Strict mode (INFER_STRICT_SYNC=1) is on for every
 test."""
@@ -62,7 +62,7 @@ def expected(checkpoint) -> list[list[int]]:
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_logits_match_torch_and_transformers(name, tmp_path) -> None:
     """Whole prompts through the paged cache (blocks out of order): every position's logits within 1e-4; the 40-token
-    prompt outgrows Mistral's window."""
+    prompt outgrows Mistral's and Phi-3's windows and Phi-3's original context."""
     family, overrides = CHECKPOINTS[name]
     path = save_tiny(family, tmp_path, **overrides)
     loaded = load_torch_model(path, "auto", "auto", 512)
@@ -85,8 +85,8 @@ def test_logits_match_torch_and_transformers(name, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_mistral_greedy_tokens_equal_transformers(name, tmp_path) -> None:
-    """Both prompts in one batch."""
+def test_mistral_and_phi3_greedy_tokens_equal_transformers(name, tmp_path) -> None:
+    """Both prompts in one batch (Phi-3: one sequence on LongRoPE's short factors, one on its long ones)."""
     family, overrides = VARIANTS[name]
     path = save_tiny_with_tokenizer(family, tmp_path, seed=3, **overrides)
     llm = LLM(str(path), runner="mlx", dtype="float32", max_seq_len=96, max_batch_size=4, block_size=4)

@@ -1,5 +1,6 @@
-"""Logits parity against transformers for tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral checkpoints (safetensors,
-single and sharded; Mistral also as GGUF), and Mistral's greedy tokens through the engine on the torch runner."""
+"""Logits parity against transformers for tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral / Phi-3 checkpoints
+(safetensors, single and sharded; Mistral and Phi-3 also as GGUF), and Mistral's and Phi-3's greedy tokens through
+the engine on the torch runner."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def checkpoint(request, tmp_path_factory):
 
 
 def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
-    """Prompts of 3, 40, 9 and 1 tokens: the 40 outgrow Mistral's window."""
+    """Prompts of 3, 40, 9 and 1 tokens: the 40 outgrow Mistral's and Phi-3's windows and Phi-3's original context."""
     g = torch.Generator().manual_seed(seed)
     lengths = [3, 40, 9, 1][:n]
     return [torch.randint(0, vocab, (L,), generator=g).tolist() for L in lengths]
@@ -86,7 +87,7 @@ def test_full_model_logits_bf16(checkpoint):
     assert diff <= BF16_RTOL_OF_MAX * largest
 
 
-@pytest.mark.parametrize("name", ["mistral-full"])
+@pytest.mark.parametrize("name", ["mistral-full", "phi3-longrope", "phi3-partial-window", "phi3-plain"])
 def test_gguf_logits_fp32(name, tmp_path):
     """The same weights as llama.cpp writes them (Mistral as "llama": it keeps no window, hence the full one)."""
     family, overrides = CHECKPOINTS[name]
@@ -98,7 +99,8 @@ def test_gguf_logits_fp32(name, tmp_path):
 
 
 def greedy_prompts() -> list[list[int]]:
-    """Prompts of 12 and 40 tokens, both longer than Mistral's window."""
+    """Prompts of 12 and 40 tokens, both longer than Mistral's window; with their 16 new tokens the first stays inside
+    Phi-3's original context of 32, the second starts past it."""
     g = torch.Generator().manual_seed(7)
     return [torch.randint(1, 320, (n,), generator=g).tolist() for n in (12, 40)]
 
@@ -119,14 +121,15 @@ def transformers_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.fixture(scope="module", params=VARIANTS)
 def served(request, tmp_path_factory) -> tuple[str, list[list[int]]]:
-    """A tiny Mistral with a tokenizer, and transformers' greedy tokens for greedy_prompts()."""
+    """A tiny Mistral / Phi-3 with a tokenizer, and transformers' greedy tokens for greedy_prompts()."""
     family, overrides = VARIANTS[request.param]
     path = save_tiny_with_tokenizer(family, tmp_path_factory.mktemp(request.param), seed=3, **overrides)
     return str(path), transformers_greedy(path, greedy_prompts())
 
 
 def test_greedy_tokens_equal_transformers(served) -> None:
-    """Both prompts in one batch through the paged cache."""
+    """Both prompts in one batch through the paged cache (Phi-3: one sequence on LongRoPE's short factors, one on its
+    long ones, in the same steps)."""
     path, expected = served
     llm = LLM(path, runner="torch", dtype="float32", max_seq_len=96, max_batch_size=4, block_size=4)
     assert [o.token_ids for o in llm.generate_ids(greedy_prompts(), GREEDY)] == expected

@@ -30,8 +30,9 @@ REFERENCE = {
     "gemma3": ("google-gemma-3-it.jinja", "<bos>"),
     "chatml": ("HuggingFaceTB-SmolLM2-135M-Instruct.jinja", "<|im_start|>"),
     "mistral": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>"),
+    "phi3": ("microsoft-Phi-3.5-mini-instruct.jinja", ""),
 }
-EOS = {"mistral": "</s>"}  # our templates write these; the official ones take eos_token
+EOS = {"mistral": "</s>", "phi3": "<|endoftext|>"}  # our templates write these; the official ones take eos_token
 
 
 def msg(role: str, content: str) -> dict[str, str]:
@@ -113,7 +114,7 @@ def test_matches_official_template(name: str, conversation: str, add_generation_
 
 
 def test_bundled_templates_are_the_families_formats() -> None:
-    assert available_templates() == ["chatml", "gemma3", "llama3", "mistral", "qwen3"]
+    assert available_templates() == ["chatml", "gemma3", "llama3", "mistral", "phi3", "qwen3"]
     assert load_template("llama3") is load_template("llama3")
 
 
@@ -268,7 +269,7 @@ def test_unknown_template_names_the_folder_and_choices(name: str) -> None:
     with pytest.raises(ChatTemplateError) as info:
         render_chat(name, [msg("user", "hi")])
     assert str(TEMPLATE_DIR) in str(info.value)
-    assert "chatml, gemma3, llama3, mistral, qwen3" in str(info.value)
+    assert "chatml, gemma3, llama3, mistral, phi3, qwen3" in str(info.value)
     assert isinstance(info.value, ValueError)
 
 
@@ -398,7 +399,7 @@ def test_llama3_parallel_calls_join_with_semicolons() -> None:
 
 
 # how each template opens a user turn
-USER_TURN = {"chatml": "<|im_start|>user\n", "gemma3": "<start_of_turn>user\n", "mistral": "[INST]"}
+USER_TURN = {"chatml": "<|im_start|>user\n", "gemma3": "<start_of_turn>user\n", "mistral": "[INST]", "phi3": "<|user|>\n"}
 
 
 @pytest.mark.parametrize("name", sorted(USER_TURN))

@@ -21,7 +21,7 @@ from infer.loader.hf_quant import W8Tensor
 from tqdm.auto import tqdm
 
 # GGUF `general.architecture` -> HF `model_type`.
-MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
 
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LLAMA_LAYER = {
@@ -46,9 +46,18 @@ _LAYER_TENSORS = {
         "post_attention_norm": "post_attention_layernorm",
         "post_ffw_norm": "post_feedforward_layernorm",
     },
+    "phi3": {  # fused q/k/v, and ffn_up holds gate and up (in that order), as in the HF checkpoint
+        "attn_norm": "input_layernorm",
+        "attn_qkv": "self_attn.qkv_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_norm": "post_attention_layernorm",
+        "ffn_up": "mlp.gate_up_proj",
+        "ffn_down": "mlp.down_proj",
+    },
 }
-# Tensors llama.cpp derives from the config (llama3 rope factors); read into the config, not yielded.
-_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+# Tensors llama.cpp derives from the config (llama3 rope factors, LongRoPE's); read into the config, not yielded.
+_LONGROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+_CONFIG_TENSORS = frozenset({"rope_freqs.weight", *_LONGROPE_TENSORS})
 _TENSOR_NAME = re.compile(r"(?:blk\.(?P<layer>\d+)\.)?(?P<base>\w+)\.(?P<kind>weight|bias)")
 
 # llama.cpp hard-codes these for Gemma 3 instead of storing them in the GGUF.
@@ -153,13 +162,21 @@ def _llama3_scaling(factors: np.ndarray, theta: float, dim: int, orig: int) -> d
 
 
 def _rope_scaling(reader: GGUFReader, arch: str, theta: float, rope_dim: int) -> dict[str, Any] | None:
-    """HF `rope_scaling` from GGUF metadata (linear, yarn, ...) or from a llama3 `rope_freqs.weight` tensor."""
+    """HF `rope_scaling` from GGUF metadata (linear, yarn, ...), from LongRoPE's short and long factor tensors, or
+    from a llama3 `rope_freqs.weight` tensor."""
     orig = gguf_value(reader, f"{arch}.rope.scaling.original_context_length")
     kind = gguf_value(reader, f"{arch}.rope.scaling.type", "none")
     if kind != "none":
         scaling = {"rope_type": kind, "factor": float(gguf_value(reader, f"{arch}.rope.scaling.factor"))}
         return scaling | ({"original_max_position_embeddings": int(orig)} if orig else {})
-    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    tensors = {t.name: t for t in reader.tensors}
+    if all(name in tensors for name in _LONGROPE_TENSORS):
+        short, long = (dequantize(tensors[name].data, tensors[name].tensor_type).tolist() for name in _LONGROPE_TENSORS)
+        scaling = {"rope_type": "longrope", "short_factor": short, "long_factor": long,
+                   "original_max_position_embeddings": int(orig)}
+        attention = gguf_value(reader, f"{arch}.rope.scaling.attn_factor")
+        return scaling if attention is None else scaling | {"attention_factor": float(attention)}
+    freqs = tensors.get("rope_freqs.weight")
     if freqs is None:
         return None
     factors = dequantize(freqs.data, freqs.tensor_type).astype(np.float64)
@@ -194,8 +211,10 @@ def read_gguf_config(path: str | Path) -> dict[str, Any]:
     hidden = int(meta("embedding_length"))
     heads = int(meta("attention.head_count"))
     n_layers = int(meta("block_count"))
-    head_dim = int(meta("attention.key_length") or meta("rope.dimension_count") or hidden // heads)
+    head_dim = int(meta("attention.key_length") or hidden // heads)  # llama.cpp's defaults
+    rope_dim = int(meta("rope.dimension_count") or head_dim)
     theta = float(meta("rope.freq_base", 10000.0))
+    window = meta("attention.sliding_window")
     config: dict[str, Any] = {
         "model_type": MODEL_TYPES[arch],
         "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
@@ -212,11 +231,15 @@ def read_gguf_config(path: str | Path) -> dict[str, Any]:
         "bos_token_id": gguf_value(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": gguf_value(reader, "tokenizer.ggml.eos_token_id"),
     }
-    scaling = _rope_scaling(reader, arch, theta, int(meta("rope.dimension_count") or head_dim))
+    scaling = _rope_scaling(reader, arch, theta, rope_dim)
     if scaling is not None:
         config["rope_scaling"] = scaling
+    if rope_dim != head_dim:
+        config["partial_rotary_factor"] = rope_dim / head_dim
     if arch == "gemma3":
-        config |= _gemma3_fields(hidden, heads, head_dim, n_layers, int(meta("attention.sliding_window")))
+        config |= _gemma3_fields(hidden, heads, head_dim, n_layers, int(window))
+    elif window:  # 0: none (llama.cpp's Phi-3 converter writes it so)
+        config["sliding_window"] = int(window)
     return config
 
 

@@ -109,7 +109,7 @@ class CausalLM(nn.Module):
         """input_ids [T] -> final hidden states [T, hidden]."""
         with lz.plan(batch.signature(input_ids)):  # one check per forward vouches for every bound call site
             x, pending = self.embed_tokens(input_ids), None
-            tables = {kind: rope(batch.positions) for kind, rope in self.ropes.items()}
+            tables = {kind: rope(batch) for kind, rope in self.ropes.items()}
             for block in self.blocks:
                 cos, sin = tables[block.rope_kind]
                 x, pending = block(x, pending, cos, sin, batch)

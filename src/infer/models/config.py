@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-SLIDING_EVERY_LAYER = ("mistral",)  # families whose config's sliding_window, when set, covers every layer
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's early name for LongRoPE
+SLIDING_EVERY_LAYER = ("mistral", "phi3")  # families whose config's sliding_window, when set, covers every layer
 
 
 class ConfigError(ValueError):
@@ -23,13 +25,21 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    partial_rotary_factor: float = 1.0  # the share of each head's dims rope rotates (the first ones)
+    short_factor: tuple[float, ...] = ()  # LongRoPE: a divisor per frequency while a sequence fits the original context
+    long_factor: tuple[float, ...] = ()  # ... and once it is longer
+    attention_factor: float = 1.0  # LongRoPE: scales cos and sin, so each rotated q and k dim
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many of each head's leading dims rope rotates (all of them unless the rope is partial)."""
+        return int(head_dim * self.partial_rotary_factor)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything the model code needs; family-specific fields have neutral defaults."""
 
-    model_type: str  # "llama" | "mistral" | "qwen3" | "gemma3_text"
+    model_type: str  # "llama" | "mistral" | "qwen3" | "gemma3_text" | "phi3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -44,7 +54,7 @@ class ModelConfig:
     attention_bias: bool = False
     hidden_act: str = "silu"
     query_pre_attn_scalar: float | None = None  # Gemma 3
-    sliding_window: int | None = None  # Gemma 3, Mistral
+    sliding_window: int | None = None  # Gemma 3, Mistral, Phi-3
     layer_types: tuple[str, ...] = ()
     rope_local: RopeConfig | None = None
     final_logit_softcapping: float | None = None
@@ -67,29 +77,49 @@ def _require(d: dict[str, Any], key: str) -> Any:
     return d[key]
 
 
-def _rope_from_params(params: dict[str, Any] | None, theta: float, where: str) -> RopeConfig:
-    """Parse a v4 `rope_scaling` or v5 `rope_parameters` dict into a RopeConfig."""
-    if not params:
-        return RopeConfig(theta=theta)
+def _rope_from_params(params: dict[str, Any] | None, theta: float, where: str, d: dict[str, Any]) -> RopeConfig:
+    """Parse a v4 `rope_scaling` or v5 `rope_parameters` dict into a RopeConfig; `d`, the whole config, holds what v4
+    keeps beside it (partial_rotary_factor, Phi-3's original_max_position_embeddings)."""
+    params = params or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
+    rope_type = ROPE_TYPE_ALIASES.get(rope_type, rope_type)
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
             f"config.json: {where}.rope_type={rope_type!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    theta = float(params.get("rope_theta", theta))
+    partial = params.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0
+    base = RopeConfig(theta=float(params.get("rope_theta", theta)), partial_rotary_factor=float(partial))
     if rope_type == "default":
-        return RopeConfig(theta=theta)
+        return base
+    if rope_type == "longrope":
+        return _longrope(base, params, d)
     factor = float(_require(params, "factor"))
     if rope_type == "linear":
-        return RopeConfig(theta=theta, rope_type="linear", factor=factor)
-    return RopeConfig(
-        theta=theta,
+        return replace(base, rope_type="linear", factor=factor)
+    return replace(
+        base,
         rope_type="llama3",
         factor=factor,
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _longrope(base: RopeConfig, params: dict[str, Any], d: dict[str, Any]) -> RopeConfig:
+    """LongRoPE as transformers reads it: a top-level original_max_position_embeddings wins, the factor defaults to
+    max_position_embeddings over it and the attention factor to sqrt(1 + ln(factor) / ln(original))."""
+    original = int(d.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+                   or _require(d, "max_position_embeddings"))
+    factor = float(params.get("factor") or int(_require(d, "max_position_embeddings")) / original)
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return replace(
+        base, rope_type="longrope", factor=factor, original_max_position_embeddings=original,
+        short_factor=tuple(float(f) for f in _require(params, "short_factor")),
+        long_factor=tuple(float(f) for f in _require(params, "long_factor")), attention_factor=float(attention),
     )
 
 
@@ -100,13 +130,13 @@ def _parse_ropes(d: dict[str, Any], model_type: str) -> tuple[RopeConfig, RopeCo
     if model_type == "gemma3_text":
         local_theta = float(d.get("rope_local_base_freq", 10000.0))
         if params and "full_attention" in params:
-            glob = _rope_from_params(params["full_attention"], theta, "rope_parameters.full_attention")
+            glob = _rope_from_params(params["full_attention"], theta, "rope_parameters.full_attention", d)
             local = _rope_from_params(
-                params.get("sliding_attention"), local_theta, "rope_parameters.sliding_attention"
+                params.get("sliding_attention"), local_theta, "rope_parameters.sliding_attention", d
             )
             return glob, local
-        return _rope_from_params(params or d.get("rope_scaling"), theta, "rope_scaling"), RopeConfig(local_theta)
-    return _rope_from_params(params or d.get("rope_scaling"), theta, "rope_scaling"), None
+        return _rope_from_params(params or d.get("rope_scaling"), theta, "rope_scaling", d), RopeConfig(local_theta)
+    return _rope_from_params(params or d.get("rope_scaling"), theta, "rope_scaling", d), None
 
 
 def _gemma_layer_types(d: dict[str, Any], n_layers: int) -> tuple[str, ...]:
@@ -176,5 +206,13 @@ def _validate(cfg: ModelConfig) -> None:
         )
     if cfg.head_dim % 2:
         raise ConfigError(f"config.json: head_dim={cfg.head_dim} must be even for rotary embeddings")
+    rotary = cfg.rope.rotary_dim(cfg.head_dim)
+    if rotary % 2 or not 0 < rotary <= cfg.head_dim:
+        raise ConfigError(f"config.json: partial_rotary_factor={cfg.rope.partial_rotary_factor} rotates {rotary} of "
+                          f"head_dim={cfg.head_dim} dims; it must be an even number, at least 2")
+    short, long = len(cfg.rope.short_factor), len(cfg.rope.long_factor)
+    if cfg.rope.rope_type == "longrope" and {short, long} != {rotary // 2}:
+        raise ConfigError(f"config.json: rope_scaling.short_factor and long_factor need {rotary // 2} entries each "
+                          f"(one per rotated frequency), got {short} and {long}")
     if cfg.hidden_act not in ("silu", "gelu_pytorch_tanh"):
         raise ConfigError(f"config.json: hidden_act={cfg.hidden_act!r} is not supported")

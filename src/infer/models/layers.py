@@ -74,9 +74,16 @@ class RMSNorm(nn.Module):
         return self.add_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset)
 
 
-def rope_inv_freq(cfg: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies with the checkpoint's scaling (default, linear, or Llama 3's banded rule)."""
-    inv_freq = 1.0 / cfg.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+def rope_inv_freq(cfg: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:
+    """Inverse frequencies of the rotated dims with the checkpoint's scaling (default, linear, Llama 3's banded rule,
+    or LongRoPE's per-frequency divisors: its short ones, or with `long` those for sequences past the original
+    context)."""
+    dim = cfg.rotary_dim(head_dim)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    if cfg.rope_type == "longrope":
+        factors = torch.tensor(cfg.long_factor if long else cfg.short_factor, dtype=torch.float32)
+        return 1.0 / (factors * cfg.theta**exponents)
+    inv_freq = 1.0 / cfg.theta**exponents
     if cfg.rope_type == "linear":
         return inv_freq / cfg.factor
     if cfg.rope_type != "llama3":
@@ -92,26 +99,48 @@ def rope_inv_freq(cfg: RopeConfig, head_dim: int) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def longrope_rows(batch: ForwardBatch, original: int) -> torch.Tensor:
+    """[T] bool: whether each token's sequence (its context after this step) is longer than `original`, the context
+    LongRoPE's short factors serve; computed on the device, so a captured graph replays it."""
+    bounds = batch.cu_seqlens_q[1:]
+    tokens = torch.arange(batch.positions.shape[0], dtype=bounds.dtype, device=bounds.device)
+    seq = torch.searchsorted(bounds, tokens, right=True).clamp_(max=batch.num_seqs - 1)
+    return batch.context_lens[seq] > original
+
+
 class RotaryEmbedding(nn.Module):
-    """Precomputed float32 cos/sin tables [max_positions, head_dim/2], gathered per token once per step."""
+    """Precomputed float32 cos/sin tables [max_positions, rotary_dim/2], gathered per token once per step. LongRoPE
+    stacks the long factors' tables under the short ones (its attention factor folded into both), and a token reads
+    the long rows when its sequence is longer than the original context, as transformers recomputes it."""
 
     def __init__(self, cfg: RopeConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(cfg, head_dim))
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.max_positions = max_positions
+        self.long_after = cfg.original_max_position_embeddings if cfg.rope_type == "longrope" else None
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        kinds = (False,) if self.long_after is None else (False, True)
+        freqs = torch.cat([torch.outer(positions, rope_inv_freq(cfg, head_dim, long)) for long in kinds])
+        self.register_buffer("cos", freqs.cos() * cfg.attention_factor, persistent=False)
+        self.register_buffer("sin", freqs.sin() * cfg.attention_factor, persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[positions], self.sin[positions]
+    def forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = batch.positions
+        if self.long_after is not None:
+            rows = rows + self.max_positions * longrope_rows(batch, self.long_after)
+        return self.cos[rows], self.sin[rows]
 
 
 class Attention(nn.Module):
-    """GQA self-attention with a fused QKV projection, optional QK-norm, paged KV cache."""
+    """GQA self-attention with a fused QKV projection, optional QK-norm, rope on all or the leading dims of each head,
+    paged KV cache."""
 
     def __init__(self, cfg: ModelConfig, layer: int, qk_norm: bool, norm_offset: float = 0.0) -> None:
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.rotary_dim = cfg.rope.rotary_dim(cfg.head_dim)
+        if qk_norm and self.rotary_dim < self.head_dim:
+            raise ValueError("partial rotary embeddings with QK-norm are not supported")
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = cfg.attn_scale
         self.window = cfg.window(layer)
@@ -124,6 +153,7 @@ class Attention(nn.Module):
         self.qkv_site, self.o_site = LinearSite(), LinearSite()
         self.rope_q_site, self.rope_k_site = lz.bind("rope"), lz.bind("rope")  # the cache-free path
         self.rope_store_site = lz.bind("rope_store_kv")  # with a KV cache: QK-norm, rope and the K/V store in one op
+        self.store_site = lz.bind("store_kv_cache")  # with a KV cache and partial rope: the store after it
         self.prefill_site, self.varlen_site = lz.bind("paged_prefill_attention"), lz.bind("varlen_attention")
         self.decode_site = lz.bind("paged_attention")
         self.tp_group: object | None = None  # tensor parallel: o_proj holds this rank's columns, summed over ranks
@@ -160,13 +190,21 @@ class Attention(nn.Module):
 
     def _attend_cached(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                        batch: ForwardBatch) -> torch.Tensor:
-        """qkv [T, H + 2*Hkv, D]: norm, rope and store in one op, then attention reads K/V from the paged cache."""
+        """qkv [T, H + 2*Hkv, D]: norm, rope and store in one op (a partial rope: rope, then the store), then
+        attention reads K/V from the paged cache."""
         if self.q_norm is not None and self.k_norm is not None:
             norms, eps, offset = (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps, self.q_norm.weight_offset
         else:
             norms, eps, offset = (None, None), 1e-6, 0.0
-        q = self.rope_store_site(qkv, cos, sin, cache[0], cache[1], batch.slot_mapping, *norms,
-                                 num_heads=self.num_heads, eps=eps, weight_offset=offset, interleaved=False)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        if self.rotary_dim < self.head_dim:
+            self._rope_leading_dims(qkv[:, : heads + kv_heads], cos, sin)
+            self.store_site(qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :], cache[0], cache[1],
+                            batch.slot_mapping)
+            q = qkv[:, :heads].contiguous()
+        else:
+            q = self.rope_store_site(qkv, cos, sin, cache[0], cache[1], batch.slot_mapping, *norms,
+                                     num_heads=heads, eps=eps, weight_offset=offset, interleaved=False)
         if batch.is_prefill:
             host = batch.context_lens_host is not None
             return self.prefill_site(
@@ -188,8 +226,11 @@ class Attention(nn.Module):
             raise ValueError("a decode step needs the KV cache (ForwardBatch.kv_caches is None)")
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, dim)
         if self.q_norm is None or self.k_norm is None:  # q and k heads are adjacent in qkv: one rope rotates both
-            qk = self.rope_q_site(qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), cos, sin,
-                                  interleaved=False)
+            qk = qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim)
+            if self.rotary_dim < dim:
+                self._rope_leading_dims(qk, cos, sin)
+            else:
+                qk = self.rope_q_site(qk, cos, sin, interleaved=False)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
@@ -200,6 +241,12 @@ class Attention(nn.Module):
             q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=batch.max_seqlen_q, max_seqlen_k=batch.max_seqlen_q,
             causal=True, scale=self.scale, sliding_window=self.window, cu_seqlens_host=(host, host),
         )
+
+    def _rope_leading_dims(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotate the first rotary_dim dims of every head of `qk` [T, heads, D] in place (a partial rope: the rope
+        kernels pair dim i with i + width/2 of what they are given, as transformers pairs the rotated dims)."""
+        part = qk[..., : self.rotary_dim]
+        part.copy_(self.rope_q_site(part, cos, sin, interleaved=False))
 
 
 class GatedMLP(nn.Module):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from infer.models.base import CausalLM
 from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.llama import LlamaForCausalLM
+from infer.models.phi3 import Phi3ForCausalLM
 from infer.models.qwen3 import Qwen3ForCausalLM
 
 
@@ -25,6 +26,7 @@ REGISTRY: dict[str, ModelSpec] = {
     "mistral": ModelSpec(LlamaForCausalLM, LLAMA_TEMPLATES),
     "qwen3": ModelSpec(Qwen3ForCausalLM, (("qwen3", "<|im_start|>"),)),
     "gemma3_text": ModelSpec(Gemma3ForCausalLM, (("gemma3", "<start_of_turn>"),)),
+    "phi3": ModelSpec(Phi3ForCausalLM, (("phi3", "<|assistant|>"),)),
 }
 
 

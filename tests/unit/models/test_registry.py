@@ -1,5 +1,5 @@
 """Each family's chat template is picked by its marker token: Mistral's [INST] format for Mistral checkpoints and for
-Mistral GGUFs (written as "llama"), else Llama's templates."""
+Mistral GGUFs (written as "llama"), else Llama's templates; Phi-3's by <|assistant|>."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class Vocabulary:
     ("llama", ("[INST]", "[/INST]", "</s>"), "mistral"),
     ("mistral", ("<|im_start|>",), "chatml"),
     ("llama", ("<|eot_id|>",), "llama3"),
+    ("phi3", ("<|user|>", "<|assistant|>", "<|end|>"), "phi3"),
 ])
 def test_marker_tokens_pick_the_template(model_type: str, tokens: tuple[str, ...], template: str) -> None:
     assert chat_template_name(model_type, Vocabulary(*tokens)) == template

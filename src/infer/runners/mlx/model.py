@@ -1,12 +1,14 @@
-"""Llama 3, Qwen 3 and Gemma 3 in MLX, built from the torch model infer's loaders filled (the same ModelConfig and
-weight-name maps; the families differ exactly where the torch modules do).
+"""Llama 3, Mistral, Qwen 3, Gemma 3 and Phi-3 in MLX, built from the torch model infer's loaders filled (the same
+ModelConfig and weight-name maps; the families differ exactly where the torch modules do).
 
-Llama 3: pre-norm blocks, SwiGLU, rope with the checkpoint's scaling. Qwen 3: the same plus RMSNorm on each query
-and key head (QK-norm). Gemma 3: (1 + w) norms, sandwich norms around attention and the MLP, QK-norm, GeGLU (tanh
-GELU), sliding-window layers with their own rope, query_pre_attn_scalar scaling, sqrt(hidden) embedding scale and
-final logit softcapping. Norms run through `mx.fast.rms_norm`, rope through `mx.fast.rope` with the frequencies
-`rope_inv_freq` gives the torch model (Llama 3's banded scaling, linear scaling), attention through
-`mx.fast.scaled_dot_product_attention` over the paged cache (attention.py).
+Llama 3: pre-norm blocks, SwiGLU, rope with the checkpoint's scaling. Mistral: the same, every layer sliding when the
+config sets a window. Phi-3: the same, with LongRoPE and partial rope. Qwen 3: the Llama block plus RMSNorm on each
+query and key head (QK-norm). Gemma 3: (1 + w) norms, sandwich norms around attention and the MLP, QK-norm, GeGLU
+(tanh GELU), sliding-window layers with their own rope, query_pre_attn_scalar scaling, sqrt(hidden) embedding scale
+and final logit softcapping. Norms run through `mx.fast.rms_norm`, rope through `mx.fast.rope` with the frequencies
+`rope_inv_freq` gives the torch model (Llama 3's banded scaling, linear scaling, LongRoPE's short and long factors)
+on the leading `rotary_dim` dims, attention through `mx.fast.scaled_dot_product_attention` over the paged cache
+(attention.py).
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ class MlxModel:
         if cfg.rope_local is not None:
             self.freqs["local"] = self._freqs(cfg.rope_local)
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.rotary_dim = cfg.rope.rotary_dim(cfg.head_dim)
+        longrope = cfg.rope.rope_type == "longrope"
+        self.long_after = cfg.rope.original_max_position_embeddings if longrope else None
+        # LongRoPE's attention factor scales the rotated dims only, as transformers scales cos and sin
+        gain = [cfg.rope.attention_factor] * self.rotary_dim + [1.0] * (self.head_dim - self.rotary_dim)
+        self.rope_gain = mx.array(gain, dtype=dtype) if longrope else None
         self.scale = cfg.attn_scale
         self.embed_scale = math.sqrt(cfg.hidden_size) if cfg.model_type == GEMMA else None
 
@@ -81,13 +89,16 @@ class MlxModel:
             window=cfg.window(i), rope=block.rope_kind,
         )
 
-    def _freqs(self, rope: RopeConfig) -> mx.array:
-        """mx.fast.rope's per-pair periods: the reciprocals of the torch model's inverse frequencies."""
-        return mx.array((1.0 / rope_inv_freq(rope, self.config.head_dim)).numpy())
+    def _freqs(self, rope: RopeConfig) -> list[mx.array]:
+        """mx.fast.rope's per-pair periods: the reciprocals of the torch model's inverse frequencies (LongRoPE: the
+        short factors', then the long ones')."""
+        kinds = (False, True) if rope.rope_type == "longrope" else (False,)
+        return [mx.array((1.0 / rope_inv_freq(rope, self.config.head_dim, long)).numpy()) for long in kinds]
 
     def parameters(self) -> list[mx.array]:
         """Every weight array (to evaluate them once, at load)."""
-        out = [self.embed, self.final_norm, *self.freqs.values(), *self.head.arrays()]
+        out = [self.embed, self.final_norm, *self.head.arrays(), *(p for kind in self.freqs.values() for p in kind)]
+        out += [] if self.rope_gain is None else [self.rope_gain]
         for layer in self.layers:
             for value in vars(layer).values():
                 out += value.arrays() if isinstance(value, Linear) else [value] if isinstance(value, mx.array) else []
@@ -103,8 +114,9 @@ class MlxModel:
         if self.embed_scale is not None:
             x = x * mx.array(self.embed_scale, dtype=self.dtype)
         eps = self.config.rms_norm_eps
+        long = None if self.long_after is None else self._long_rows(layout)
         for layer, cache in zip(self.layers, caches):
-            attn = self._attention(mx.fast.rms_norm(x, layer.input_norm, eps), layer, layout, cache)
+            attn = self._attention(mx.fast.rms_norm(x, layer.input_norm, eps), layer, layout, cache, long)
             if layer.post_attn_norm is not None:
                 attn = mx.fast.rms_norm(attn, layer.post_attn_norm, eps)
             x = x + attn
@@ -114,7 +126,15 @@ class MlxModel:
             x = x + mlp
         return mx.fast.rms_norm(x, self.final_norm, eps)
 
-    def _attention(self, x: mx.array, layer: Layer, layout: StepLayout, cache: list[mx.array]) -> mx.array:
+    def _long_rows(self, layout: StepLayout) -> mx.array:
+        """[T] bool: whether each token's sequence (its context after this step) is longer than LongRoPE's original
+        context, as the torch model's `longrope_rows` decides."""
+        ends = mx.array(layout.last_rows)
+        seq = (mx.arange(layout.positions.shape[0])[:, None] > ends[None, :]).sum(axis=1)
+        return layout.context_lens[seq] > self.long_after
+
+    def _attention(self, x: mx.array, layer: Layer, layout: StepLayout, cache: list[mx.array],
+                   long: mx.array | None) -> mx.array:
         t, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = layer.qkv(x)
         q = qkv[:, : h * d].reshape(t, h, d)
@@ -123,15 +143,23 @@ class MlxModel:
         if layer.q_norm is not None and layer.k_norm is not None:
             eps = self.config.rms_norm_eps
             q, k = mx.fast.rms_norm(q, layer.q_norm, eps), mx.fast.rms_norm(k, layer.k_norm, eps)
-        q, k = self._rope(q, layer.rope, layout), self._rope(k, layer.rope, layout)
+        q, k = self._rope(q, layer.rope, layout, long), self._rope(k, layer.rope, layout, long)
         return layer.o(paged_attention(q, k, v, cache, layout, self.scale, layer.window))
 
-    def _rope(self, x: mx.array, kind: str, layout: StepLayout) -> mx.array:
-        """Rotate split halves (not interleaved) at each token's own position: the tokens are rope's batch."""
+    def _rope(self, x: mx.array, kind: str, layout: StepLayout, long: mx.array | None) -> mx.array:
+        """Rotate split halves (not interleaved) of the leading rotary_dim dims at each token's own position: the
+        tokens are rope's batch. LongRoPE: each token takes the long factors' rotation where `long` says so."""
         t, h, d = x.shape
-        out = mx.fast.rope(x.reshape(t, h, 1, d), d, traditional=False, base=None, scale=1.0,
-                           offset=layout.positions, freqs=self.freqs[kind])
-        return out.reshape(t, h, d)
+
+        def turn(periods: mx.array) -> mx.array:
+            out = mx.fast.rope(x.reshape(t, h, 1, d), self.rotary_dim, traditional=False, base=None, scale=1.0,
+                               offset=layout.positions, freqs=periods)
+            return out.reshape(t, h, d)
+
+        periods = self.freqs[kind]
+        if len(periods) == 1:
+            return turn(periods[0])
+        return mx.where(long[:, None, None], turn(periods[1]), turn(periods[0])) * self.rope_gain
 
     def _mlp(self, x: mx.array, layer: Layer) -> mx.array:
         gate, up = mx.split(layer.gate_up(x), 2, axis=-1)
