@@ -111,7 +111,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_http_flags(g: argparse._ArgumentGroup) -> None:
-    from infer.server.limits import BODY_BYTES_PER_CONTEXT_TOKEN, ServerLimits
+    from infer.server.limits import BODY_BYTES_PER_CONTEXT_TOKEN, RESERVED_FDS, ServerLimits
 
     d = ServerLimits()
     g.add_argument("--max-request-body-mb", type=float, default=None, metavar="MB",
@@ -122,6 +122,13 @@ def _add_http_flags(g: argparse._ArgumentGroup) -> None:
                         "after the first byte of its next request) is closed")
     g.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s, metavar="S",
                    help="a request body that sends nothing for this long is answered 408 and its connection closed")
+    g.add_argument("--body-deadline-s", type=float, default=d.body_deadline_s, metavar="S",
+                   help="a request body not complete this long after its headers (however it trickles) is answered "
+                        "408 and its connection closed")
+    g.add_argument("--max-connections", type=int, default=None, metavar="N",
+                   help="open connections per API server; past it a new connection replaces the oldest one still "
+                        "sending its request, or is answered 503 when all are being served (default: "
+                        f"{RESERVED_FDS} below the file-descriptor limit, ulimit -n)")
     g.add_argument("--keep-alive-timeout-s", type=float, default=d.keep_alive_timeout_s, metavar="S",
                    help="an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)")
     g.add_argument("--shutdown-timeout-s", type=float, default=d.shutdown_timeout_s, metavar="S",
@@ -255,7 +262,8 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_export_tokenizer)
 
 
-HTTP_FLAGS = ("max_request_body_mb", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "shutdown_timeout_s")
+HTTP_FLAGS = ("max_request_body_mb", "header_timeout_s", "body_timeout_s", "body_deadline_s", "max_connections",
+              "keep_alive_timeout_s", "shutdown_timeout_s")
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
 SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model",
                      "speculative_disable_by_batch_size")

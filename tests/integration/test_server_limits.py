@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -17,13 +18,15 @@ pytestmark = pytest.mark.slow
 
 BODY_LIMIT_MB = 4
 STALL_S = 1.0  # header and body timeouts: short, so the tests that wait for them finish quickly
+DEADLINE_S = 2.5  # the whole body's
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_gguf):
     from infer.server.limits import ServerLimits
 
-    limits = ServerLimits(max_request_body_mb=BODY_LIMIT_MB, header_timeout_s=STALL_S, body_timeout_s=STALL_S)
+    limits = ServerLimits(max_request_body_mb=BODY_LIMIT_MB, header_timeout_s=STALL_S, body_timeout_s=STALL_S,
+                          body_deadline_s=DEADLINE_S)
     with running_server(smollm2_gguf, max_seq_len=512, limits=limits) as running:
         yield running
 
@@ -68,6 +71,31 @@ def test_a_stalled_body_is_408(server):
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), reply[:300]
     assert "--body-timeout-s" in json.loads(body)["error"]["message"]
+
+
+def test_a_trickled_body_is_408_at_the_whole_body_deadline(server):
+    """One byte every 0.2 s never stalls for --body-timeout-s, yet the body's time runs out and the connection
+    closes (the rest of the body is never waited for)."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=0.2) as sock:
+        sock.sendall(_headers(1000))
+        start, reply = time.monotonic(), b""
+        while time.monotonic() - start < 10:
+            try:
+                sock.sendall(b" ")
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:  # the server closed while we sent
+                break
+            if not chunk:
+                break
+            reply += chunk
+        elapsed = time.monotonic() - start
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply[:300]
+    assert "--body-deadline-s" in json.loads(body)["error"]["message"]
+    assert DEADLINE_S <= elapsed < DEADLINE_S + 3
 
 
 def test_stalled_headers_close_the_connection(server):
@@ -124,3 +152,51 @@ def test_openapi_describes_server_sent_events_as_objects(server):
         schema = content["text/event-stream"]["schema"]
         assert schema["type"] == "object" and schema["required"] == ["data"], schema
         assert {"413", "408"} <= set(doc["paths"][path]["post"]["responses"])
+
+
+CAP = 8
+
+
+@pytest.fixture(scope="module")
+def capped(smollm2_gguf):
+    from infer.server.limits import ServerLimits
+
+    with running_server(smollm2_gguf, max_seq_len=512, limits=ServerLimits(max_connections=CAP)) as running:
+        yield running
+
+
+def _open(base_url: str, data: bytes) -> socket.socket:
+    host, port = base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(data)
+    return sock
+
+
+def test_trickling_connections_past_the_cap_never_lock_others_out(capped):
+    """Four times the cap in connections that send half their headers: each new connection replaces the oldest,
+    and /health and a completion still answer at once."""
+    socks = [_open(capped.base_url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n") for _ in range(4 * CAP)]
+    try:
+        start = time.monotonic()
+        assert httpx.get(f"{capped.base_url}/health", timeout=5).status_code == 200
+        r = httpx.post(f"{capped.base_url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=5)
+        assert r.status_code == 200 and time.monotonic() - start < 5
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_past_the_cap_with_every_connection_serving_a_new_one_is_refused_with_503(capped):
+    body = json.dumps({"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}).encode()
+    request = _headers(len(body)) + body
+    socks = [_open(capped.base_url, request) for _ in range(CAP)]
+    try:
+        for sock in socks:
+            assert sock.recv(64).startswith(b"HTTP/1.1 200")  # streaming: each connection is serving
+        r = httpx.get(f"{capped.base_url}/health", timeout=5)
+        assert r.status_code == 503 and "--max-connections" in r.json()["error"]["message"]
+    finally:
+        for sock in socks:
+            sock.close()
+    capped.wait_idle()
+    assert httpx.get(f"{capped.base_url}/health", timeout=5).status_code == 200

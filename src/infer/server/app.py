@@ -36,7 +36,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_middleware(LastResortMiddleware)
     app.add_middleware(BodyGuardMiddleware, max_bytes=state.limits.body_bytes(state.max_seq_len),
-                       body_timeout_s=state.limits.body_timeout_s)  # outermost: before anything reads the body
+                       body_timeout_s=state.limits.body_timeout_s,
+                       body_deadline_s=state.limits.body_deadline_s)  # outermost: before anything reads the body
     for module in (completions, chat, tokenizer_routes, prometheus, probes):
         app.include_router(module.router)
 

@@ -1,7 +1,8 @@
 """The request body's budget, enforced before anything parses it: too large is a 413 at once, too slow a 408.
 
 A `Content-Length` over the cap is answered before a byte of the body is read; a chunked body is counted as it
-arrives and cut off where it passes the cap. A body whose next piece takes longer than `--body-timeout-s` is
+arrives and cut off where it passes the cap. A body whose next piece takes longer than `--body-timeout-s`, or that
+is not whole `--body-deadline-s` after its headers arrived (a body trickled a byte at a time never stalls), is
 answered 408. Either way the connection closes (uvicorn does not keep a connection whose body was not read), and
 the application sees a disconnect, so nothing it would send after the answer goes out.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infer.server.errors import error_response
@@ -21,10 +23,11 @@ DISCONNECT: Message = {"type": "http.disconnect"}
 class BodyGuardMiddleware:
     """Pure ASGI: caps and times the request body of every HTTP request."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout_s: float, body_deadline_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.body_timeout_s = body_timeout_s
+        self.body_deadline_s = body_deadline_s
 
     def _too_large(self, size: int | None) -> tuple[int, str, str]:
         shown = f"is {size / MIB:.1f} MiB" if size is not None else "goes"
@@ -37,16 +40,18 @@ class BodyGuardMiddleware:
             return
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
-            await error_response(*self._too_large(length))(scope, receive, send)
+            await _closing(error_response(*self._too_large(length)))(scope, receive, send)
             return
         answered = False
         body_done = False
         received = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_deadline_s
 
         async def answer(status: int, message: str, param: str) -> Message:
             nonlocal answered
             answered = True
-            await error_response(status, message, param)(scope, receive, send)
+            await _closing(error_response(status, message, param))(scope, receive, send)
             return DISCONNECT
 
         async def guarded_receive() -> Message:
@@ -55,9 +60,13 @@ class BodyGuardMiddleware:
                 return DISCONNECT
             if body_done:
                 return await receive()  # after the body: only a disconnect can come
+            left = deadline - loop.time()
             try:
-                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+                message = await asyncio.wait_for(receive(), min(self.body_timeout_s, max(0.0, left)))
             except TimeoutError:
+                if left <= self.body_timeout_s:
+                    return await answer(408, f"the request body was not complete within {self.body_deadline_s:g} s "
+                                             f"(--body-deadline-s)", "body")
                 return await answer(408, f"the request body stalled: no data for {self.body_timeout_s:g} s "
                                          f"(--body-timeout-s)", "body")
             if message["type"] == "http.request":
@@ -72,6 +81,13 @@ class BodyGuardMiddleware:
                 await send(message)
 
         await self.app(scope, guarded_receive, guarded_send)
+
+
+def _closing(response: Response) -> Response:
+    """The response with `Connection: close`: the server then closes the connection once it is sent, where a body
+    it did not read would otherwise keep it open for as long as the client trickles that body."""
+    response.headers["connection"] = "close"
+    return response
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -1,30 +1,53 @@
-"""uvicorn's h11 protocol with a deadline on request headers (`--header-timeout-s`).
+"""uvicorn's h11 protocol with a deadline on request headers (`--header-timeout-s`) and a cap on open connections
+(`--max-connections`).
 
 uvicorn times out idle keep-alive connections but never a client that opens a connection and sends nothing, or
 sends its request line and headers a byte at a time: each holds a connection (and a file descriptor) for as long
 as it likes. Here a connection whose request headers are not complete within the deadline (counted from its
 opening, or from the first byte of a next request on a kept-alive connection) is closed.
+
+Past the cap, a new connection takes the place of the oldest one that has not delivered a whole request (still in
+its headers or body, or idle between requests): clients that trickle bytes can hold the server's connections only
+until someone else needs one, and file descriptors never run out. When every open connection is serving a
+request, the new one is answered 503 and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("infer.server")
 
+REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+           b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s")
+REFUSED_BODY = (b'{"error": {"message": "this API server has --max-connections connections open, all serving '
+                b'requests; retry later", "type": "service_unavailable", "param": null, "code": 503}}')
+EVICTION_TRIES = 64  # serving connections skipped at the front of the queue before a new one is refused
 
-class HeaderTimeoutH11Protocol(H11Protocol):
-    """H11Protocol that closes connections whose request headers take longer than `header_timeout_s`."""
+
+class LimitedH11Protocol(H11Protocol):
+    """H11Protocol that closes connections whose request headers take longer than `header_timeout_s` and keeps at
+    most `max_connections` open (each subclass made by `limited_protocol` has its own set)."""
 
     header_timeout_s: float = 10.0
+    max_connections: int = 1 << 30
+    opened: OrderedDict[LimitedH11Protocol, None]  # open connections, oldest first
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
+        opened = type(self).opened
+        if len(opened) >= self.max_connections and not self._evict(opened):
+            log.warning("refused a connection: %d open, all serving requests (--max-connections)", len(opened))
+            transport.write(REFUSED % (len(REFUSED_BODY), REFUSED_BODY))
+            transport.close()
+            return
+        opened[self] = None
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -37,7 +60,27 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        type(self).opened.pop(self, None)
         super().connection_lost(exc)
+
+    @property
+    def _receiving(self) -> bool:
+        """Whether this connection has no whole request to serve: idle, in its headers, or in its body."""
+        serving = self.cycle is not None and not self.cycle.response_complete
+        return not serving or self.conn.their_state is h11.SEND_BODY
+
+    def _evict(self, opened: OrderedDict[LimitedH11Protocol, None]) -> bool:
+        """Close the oldest connection that is not serving a request; False when none of the first few is such."""
+        for _ in range(min(EVICTION_TRIES, len(opened))):
+            oldest = next(iter(opened))
+            if oldest._receiving:
+                opened.pop(oldest)
+                log.info("closed the oldest connection still receiving its request to open a new one "
+                         "(--max-connections %d)", self.max_connections)
+                oldest.transport.close()
+                return True
+            opened.move_to_end(oldest)
+        return False
 
     def _arm_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
@@ -55,6 +98,7 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def with_header_timeout(timeout_s: float) -> type[HeaderTimeoutH11Protocol]:
-    """The protocol class for uvicorn.Config(http=...) with this deadline."""
-    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout_s": timeout_s})
+def limited_protocol(header_timeout_s: float, max_connections: int) -> type[LimitedH11Protocol]:
+    """The protocol class for uvicorn.Config(http=...) with these limits."""
+    return type("LimitedH11Protocol", (LimitedH11Protocol,), {
+        "header_timeout_s": header_timeout_s, "max_connections": max_connections, "opened": OrderedDict()})

@@ -14,6 +14,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Generator
 from types import FrameType
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import uvicorn
 
 from infer.engine.client import EngineClient
-from infer.server.http_protocol import with_header_timeout
+from infer.server.http_protocol import limited_protocol
 from infer.server.limits import ServerLimits
 
 log = logging.getLogger("infer.server")
@@ -31,7 +32,7 @@ ABORT_GRACE_S = 5.0  # after the deadline's aborts: the streams' last chunks go 
 
 def uvicorn_config(app: Any, limits: ServerLimits, log_level: str, **kwargs: Any) -> uvicorn.Config:
     """uvicorn's settings for an API server: header, keep-alive and shutdown timeouts from `limits`."""
-    return uvicorn.Config(app, log_level=log_level, http=with_header_timeout(limits.header_timeout_s),
+    return uvicorn.Config(app, log_level=log_level, http=limited_protocol(limits.header_timeout_s, limits.connection_cap()),
                           timeout_keep_alive=limits.keep_alive_timeout_s,
                           timeout_graceful_shutdown=limits.shutdown_timeout_s + ABORT_GRACE_S, **kwargs)
 
@@ -48,6 +49,7 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(RateLimitedErrors().handle)
         await super().serve(sockets)
 
     @contextlib.contextmanager
@@ -84,3 +86,26 @@ class DrainingServer(uvicorn.Server):
         if self.aborted_at_deadline:
             log.warning("aborted %d request(s) still running at the --shutdown-timeout-s deadline (%g s)",
                         self.aborted_at_deadline, self.limits.shutdown_timeout_s)
+
+
+class RateLimitedErrors:
+    """The event loop's exception handler: each kind of error (its message) logged at most once per interval with
+    the count since, so a flood (accept() failing for want of file descriptors, thousands a second) costs one line."""
+
+    interval_s = 10.0
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+
+    def handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        key = str(context.get("message", ""))
+        now = time.monotonic()
+        if now - self._last.get(key, -self.interval_s) < self.interval_s:
+            self._since[key] = self._since.get(key, 0) + 1
+            return
+        repeated = self._since.pop(key, 0)
+        self._last[key] = now
+        if repeated:
+            context = {**context, "message": f"{key} (and {repeated} more in the last {self.interval_s:g} s)"}
+        loop.default_exception_handler(context)
