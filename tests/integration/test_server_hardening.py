@@ -139,7 +139,10 @@ def test_prompt_that_fills_the_context_is_a_400(server):
     ("/v1/chat/completions", {"frequency_penalty": -3}, "frequency_penalty"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
     ("/v1/completions", {"min_tokens": 4}, "min_tokens"),
-    ("/v1/chat/completions", {"store": True}, "store"),
+    ("/v1/chat/completions", {"use_beam_search": True}, "use_beam_search"),  # a vLLM field infer does not know
+    ("/v1/completions", {"store": False, "stop_token_ids": None}, "stop_token_ids"),  # unknown even when null
+    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options"),
 ])
 def test_unsupported_fields_are_refused_by_name(server, path, extra, param):
     body = ({"messages": CHAT} if "chat" in path else {"prompt": "Hi"}) | {"max_tokens": 2} | extra
@@ -152,6 +155,43 @@ def test_fields_that_change_nothing_are_accepted(client):
     same = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, temperature=0, user="me",
                                           response_format={"type": "text"}, tool_choice="none")
     assert same.choices[0].message.content == text
+
+
+OPENAI_BOOKKEEPING = {"store": False, "metadata": {"run": "7"}, "service_tier": "auto", "user": "me",
+                      "prompt_cache_key": "k", "safety_identifier": "hash", "prompt_cache_retention": None}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_openai_fields_that_change_nothing_are_accepted_and_ignored(server, path):
+    body = ({"messages": CHAT} if "chat" in path else {"prompt": "Hi"}) | {"max_tokens": 6, "temperature": 0}
+    plain = _post(server, path, body)
+    chat = {"reasoning_effort": "low", "verbosity": "medium", "modalities": ["text"]} if "chat" in path else {}
+    same = _post(server, path, body | OPENAI_BOOKKEEPING | chat | {"top_p": None, "n": None})
+    assert plain.status_code == same.status_code == 200, same.text
+    text = (lambda r: r.json()["choices"][0].get("text") or r.json()["choices"][0]["message"]["content"])
+    assert text(same) == text(plain)
+
+
+def test_include_stop_str_in_output_ends_the_text_with_the_stop(client):
+    free = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0)
+    kept = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"],
+                                     extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].text == free.choices[0].text[: free.choices[0].text.index(" 7") + 2]
+
+
+def test_skip_special_tokens_false_shows_the_end_of_turn_token(client):
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=60,
+               temperature=0)
+    shown = client.chat.completions.create(**ask, extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    hidden = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert "<|im_end|>" in shown.choices[0].message.content
+    assert "<|im_end|>" not in hidden.choices[0].message.content
+
+
+def test_an_unknown_route_is_a_404_naming_it(server):
+    err = _error(httpx.post(f"{server.base_url}/v1/chat/complete", json={}), 404)
+    assert err["message"].startswith("Invalid URL (POST /v1/chat/complete)")
 
 
 def test_models_retrieve_and_unknown_model_is_404_model_not_found(client, server):

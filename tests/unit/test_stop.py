@@ -25,6 +25,12 @@ def test_earliest_of_several_stops_wins_regardless_of_list_order() -> None:
     assert StopChecker(["xyz", "o"]).check("foo xyz") == 1
 
 
+def test_match_spans_the_stop_that_completes_first() -> None:
+    assert StopChecker(["b", "ab"]).match("xab") == (1, 3)
+    assert StopChecker(["abcd", "bc"]).match("abcd") == (1, 3)
+    assert StopChecker(["</s>"]).match("hello </") is None
+
+
 def test_repeated_stop_reports_its_first_occurrence() -> None:
     assert StopChecker(["ab"]).check("xxabxxab") == 2
 

@@ -29,6 +29,7 @@ class TextState:
     incremental: bool  # text per token; otherwise only at the end (no stop strings, nobody reads deltas)
     prompt_tokens: int
     min_tokens: int = 0  # stop strings count only from the token after these (vLLM's rule for min_tokens)
+    include_stop: bool = False  # the text ends with the stop string that ended it (include_stop_str_in_output)
     cached_tokens: int = 0  # as the core last said (a plain token's columns do not carry it)
     text: str = ""  # output text, cut at a stop string once one is hit
     emitted_chars: int = 0
@@ -55,9 +56,10 @@ class TextProcessor:
         empty until then, the last one holding the whole text): for a caller that reads only the final text. Stop
         strings need the text as it grows, so they keep it incremental."""
         index = {name: i for i, name in enumerate(probe_names)}
-        state = TextState(IncrementalDetokenizer(self.tokenizer, prompt_token_ids), StopChecker(params.stop),
-                          params.ignore_eos, index, incremental or bool(params.stop), len(prompt_token_ids),
-                          params.min_tokens)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+        state = TextState(detokenizer, StopChecker(params.stop), params.ignore_eos, index,
+                          incremental or bool(params.stop), len(prompt_token_ids), params.min_tokens,
+                          include_stop=params.include_stop_str_in_output)
         self.states[request_id] = state
         return state
 
@@ -128,9 +130,9 @@ class TextProcessor:
             text = detokenizer.text
         stops = state.stop_checker
         counts = stops.stops and len(state.token_ids) > state.min_tokens  # text before that is never searched
-        stop_at = stops.check(text, len(state.text)) if counts else None
+        stop_at = stops.match(text, len(state.text)) if counts else None
         if stop_at is not None:
-            text = text[:stop_at]
+            text = text[: stop_at[1] if state.include_stop else stop_at[0]]
             if reason is None:
                 self._stopped.append(request_id)
             reason = "stop"

@@ -63,6 +63,9 @@ class SamplingParams:
     probes: bool | list[str] | None = None
     probe_prompt: bool = False
     probe_stop: ProbeStop | None = None
+    # Output text (vLLM's): special tokens left out of the text, and a stop string kept at its end
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)
@@ -92,6 +95,9 @@ class SamplingParams:
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         self._check_probes()
+        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         if self.structured is not None and not isinstance(self.structured, Constraint):
             raise ValueError(f"structured must be an infer.structured.Constraint, got {type(self.structured).__name__}")
 

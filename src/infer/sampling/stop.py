@@ -10,7 +10,12 @@ class StopChecker:
         self.stops = [s for s in stops if s]
 
     def check(self, text: str, checked: int = 0) -> int | None:
-        """Start index of the stop string that completes first in `text` (None if none occurs).
+        """Start index of the stop string that completes first in `text` (None if none occurs); see `match`."""
+        found = self.match(text, checked)
+        return None if found is None else found[0]
+
+    def match(self, text: str, checked: int = 0) -> tuple[int, int] | None:
+        """(start, end) of the stop string that completes first in `text` (None if none occurs).
 
         "First" means the smallest end position, ties going to the longer match: that is the stop a
         left-to-right stream meets first, so the result does not depend on how the text was chunked.
@@ -22,7 +27,7 @@ class StopChecker:
             start = text.find(stop, max(0, checked - len(stop) + 1))
             if start >= 0 and (best is None or (start + len(stop), start) < best):
                 best = (start + len(stop), start)
-        return None if best is None else best[1]
+        return None if best is None else (best[1], best[0])
 
     def holdback(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string. Only the suffixes

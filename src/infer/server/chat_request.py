@@ -15,10 +15,12 @@ from infer.server.tools.request import ToolRequest
 from infer.structured import Constraint
 
 TEMPLATE_KWARGS = {"enable_thinking": bool}  # chat_template_kwargs the templates read
+THINKING_OFF = ("none", "minimal")  # reasoning_effort values that turn thinking off (enable_thinking=false)
 
 
 def template_arguments(body: ChatCompletionRequest, tools: ToolRequest | None) -> dict[str, Any]:
-    """The chat template's extra arguments; an unknown or mistyped chat_template_kwargs entry is a 400 naming it."""
+    """The chat template's extra arguments; an unknown or mistyped chat_template_kwargs entry is a 400 naming it.
+    reasoning_effort "none" or "minimal" turns thinking off where chat_template_kwargs does not say."""
     out: dict[str, Any] = {}
     for key, value in (body.chat_template_kwargs or {}).items():
         kind = TEMPLATE_KWARGS.get(key)
@@ -27,6 +29,8 @@ def template_arguments(body: ChatCompletionRequest, tools: ToolRequest | None) -
             raise APIError(400, f"chat_template_kwargs.{key}: not supported or mistyped; supported: {expected}",
                            f"chat_template_kwargs.{key}", "unsupported_parameter")
         out[key] = value
+    if body.reasoning_effort in THINKING_OFF:
+        out.setdefault("enable_thinking", False)
     if tools is not None:
         out["tools"] = tools.definitions()
     return out
@@ -38,8 +42,8 @@ def chat_shape(state: ServerState, tools: ToolRequest | None) -> ChatShape:
 
 
 def thinking(body: ChatCompletionRequest, shape: ChatShape) -> bool:
-    """Whether the answer may open with a reasoning block (Qwen3 unless enable_thinking is false)."""
-    return shape.reasoning and (body.chat_template_kwargs or {}).get("enable_thinking") is not False
+    """Whether the answer may open with a reasoning block (Qwen3 unless thinking is off)."""
+    return shape.reasoning and template_arguments(body, None).get("enable_thinking") is not False
 
 
 async def answer_constraint(state: ServerState, body: ChatCompletionRequest, shape: ChatShape,

@@ -25,6 +25,7 @@ PROBE_FIELDS = {"probes", "probe_prompt", "probe_stop"}  # any error in these is
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
                422: "invalid_request_error", 500: "internal_error", 503: "overloaded_error"}
 RETRY_AFTER_SECONDS = 1
+MAX_ROUTE_CHARS = 200  # of an unknown route echoed in its 404
 
 
 class APIError(Exception):
@@ -92,10 +93,15 @@ def _probe_field(error: dict) -> bool:
     return len(loc) > 1 and loc[1] in PROBE_FIELDS
 
 
-async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    """Starlette's own errors (unknown route, wrong method, a body that is not UTF-8 JSON) in OpenAI's shape."""
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (unknown route, wrong method, a body that is not UTF-8 JSON) in OpenAI's shape; an
+    unknown route's message names it."""
     assert isinstance(exc, HTTPException)
-    response = error_response(exc.status_code, str(exc.detail))
+    message = str(exc.detail)
+    if exc.status_code == 404:
+        route = f"{request.method} {request.url.path}"
+        message = f"Invalid URL ({route[:MAX_ROUTE_CHARS]}): no such route"
+    response = error_response(exc.status_code, message)
     response.headers.update(exc.headers or {})
     return response
 

@@ -1,20 +1,25 @@
 """Request bodies of the OpenAI-compatible API.
 
-Every field is either honoured, refused with a 400 that names it (OpenAI features infer does not
-have yet, checked in `infer/server/sampling.py`), or unknown, which is also a 400: nothing a client
-sends is silently ignored. The constraints here are what `/openapi.json` publishes.
+Every field is honoured; or accepted with no effect because it never changes what is generated (OpenAI's
+bookkeeping fields such as `store` and `metadata`); or refused with a 400 that names it (OpenAI features infer
+does not have yet, checked in `infer/server/sampling.py`); anything else is unknown, also a 400 naming it. Where
+OpenAI's schema allows null for a field with a default, null means that default. The constraints here are what
+`/openapi.json` publishes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from infer.sampling.logprobs import MAX_LOGPROBS
 from infer.sampling.params import SEED_LIMIT
 
 MAX_N = 16
+# fields OpenAI (or vLLM) allows null for, meaning the default: a null is dropped before validation
+NULL_IS_DEFAULT = frozenset({"temperature", "top_p", "n", "presence_penalty", "frequency_penalty", "stream",
+                             "echo", "logprobs", "min_p", "repetition_penalty", "min_tokens", "ignore_eos"})
 
 
 class _Body(BaseModel):
@@ -82,11 +87,24 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(False, description="vLLM extension")
     n: int = Field(1, ge=1, le=MAX_N)
-    user: str | None = Field(None, description="an end-user identifier; accepted, has no effect on generation")
     presence_penalty: float = Field(0.0, allow_inf_nan=False, description="in [-2, 2]; over generated tokens")
     frequency_penalty: float = Field(0.0, allow_inf_nan=False, description="in [-2, 2]; over generated tokens")
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]; -100 bans it")
     min_tokens: int = Field(0, description="vLLM extension: no end of sequence before this many tokens")
+    skip_special_tokens: bool = Field(True, description="vLLM extension: special tokens are left out of the text")
+    spaces_between_special_tokens: bool = Field(
+        True, description="vLLM extension; accepted, no effect: the tokenizers served are fast (Rust) ones, which "
+                          "never put spaces between special tokens (as vLLM with a fast tokenizer)")
+    include_stop_str_in_output: bool = Field(
+        False, description="vLLM extension: the text ends with the stop string that ended it")
+    # accepted, no effect on generation
+    user: str | None = Field(None, description="an end-user identifier")
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = Field(None, description="the prefix cache needs no key: it matches prompts itself")
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
     # OpenAI fields infer refuses (400) unless they leave generation unchanged; see infer/server/sampling.py.
     best_of: int | None = None
     # Structured output (infer/server/structured.py): OpenAI's response_format, vLLM's structured_outputs
@@ -103,6 +121,14 @@ class SamplingFields(_Body):
         None, description="true: every loaded probe's score per completion token; or a list of probe names")
     probe_prompt: StrictBool = Field(False, description="also a score per prompt token (prompt_probes)")
     probe_stop: ProbeStopField | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """A null where OpenAI's schema allows one (NULL_IS_DEFAULT) is the field's default."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in NULL_IS_DEFAULT}
+        return data
 
     @property
     def include_usage(self) -> bool:
@@ -185,6 +211,14 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="vLLM extension: enable_thinking (Qwen3) reaches the chat template")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="none or minimal: thinking off (Qwen3's enable_thinking=false, unless chat_template_kwargs "
+                          "sets it); low to xhigh: thinking as the template's default; no effect on other models")
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description="accepted, no effect")
+    prediction: dict[str, Any] | None = Field(None, description="predicted output: accepted, no effect (a speed hint)")
+    modalities: list[str] | None = Field(None, description="only [\"text\"]; audio output is a 400")
+    audio: dict[str, Any] | None = Field(None, description="audio output: not supported (a 400 unless null)")
+    web_search_options: dict[str, Any] | None = Field(None, description="web search: not supported (a 400 unless null)")
 
 
 class TokenizeRequest(_Body):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from infer.sampling.params import LOGIT_BIAS_LIMIT, PENALTY_LIMIT, ProbeStop, SamplingParams
 from infer.server.errors import APIError
-from infer.server.protocol import CompletionRequest, SamplingFields
+from infer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from infer.server.state import check_text
 from infer.structured import Constraint
 
@@ -21,6 +21,12 @@ def check_supported(body: SamplingFields) -> None:
         raise APIError(422, "stream_options is only allowed with stream=true", "stream_options")
     if isinstance(body, CompletionRequest) and body.suffix:
         raise _unsupported("suffix", "is not supported (no fill-in-the-middle)")
+    if isinstance(body, ChatCompletionRequest):
+        if body.audio is not None or set(body.modalities or ()) - {"text"}:
+            name = "audio" if body.audio is not None else "modalities"
+            raise _unsupported(name, "audio output is not supported; the only modality is [\"text\"]")
+        if body.web_search_options is not None:
+            raise _unsupported("web_search_options", "web search is not supported")
 
 
 def logit_adjustments(body: SamplingFields, max_tokens: int, vocab_size: int | None) -> dict[str, object]:
@@ -65,7 +71,8 @@ def sampling_params(
             **adjustments,  # type: ignore[arg-type]
             seed=body.seed, ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             structured=structured, probes=body.probes, probe_prompt=body.probe_prompt,
-            probe_stop=probe_stop,
+            probe_stop=probe_stop, skip_special_tokens=body.skip_special_tokens,
+            include_stop_str_in_output=body.include_stop_str_in_output,
         )
     except ValueError as exc:  # SamplingParams names the field first
         raise APIError(422, str(exc), str(exc).split(" ", 1)[0]) from exc

@@ -103,3 +103,20 @@ def test_stop_strings_keep_the_text_incremental():
     state = processor.add("a", [1], SamplingParams(stop=["t7"]), incremental=False)
     outs = _run(processor, "a", [5, 7, 8])
     assert state.incremental and outs[0].text_delta == " t5" and outs[1].finish_reason == "stop"
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_at_the_end():
+    processor = TextProcessor(FakeTokenizer())  # type: ignore[arg-type]
+    state = processor.add("a", [1], SamplingParams(stop=["t7"], include_stop_str_in_output=True))
+    outs = _run(processor, "a", [5, 7, 8])
+    assert outs[1].finish_reason == "stop" and outs[2] is None
+    assert "".join(o.text_delta for o in outs if o) == " t5 t7" == state.text
+
+
+def test_skip_special_tokens_off_renders_special_tokens():
+    """An EOS generated under ignore_eos is text; whether its special token shows is skip_special_tokens'."""
+    for skip, text in ((True, " t5 t6"), (False, f" t5 t{EOS} t6")):
+        processor = TextProcessor(FakeTokenizer())  # type: ignore[arg-type]
+        state = processor.add("a", [1], SamplingParams(ignore_eos=True, skip_special_tokens=skip))
+        outs = _run(processor, "a", [5, EOS, 6], last_reason="length")
+        assert "".join(o.text_delta for o in outs) == text == state.text
