@@ -79,6 +79,23 @@ def test_forced_calls_validate_over_seeded_runs(client, index):
         jsonschema.validate(arguments, SCHEMAS[int(name.split("_")[1])])
 
 
+@pytest.mark.parametrize("parallel", [None, True])
+def test_a_named_tool_choice_gives_exactly_one_call(client, parallel):
+    """SmolLM2 repeats a call until max_tokens where several are allowed: a named choice stops after one, whatever
+    parallel_tool_calls says (absent, OpenAI's default is true)."""
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    for stream in (False, True):
+        body = dict(model=MODEL, messages=ASK, tools=[WEATHER, _tool(1, SCHEMAS[0])], n=3, seed=11, temperature=1.0,
+                    max_tokens=200, tool_choice={"type": "function", "function": {"name": "get_weather"}}, **extra)
+        if stream:
+            with client.chat.completions.stream(**body) as events:
+                choices = events.get_final_completion().choices
+        else:
+            choices = client.chat.completions.create(**body).choices
+        for c in choices:
+            assert c.finish_reason == "tool_calls" and [name for name, _ in _calls(c.message)] == ["get_weather"]
+
+
 def test_streamed_and_whole_calls_are_the_same(client):
     body = dict(model=MODEL, messages=ASK, tools=[WEATHER, _tool(1, SCHEMAS[1])], tool_choice="required", seed=7,
                 temperature=0.9, max_tokens=120, parallel_tool_calls=False)

@@ -32,7 +32,8 @@ class FunctionTool:
 
 @dataclass(frozen=True)
 class ToolRequest:
-    """What the model may (auto), must (required) or must call exactly (named), one call or several (parallel)."""
+    """What the model may (auto), must (required) or must call exactly (named), one call or several (parallel; never
+    with a named function)."""
 
     tools: tuple[FunctionTool, ...]
     choice: str  # "auto", "required" or "named"
@@ -71,7 +72,9 @@ def tool_request(body: ChatCompletionRequest) -> ToolRequest | None:
         choice = "named"
     if choice == "none":
         return None
-    return ToolRequest(tools, choice, named, body.parallel_tool_calls is not False)
+    # a named function is called once, as vLLM does; otherwise parallel_tool_calls (OpenAI's default: true) decides
+    parallel = choice != "named" and body.parallel_tool_calls is not False
+    return ToolRequest(tools, choice, named, parallel)
 
 
 def _tools(body: ChatCompletionRequest) -> tuple[FunctionTool, ...]:
