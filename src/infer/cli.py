@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -106,6 +107,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "the one engine-core process that schedules and runs the model (default: 1 on the CPU; on "
                         "CUDA one per 4 host cores, at most 4: one process formats ~35k streamed tokens/s)")
     _add_http_flags(p.add_argument_group("HTTP limits and timeouts (docs/serving.md)"))
+    _add_access_flags(p.add_argument_group("access: API key, browsers, host names (docs/serving.md)"))
     _add_engine_flags(p)
     p.set_defaults(func=_serve)
 
@@ -134,6 +136,31 @@ def _add_http_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--shutdown-timeout-s", type=float, default=d.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM or Ctrl-C: stop accepting, let running requests finish for this long, then abort "
                         "what is left (finish_reason \"abort\") and exit 0; a second signal exits at once")
+
+
+def _names(text: str) -> list[str]:
+    """A flag's list of names: comma-separated, or a JSON list (as vLLM's --allowed-origins takes it)."""
+    try:
+        values = json.loads(text) if text.lstrip().startswith("[") else text.split(",")
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from None
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give names separated by commas, or a JSON list of strings")
+    return [v.strip() for v in values if v.strip()]
+
+
+def _add_access_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="every route but /health, /metrics and /version then needs the header 'Authorization: Bearer "
+                        "KEY' (401 otherwise); default: the INFER_API_KEY environment variable, else no key")
+    g.add_argument("--allowed-origins", type=_names, action="extend", default=[], metavar="ORIGINS",
+                   help="browser origins (scheme://host[:port]) allowed to call the server (CORS), comma-separated, "
+                        "repeated or a JSON list; * allows any; default: none, so no web page of another origin can")
+    g.add_argument("--allowed-hosts", type=_names, action="extend", default=[], metavar="HOSTS",
+                   help="Host header names served besides loopback ones (localhost, 127.0.0.1, [::1]), "
+                        "comma-separated or repeated; * serves any. On a loopback --host other names are refused (421: "
+                        "a web page cannot reach the server by DNS rebinding); elsewhere they are checked only when "
+                        "this is given")
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -292,11 +319,24 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.api_server_count is not None and args.api_server_count < 1:
         raise ValueError(f"--api-server-count={args.api_server_count}: must be >= 1")
-    limits = ServerLimits(**{name: getattr(args, name) for name in HTTP_FLAGS})
+    limits = ServerLimits(**{name: getattr(args, name) for name in HTTP_FLAGS}, access=_access(args))
     config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS})
     if _headless(config):
         return _run_headless(config)
     return serve(config, args.host, args.port, args.served_model_name, args.log_level, args.api_server_count, limits)
+
+
+def _access(args: argparse.Namespace):  # -> AccessPolicy (imported lazily: startup time)
+    """Who may call `infer serve`; one warning when it listens beyond this machine without an API key."""
+    from infer.server.access import AccessPolicy, is_loopback
+
+    key = args.api_key if args.api_key is not None else os.environ.get("INFER_API_KEY") or None
+    policy = AccessPolicy(key, tuple(args.allowed_origins), tuple(args.allowed_hosts), args.host)
+    if key is None and not is_loopback(args.host):
+        print(f"[infer] warning: --host {args.host} listens beyond this machine and no API key is set: anyone who "
+              f"can reach port {args.port} can use the server (set --api-key or INFER_API_KEY)", file=sys.stderr,
+              flush=True)
+    return policy
 
 
 def _headless(config) -> bool:  # (EngineConfig) imported lazily: startup time

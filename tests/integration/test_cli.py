@@ -25,7 +25,7 @@ SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching
                "--speculative-method", "--num-speculative-tokens", "--prompt-lookup-min", "--prompt-lookup-max",
                "--draft-model", "--speculative-disable-by-batch-size", "--structured-compile-timeout-s",
                "--max-request-body-mb", "--header-timeout-s", "--body-timeout-s", "--keep-alive-timeout-s",
-               "--shutdown-timeout-s"]
+               "--shutdown-timeout-s", "--api-key", "--allowed-origins", "--allowed-hosts"]
 
 
 @pytest.mark.parametrize(("command", "flags"), [("generate", FLAGS), ("serve", SERVE_FLAGS)])
@@ -74,6 +74,54 @@ def test_generate_with_a_draft_model_gives_the_plain_answer():
                    "--num-speculative-tokens", "3")
     assert drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout and "Paris" in drafted.stdout
+
+
+def _serve_args(*flags: str):
+    return build_parser().parse_args(["serve", *flags])
+
+
+def test_access_flags_take_lists_as_commas_repeats_or_json(monkeypatch):
+    from infer.cli import _access
+
+    monkeypatch.delenv("INFER_API_KEY", raising=False)
+    args = _serve_args("--allowed-origins", "http://a.example,https://b.example:8443", "--allowed-origins",
+                       '["http://c.example"]', "--allowed-hosts", "box.lan", "--api-key", "k1")
+    policy = _access(args)
+    assert policy.allowed_origins == ("http://a.example", "https://b.example:8443", "http://c.example")
+    assert policy.allowed_hosts == ("box.lan",) and policy.api_key == "k1" and policy.bind_host == "127.0.0.1"
+
+
+def test_the_api_key_comes_from_infer_api_key_unless_the_flag_gives_one(monkeypatch):
+    from infer.cli import _access
+
+    monkeypatch.setenv("INFER_API_KEY", "from-env")
+    assert _access(_serve_args()).api_key == "from-env"
+    assert _access(_serve_args("--api-key", "from-flag")).api_key == "from-flag"
+    monkeypatch.setenv("INFER_API_KEY", "")
+    assert _access(_serve_args()).api_key is None
+
+
+@pytest.mark.parametrize(("flags", "warned"), [
+    (["--host", "0.0.0.0"], True), (["--host", "192.168.1.5"], True), (["--host", "::"], True),
+    (["--host", "0.0.0.0", "--api-key", "k"], False), ([], False), (["--host", "localhost"], False),
+    (["--host", "::1"], False),
+])
+def test_a_public_host_without_a_key_logs_one_warning(monkeypatch, capsys, flags, warned):
+    from infer.cli import _access
+
+    monkeypatch.delenv("INFER_API_KEY", raising=False)
+    _access(_serve_args(*flags))
+    err = capsys.readouterr().err
+    assert err.count("warning") == (1 if warned else 0), err
+    if warned:
+        assert "--api-key" in err and "INFER_API_KEY" in err
+
+
+def test_bad_access_flags_fail_before_loading_naming_the_flag():
+    result = _run("serve", "--allowed-origins", "http://ui.example/")
+    assert result.returncode == 2 and "--allowed-origins" in result.stderr and "Traceback" not in result.stderr
+    result = _run("serve", "--allowed-hosts", "[not json")
+    assert result.returncode == 2 and "--allowed-hosts" in result.stderr
 
 
 def test_serve_bad_engine_option_fails_at_startup_naming_the_field():

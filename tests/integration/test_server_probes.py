@@ -3,6 +3,8 @@ to the whole, prompt scores, n > 1, logprobs and stop strings beside them, the p
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -99,7 +101,9 @@ def test_probe_routes_and_reload(probe_server, probe_client):
     listed = httpx.get(f"{base}/v1/probes").json()
     assert [p["name"] for p in listed["data"]] == NAMES and listed["version"] == 1
     assert listed["data"][0]["layer"] == 12 and listed["data"][0]["activation"] == "sigmoid"
-    assert len(listed["data"][0]["sha256"]) == 64 and listed["data"][0]["source"].endswith(".safetensors")
+    assert len(listed["data"][0]["sha256"]) == 64
+    assert str(probe_server.folder) not in json.dumps(listed) and set(listed) == {"object", "version", "data"}
+    assert set(listed["data"][0]) == {"name", "layer", "activation", "sha256", "version"}  # no host file paths
 
     def scores() -> list[float]:
         out = probe_client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0, **_extra())

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import version
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from infer.server import chat, completions, openapi, probes, prometheus, tokenizer_routes
+from infer.server.access_middleware import install_access
 from infer.server.body_guard import BodyGuardMiddleware
 from infer.server.errors import (
     APIError, LastResortMiddleware, api_error_handler, http_error_handler, validation_error_handler,
@@ -37,7 +39,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(LastResortMiddleware)
     app.add_middleware(BodyGuardMiddleware, max_bytes=state.limits.body_bytes(state.max_seq_len),
                        body_timeout_s=state.limits.body_timeout_s,
-                       body_deadline_s=state.limits.body_deadline_s)  # outermost: before anything reads the body
+                       body_deadline_s=state.limits.body_deadline_s)  # before anything reads the body
+    install_access(app, state.limits.access)  # outermost: who may call is known before the body is read
     for module in (completions, chat, tokenizer_routes, prometheus, probes):
         app.include_router(module.router)
 
@@ -50,6 +53,11 @@ def create_app(state: ServerState) -> FastAPI:
         if len(s.engine.infos) > 1:  # data parallelism: every engine core
             health["core_pids"] = [info.pid for info in s.engine.infos]
         return health
+
+    @app.get("/version")
+    async def package_version() -> dict[str, str]:
+        """The installed infer's version (open without the API key, as /health)."""
+        return {"version": version("infer")}
 
     def card(s: ServerState) -> dict[str, object]:
         return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",

@@ -6,7 +6,9 @@ connections one API server keeps open, and how long a stopping server waits for 
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from infer.server.access import AccessPolicy
 
 MIB = 1 << 20
 BODY_BYTES_PER_CONTEXT_TOKEN = 256  # JSON-escaped text is <= ~24 bytes a token; the rest is room for batches, schemas
@@ -27,6 +29,7 @@ class ServerLimits:
     max_connections: int | None = None  # open connections per API server; None: from the file-descriptor limit
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this (uvicorn's timeout)
     shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long, then are aborted
+    access: AccessPolicy = field(default_factory=AccessPolicy)  # who may call: API key, CORS origins, Host names
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "body_deadline_s", "keep_alive_timeout_s"):

@@ -32,14 +32,15 @@ def requested_probes(state: ServerState, params: SamplingParams) -> tuple[str, .
 
 
 def listing(state: ServerState) -> dict[str, object]:
+    """The loaded probes without the host's file paths (the probe-set file, each probe's weights)."""
     layout = state.engine.probe_layout
-    return {"object": "list", "version": layout.version if layout else None, "path": state.built.config.probes,
-            "data": [asdict(info) for info in probe_infos(layout)]}
+    return {"object": "list", "version": layout.version if layout else None,
+            "data": [{k: v for k, v in asdict(info).items() if k != "source"} for info in probe_infos(layout)]}
 
 
 @router.get("/v1/probes")
 async def list_probes(request: Request) -> dict[str, object]:
-    """The loaded probes: name, layer, activation, source file, content hash, set version."""
+    """The loaded probes: name, layer, activation, content hash, set version."""
     return listing(request.app.state.infer)
 
 
