@@ -5,7 +5,9 @@ each step's outputs come back as arrays and are turned into text here (text.py: 
 strings), then delivered to per-request asyncio queues. A stop string found here is sent back to the core
 as an abort with reason "stop". The client sends a heartbeat with its serving metrics every second (the core
 aborts the requests of a silent API server and sums every server's metrics for /metrics). When the core's
-connection drops or it reports a crash, every live request fails at once and `on_core_gone` is called.
+connection drops or it reports a crash, every live request fails at once and `on_core_gone` is called. Should a
+core come back on the same address (data parallelism restarts a dead core), the socket reconnects by itself and
+the client serves again (`on_core_back`).
 """
 
 from __future__ import annotations
@@ -83,12 +85,14 @@ class RequestStream:
 
 class EngineClient:
     def __init__(self, info: CoreInfo, tokenizer: Tokenizer, max_waiting_requests: int,
-                 on_core_gone: Callable[[str], None] | None = None) -> None:
+                 on_core_gone: Callable[[str], None] | None = None,
+                 on_core_back: Callable[[], None] | None = None) -> None:
         self.info = info
         self.max_waiting_requests = max_waiting_requests
         self.metrics = ServingMetrics()
         self.probe_layout: ProbeLayout | None = info.probe_layout
         self.on_core_gone = on_core_gone
+        self.on_core_back = on_core_back
         self.gone_reason: str | None = None
         self.text = TextProcessor(tokenizer)
         self._live: dict[str, _Live] = {}
@@ -111,7 +115,7 @@ class EngineClient:
         self._socket = self._ctx.socket(zmq.DEALER)
         for option, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
             self._socket.setsockopt(option, value)
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
         self._socket.connect(self.info.address)
         self._send(m.Heartbeat(self.metrics.snapshot()))  # the core knows us from now on
         self._tasks = [asyncio.create_task(c) for c in (self._read(), self._heartbeat(), self._watch(self._monitor))]
@@ -128,6 +132,11 @@ class EngineClient:
     @property
     def alive(self) -> bool:
         return self.gone_reason is None
+
+    @property
+    def dead_engines(self) -> list[int]:
+        """Its core, while gone (DPClient lists each of its engines so)."""
+        return [] if self.alive else [0]
 
     @property
     def infos(self) -> list[CoreInfo]:
@@ -266,12 +275,23 @@ class EngineClient:
             self._send(m.Heartbeat(self.metrics.snapshot()))
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """The core's connection dropping means its process has ended."""
+        """The core's connection dropping means its process has ended; connecting again, that a new core serves
+        on its address (a core binds only once it is ready)."""
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._gone(f"the engine core process (pid {self.info.pid}) exited")
-                return
+            elif event["event"] == zmq.EVENT_CONNECTED and self.gone_reason is not None:
+                self._back()
+
+    def _back(self) -> None:
+        """A new core serves on the address: nothing of the old one's counts, and it learns of us at once."""
+        log.warning("an engine core serves again on %s", self.info.address)
+        self.gone_reason = None
+        self._core_waiting = self._core_running = self._submitted = self._received = 0
+        self._send(m.Heartbeat(self.metrics.snapshot()))
+        if self.on_core_back is not None:
+            self.on_core_back()
 
     def _fail(self, request_id: str, reason: str) -> None:
         """End one live request with an error output."""

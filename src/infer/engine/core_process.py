@@ -69,14 +69,16 @@ class CoreStartError(RuntimeError):
 class CoreProcess:
     """A started engine-core process and the facts it reported when ready."""
 
-    def __init__(self, process: multiprocessing.process.BaseProcess, info: CoreInfo) -> None:
+    def __init__(self, process: multiprocessing.process.BaseProcess, info: CoreInfo, config: EngineConfig) -> None:
         self.process = process
         self.info = info
+        self.config = config  # as it was started with (a restart starts from it again)
 
     @classmethod
-    def start(cls, config: EngineConfig, timeout_s: float | None = None) -> CoreProcess:
-        """Spawn the core, wait until it has loaded, warmed up and bound its socket; CoreStartError if it failed."""
-        address = f"ipc://{tempfile.mkdtemp(prefix='infer-')}/core.sock"  # a private (0700) folder
+    def start(cls, config: EngineConfig, timeout_s: float | None = None, address: str | None = None) -> CoreProcess:
+        """Spawn the core, wait until it has loaded, warmed up and bound its socket; CoreStartError if it failed.
+        `address`: the endpoint of a core it replaces (its API servers reconnect there), else a new one."""
+        address = address or f"ipc://{tempfile.mkdtemp(prefix='infer-')}/core.sock"  # a private (0700) folder
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe with CUDA and with threads
         ours, theirs = ctx.Pipe(duplex=False)
         process = ctx.Process(target=run_core, args=(config, address, theirs), name="infer-core", daemon=False)
@@ -96,7 +98,7 @@ class CoreProcess:
             message, config_error = payload
             process.join(10)
             raise CoreStartError(message, config_error)
-        return cls(process, payload)
+        return cls(process, payload, config)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the core to exit (SIGTERM), killing it if it does not within the timeout."""

@@ -3,17 +3,21 @@
 It wraps one EngineClient per core (each with its own ZMQ socket, heartbeats, text processing and serving
 metrics) and adds only what differs: `submit` asks the Router (dp_router.py) which core takes the request;
 `abort` reaches the core that owns it (only the client holding a live request sends anything); utility calls go
-to every core and their answers are combined (`metrics` sums the cores' stats and queues and concatenates every
-API server's serving metrics; `reload_probes` swaps the set in every core; `idle` and `audit_blocks` cover all).
-One core exiting fails every live request of every core with a clear error and calls `on_core_gone`, as one
-EngineClient does for its core: the server stops instead of serving on part of its engines.
+to every live core and their answers are combined (`metrics` sums the cores' stats and queues and concatenates
+every API server's serving metrics; `reload_probes` swaps the set in every core; `idle` and `audit_blocks` cover
+all).
+One core exiting fails that core's live requests only: the router sends new ones to the live cores, the server
+reports itself degraded, and once the supervisor has restarted the core on its address (infer/server/launch.py)
+its client serves again. Only when every core is gone is `on_core_gone` called and the server stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from infer.engine.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
@@ -25,15 +29,18 @@ from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
 from omniscience import ProbeLayout
 
+log = logging.getLogger("infer.server")
+
 
 class DPClient:
     def __init__(self, infos: Sequence[CoreInfo], tokenizer: Tokenizer, max_waiting_requests: int,
                  on_core_gone: Callable[[str], None] | None = None, load_balance_method: str = "least_load") -> None:
         self.infos = list(infos)
         self.on_core_gone = on_core_gone
-        self.gone_reason: str | None = None
+        self.gone_reason: str | None = None  # set once every core is gone
         self.per_engine_waiting = max_waiting_requests
-        self.clients = [EngineClient(info, tokenizer, max_waiting_requests, self._core_gone) for info in self.infos]
+        self.clients = [EngineClient(info, tokenizer, max_waiting_requests, partial(self._core_gone, i),
+                                     partial(self._core_back, i)) for i, info in enumerate(self.infos)]
         self.router = Router(load_balance_method, len(self.clients), self.infos[0].config.block_size)
 
     @property
@@ -74,20 +81,27 @@ class DPClient:
     def alive(self) -> bool:
         return self.gone_reason is None
 
-    def _core_gone(self, reason: str) -> None:
-        """One core exited or crashed: fail the others' requests too, once, and tell the server."""
-        if self.gone_reason is not None:
-            return
-        self.gone_reason = reason
-        for client in self.clients:
-            client._gone(reason)  # the gone core's client has already failed its own; the others fail theirs now
-        if self.on_core_gone is not None:
-            self.on_core_gone(reason)
+    @property
+    def dead_engines(self) -> list[int]:
+        """The engines whose core is gone (until it is restarted): the server is degraded while there are any."""
+        return [i for i, c in enumerate(self.clients) if not c.alive]
+
+    def _core_gone(self, index: int, reason: str) -> None:
+        """One core exited or crashed (its client has failed its requests): serve on the others; stop when none is
+        left."""
+        log.error("engine %d of %d: %s; serving on the others until it is restarted", index, len(self.clients), reason)
+        if self.gone_reason is None and not any(c.alive for c in self.clients):
+            self.gone_reason = f"every engine core is gone (the last: {reason})"
+            if self.on_core_gone is not None:
+                self.on_core_gone(self.gone_reason)
+
+    def _core_back(self, index: int) -> None:
+        log.warning("engine %d of %d serves again", index, len(self.clients))
 
     # requests ----------------------------------------------------------------------------------
 
     def loads(self) -> list[EngineLoad]:
-        return [EngineLoad(c.num_waiting, c.num_running, c.num_waiting >= self.per_engine_waiting)
+        return [EngineLoad(c.num_waiting, c.num_running, not c.alive or c.num_waiting >= self.per_engine_waiting)
                 for c in self.clients]
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -97,8 +111,9 @@ class DPClient:
             raise CoreGoneError(self.gone_reason)
         index = self.router.pick(prompt_token_ids, self.loads())
         if index is None:
-            raise QueueFullError(f"the waiting queue of every engine is full ({self.per_engine_waiting} requests "
-                                 f"each, {len(self.clients)} engines); retry later")
+            raise QueueFullError(f"the waiting queue of every live engine is full ({self.per_engine_waiting} requests "
+                                 f"each, {len(self.clients) - len(self.dead_engines)} of {len(self.clients)} engines "
+                                 f"live); retry later")
         return self.clients[index].submit(request_id, prompt_token_ids, params, probe_names, incremental_text)
 
     def abort(self, request_id: str) -> None:
@@ -121,22 +136,23 @@ class DPClient:
         """A utility call on every core, their answers combined (see the module docstring)."""
         if self.gone_reason is not None:
             raise CoreGoneError(self.gone_reason)
+        live = [(i, c) for i, c in enumerate(self.clients) if c.alive]
         if method == "metrics":  # each client sends its own serving metrics, not the merged ones
-            calls = [c.call(method, c.metrics.snapshot()) for c in self.clients]
+            calls = [c.call(method, c.metrics.snapshot()) for _, c in live]
         else:
-            calls = [c.call(method, *args) for c in self.clients]
+            calls = [c.call(method, *args) for _, c in live]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        errors = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+        errors = [(i, r) for (i, _), r in zip(live, results) if isinstance(r, BaseException)]
         gone = next((r for _, r in errors if isinstance(r, CoreGoneError)), None)
         if gone is not None:
             raise gone
         if errors:
             raise RuntimeError("; ".join(f"engine {i}: {r}" for i, r in errors))
-        return combine(method, results)
+        return combine(method, results, [i for i, _ in live])
 
 
-def combine(method: str, results: list[Any]) -> Any:
-    """One answer from every core's answer to a utility call."""
+def combine(method: str, results: list[Any], engines: list[int]) -> Any:
+    """One answer from the answers of `engines` (their indices) to a utility call."""
     if method == "metrics":
         stats = [r[0] for r in results]
         summed = EngineStats(**{f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(EngineStats)})
@@ -144,7 +160,7 @@ def combine(method: str, results: list[Any]) -> Any:
     if method == "idle":
         return all(results)
     if method == "audit_blocks":  # leaked blocks keyed (engine, block id): empty when no core leaked one
-        return {(i, block): owner for i, r in enumerate(results) for block, owner in r.items()}
+        return {(i, block): owner for i, r in zip(engines, results) for block, owner in r.items()}
     if method == "reload_probes":
         return results[0]  # every core read the same file
     return results

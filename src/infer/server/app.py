@@ -50,8 +50,10 @@ def create_app(state: ServerState) -> FastAPI:
         if not s.engine.alive:
             raise APIError(503, f"the engine core is gone: {s.engine.gone_reason}")
         health = {"status": "ok", "api_server": s.api_server_index, "pid": os.getpid(), "core_pid": s.engine.info.pid}
-        if len(s.engine.infos) > 1:  # data parallelism: every engine core
+        if len(s.engine.infos) > 1:  # data parallelism: every engine core, and those that are restarting
             health["core_pids"] = [info.pid for info in s.engine.infos]
+            if dead := s.engine.dead_engines:
+                health.update(status="degraded", dead_engines=dead)
         return health
 
     @app.get("/version")

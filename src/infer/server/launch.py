@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -30,14 +31,13 @@ from infer.engine.dp_client import client_for
 from infer.engine.dp_cores import start_cores
 from infer.loader.tokenizer import Tokenizer
 from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
+from infer.server.console import ended, say
 from infer.server.limits import ServerLimits
+from infer.server.restarts import CoreRestarts
 
+API_SERVER_RESTARTS = 5  # a minute, per API server: past it, one that keeps dying is left down
 SHUTDOWN_GRACE_S = 0.5  # after the core is gone: the in-flight requests get their 503 before the server stops
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
-
-
-def _say(message: str) -> None:
-    print(f"[infer] {message}", file=sys.stderr, flush=True)
 
 
 def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, log_level: str,
@@ -46,13 +46,13 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     api_server_count = api_servers_for(config, api_server_count)
     limits = limits or ServerLimits()
     _check_port(host, port)  # before the minutes of loading: a taken port fails at once
-    _say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
+    say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
     try:
         cores = start_cores(config)
     except CoreStartError as exc:
         if exc.config_error:
             raise ValueError(str(exc)) from None  # the CLI prints it and exits 2
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         return 1
     infos = [core.info for core in cores]
     info = infos[0]
@@ -60,14 +60,17 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     engines = f"engine core pid {info.pid}" if len(infos) == 1 else \
         f"{len(infos)} data-parallel engine cores, pids {', '.join(str(i.pid) for i in infos)}, " \
         f"routed by {config.load_balance_method}"
-    _say(f"loaded {Path(info.model_path).name} in {info.load_seconds:.1f}s (of which warming up {info.warmup_seconds:.1f}s) "
+    say(f"loaded {Path(info.model_path).name} in {info.load_seconds:.1f}s (of which warming up {info.warmup_seconds:.1f}s) "
          f"({engines}); serving {name!r} on http://{host}:{port} from {api_server_count} API "
          f"server process(es)")
+    restarts = CoreRestarts(cores).start() if len(cores) > 1 else None  # DP: a dead core is started again
     try:
         if api_server_count == 1:
             return run_api_server(infos, name, host, port, log_level, limits=limits)
         return _supervise(cores, name, host, port, log_level, api_server_count, limits)
     finally:
+        if restarts is not None:
+            restarts.stop()
         for core in cores:
             core.stop()
 
@@ -100,7 +103,7 @@ def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_l
     server: uvicorn.Server | None = None
 
     def core_gone(reason: str) -> None:
-        _say(f"error: {reason}; answering 503 and stopping")
+        say(f"error: {reason}; answering 503 and stopping")
         asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S, lambda: setattr(server, "should_exit", True))
 
     client = client_for(infos, served.tokenizer, core_gone)
@@ -112,7 +115,7 @@ def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_l
     settle_heap()  # the tokenizer, the app: frozen out of the collector before serving
     server.run(sockets=[_bind(host, port, reuse_port)])
     if client.gone_reason is not None:
-        _say(f"exiting: {client.gone_reason}")
+        say(f"exiting: {client.gone_reason}")
         return 1
     return 0
 
@@ -133,12 +136,20 @@ def _api_server_main(infos: list[CoreInfo], name: str, host: str, port: int, log
 
 def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_level: str, count: int,
                limits: ServerLimits) -> int:
+    """Run `count` API server processes until stopped. An API server that exits while serving is started again (at
+    most API_SERVER_RESTARTS times a minute each); with one engine core its exit ends the server, under data
+    parallelism CoreRestarts starts it again."""
     ctx = multiprocessing.get_context("spawn")
     infos = [core.info for core in cores]
-    servers = [ctx.Process(target=_api_server_main, args=(infos, name, host, port, log_level, i, limits),
-                           name=f"infer-api-{i}") for i in range(count)]
-    for p in servers:
+
+    def spawn(i: int) -> multiprocessing.process.BaseProcess:
+        p = ctx.Process(target=_api_server_main, args=(infos, name, host, port, log_level, i, limits),
+                        name=f"infer-api-{i}")
         p.start()
+        return p
+
+    servers = [spawn(i) for i in range(count)]
+    restarted: dict[int, list[float]] = {i: [] for i in range(count)}
     stopping = False
 
     def stop(*_: object) -> None:
@@ -154,21 +165,31 @@ def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_le
     signal.signal(signal.SIGINT, stop)
     code = 0
     live = list(servers)
-    sentinels = {core.process.sentinel: core for core in cores}
+    sentinels = {core.process.sentinel: core for core in cores} if len(cores) == 1 else {}
     while live and not stopping:
         ready = multiprocessing.connection.wait([*sentinels, *(p.sentinel for p in live)], timeout=0.5)
         exited = next((sentinels[s] for s in ready if s in sentinels), None)
         if exited is not None:
             exited.process.join(1)  # its exit code is known once it is joined
-            _say(f"error: the engine core (pid {exited.info.pid}) {_ended(exited.process.exitcode)}; "
-                 f"stopping the API servers")
+            say(f"error: the engine core (pid {exited.info.pid}) {ended(exited.process.exitcode)}; "
+                f"stopping the API servers")
             code = 1
             break
         for p in [p for p in live if p.sentinel in ready]:
             live.remove(p)
             p.join(1)
-            _say(f"API server {p.name} {_ended(p.exitcode)}; {len(live)} still serving")
-            code = max(code, 1 if p.exitcode else 0)
+            if stopping:
+                break
+            i = servers.index(p)
+            now = time.monotonic()
+            restarted[i] = [t for t in restarted[i] if now - t < 60.0] + [now]
+            if len(restarted[i]) > API_SERVER_RESTARTS:
+                say(f"API server {p.name} {ended(p.exitcode)}; restarted too often, {len(live)} still serving")
+                code = max(code, 1 if p.exitcode else 0)
+                continue
+            servers[i] = spawn(i)
+            live.append(servers[i])
+            say(f"API server {p.name} {ended(p.exitcode)}; started again (pid {servers[i].pid})")
     for p in live:  # stopped, or the core is gone (they exit by themselves then, with their 503s answered)
         if stopping:
             p.terminate()
@@ -190,16 +211,6 @@ def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock
-
-
-def _ended(exitcode: int | None) -> str:
-    """How a child process ended, in words."""
-    if exitcode is None:
-        return "stopped answering"
-    if exitcode < 0:
-        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else str(-exitcode)
-        return f"was killed by signal {name}"
-    return f"exited with code {exitcode}"
 
 
 def _check_port(host: str, port: int) -> None:

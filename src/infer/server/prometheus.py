@@ -62,6 +62,10 @@ def render(state: ServerState, stats: EngineStats, num_waiting: int, m: ServingM
             [(label, 1 + stats.spec_accepted / max(stats.spec_verified_rows, 1))])
     _metric(lines, "infer:request_success_total", "counter", "Finished requests by finish reason.",
             [(f'{{model_name="{model}",finished_reason="{r}"}}', n) for r, n in sorted(m.finished.items())])
+    engines, dead = state.engine.infos, state.engine.dead_engines
+    _metric(lines, "infer:engines_live", "gauge", "Data-parallel engine cores serving (the others are restarting).",
+            [(label, len(engines) - len(dead))])
+    _metric(lines, "infer:engines_total", "gauge", "Data-parallel engine cores configured.", [(label, len(engines))])
     _histogram(lines, "infer:time_to_first_token_seconds", "Time to first token.", m.ttft, model)
     _histogram(lines, "infer:inter_token_latency_seconds", "Time between tokens of a request.", m.itl, model)
     _histogram(lines, "infer:e2e_request_latency_seconds", "Request latency, submit to last output.", m.e2e, model)
