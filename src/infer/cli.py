@@ -91,7 +91,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-                    "/v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics).",
+                    "/v1/responses, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--model", default=None, metavar="PATH",
@@ -136,6 +136,9 @@ def _add_http_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--shutdown-timeout-s", type=float, default=d.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM or Ctrl-C: stop accepting, let running requests finish for this long, then abort "
                         "what is left (finish_reason \"abort\") and exit 0; a second signal exits at once")
+    g.add_argument("--responses-store-size", type=int, default=d.responses_store_size, metavar="N",
+                   help="/v1/responses each API server process keeps in memory (the N most recently used) for "
+                        "previous_response_id and GET /v1/responses/{id}; 0 keeps none")
 
 
 def _names(text: str) -> list[str]:
@@ -290,7 +293,7 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
 
 
 HTTP_FLAGS = ("max_request_body_mb", "header_timeout_s", "body_timeout_s", "body_deadline_s", "max_connections",
-              "keep_alive_timeout_s", "shutdown_timeout_s")
+              "keep_alive_timeout_s", "shutdown_timeout_s", "responses_store_size")
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
 SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model",
                      "speculative_disable_by_batch_size")

@@ -1,7 +1,8 @@
 """What one HTTP client may cost the server: body size, how long its headers and body may take, how many
-connections one API server keeps open, and how long a stopping server waits for the requests it is serving
-(`infer serve --max-request-body-mb`, `--header-timeout-s`, `--body-timeout-s`, `--body-deadline-s`,
-`--max-connections`, `--keep-alive-timeout-s`, `--shutdown-timeout-s`; docs/serving.md)."""
+connections one API server keeps open, how many responses it keeps for /v1/responses, and how long a stopping
+server waits for the requests it is serving (`infer serve --max-request-body-mb`, `--header-timeout-s`,
+`--body-timeout-s`, `--body-deadline-s`, `--max-connections`, `--keep-alive-timeout-s`, `--responses-store-size`,
+`--shutdown-timeout-s`; docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class ServerLimits:
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this (uvicorn's timeout)
     shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long, then are aborted
     access: AccessPolicy = field(default_factory=AccessPolicy)  # who may call: API key, CORS origins, Host names
+    responses_store_size: int = 1000  # /v1/responses kept for previous_response_id and GET, per API server
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "body_deadline_s", "keep_alive_timeout_s"):
@@ -41,6 +43,8 @@ class ServerLimits:
             raise ValueError(f"--max-request-body-mb={self.max_request_body_mb}: must be > 0")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"--max-connections={self.max_connections}: must be >= 1")
+        if self.responses_store_size < 0:
+            raise ValueError(f"--responses-store-size={self.responses_store_size}: must be >= 0")
 
     def connection_cap(self) -> int:
         """`--max-connections`, or RESERVED_FDS below this process's file-descriptor limit (at least 64)."""

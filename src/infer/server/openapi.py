@@ -49,7 +49,8 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
           "content": {"application/json": {}, "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}},
     **ERROR_RESPONSES,
 }
-MODEL_BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest")
+MODEL_BODIES = ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest", "TokenizeRequest",
+                "DetokenizeRequest")
 
 
 def install(app: FastAPI, model_name: str, max_seq_len: int, vocab_size: int) -> None:
@@ -70,7 +71,7 @@ def _publish_model(components: dict[str, Any], model_name: str, max_seq_len: int
         properties = components.get(name, {}).get("properties", {})
         properties["model"] = {"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
                                "title": "Model", "description": "the served model name (GET /v1/models)"}
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             for option in properties.get(field, {}).get("anyOf", []):
                 if option.get("type") == "integer":
                     option["maximum"] = max_seq_len - 1  # the prompt takes at least one position

@@ -14,6 +14,7 @@ from infer.engine.dp_client import DPClient
 from infer.models.chat_template import template_source
 from infer.server.errors import APIError
 from infer.server.limits import LARGE_TEXT_CHARS, ServerLimits
+from infer.server.responses_store import ResponseStore
 from infer.server.workers import Workers
 from infer.structured import GrammarCompiler
 
@@ -36,6 +37,7 @@ class ServerState:
         self.workers = Workers(self.built.config.structured_compile_timeout_s)
         # the most characters a prompt that fits the context can have (read once: 0.26 s for a 262k vocabulary)
         self.max_prompt_chars = self.max_seq_len * self.built.tokenizer.max_chars_per_token
+        self.responses = ResponseStore(self.limits.responses_store_size)  # /v1/responses stored in this process
 
     def _token_text(self, token_id: int) -> str:
         return self.built.tokenizer.decode([token_id], skip_special_tokens=False)

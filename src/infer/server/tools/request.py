@@ -101,7 +101,8 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             message["tool_calls"] = [
                 {"id": c.id or f"call_{i}_{j}", "type": "function", "function": {
                     "name": c.function.name,
-                    "arguments": _arguments(c.function.arguments, f"messages.{i}.tool_calls.{j}.function.arguments")}}
+                    "arguments": tool_arguments(c.function.arguments,
+                                                f"messages.{i}.tool_calls.{j}.function.arguments")}}
                 for j, c in enumerate(m.tool_calls)
             ]
         if m.role == "tool":
@@ -124,7 +125,8 @@ def _text(i: int, m: ChatMessage) -> str:
 MAX_ARGUMENT_DEPTH = 64  # nesting of a tool call's arguments; deeper JSON would recurse in the parser and template
 
 
-def _arguments(text: str, param: str) -> dict[str, Any]:
+def tool_arguments(text: str, param: str) -> dict[str, Any]:
+    """A call's arguments parsed: a JSON object not nested too deeply, else a 400 naming `param`."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
