@@ -89,6 +89,18 @@ def test_enable_thinking_false_renders_the_empty_think_block(client, qwen3):
     assert qwen3.state.built.render_chat(ASK, enable_thinking=False).endswith("<think>\n\n</think>\n\n")
 
 
+def test_reasoning_effort_none_turns_thinking_off(client):
+    """OpenAI's reasoning_effort on Qwen 3: none and minimal render the empty think block, the others do not."""
+    def prompt_tokens(effort: str) -> int:
+        reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1, reasoning_effort=effort)
+        return reply.usage.prompt_tokens
+
+    off = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1, extra_body=NO_THINKING)
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
+    assert prompt_tokens("none") == prompt_tokens("minimal") == off.usage.prompt_tokens
+    assert prompt_tokens("low") == prompt_tokens("high") == plain.usage.prompt_tokens < off.usage.prompt_tokens
+
+
 @pytest.mark.parametrize("thinking", [True, False])
 def test_constraints_apply_to_the_answer_after_the_reasoning(client, qwen3, thinking):
     """With thinking on the grammar allows a <think> block first (banned here, so the answer comes at once)."""
