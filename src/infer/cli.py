@@ -45,7 +45,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto")
-    p.add_argument("--max-seq-len", type=int, default=4096, metavar="N", help="longest prompt + output, in tokens")
+    p.add_argument("--max-seq-len", "--max-model-len", type=int, default=4096, metavar="N",
+                   help="longest prompt + output, in tokens (--max-model-len: vLLM's name)")
+    _add_chat_template_flag(p)
     _add_quantization_flag(p)
     _add_probe_flag(p)
     _add_runner_flag(p)
@@ -58,6 +60,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="shard the model over N ranks (consecutive GPUs from --device; CPU processes on gloo)")
     p.set_defaults(func=_generate)
+
+
+def _add_chat_template_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja2 chat template file (as transformers renders them) used instead of the model family's "
+                        "bundled template; tool calls and Qwen 3's reasoning are still read in the family's format")
 
 
 def _add_quantization_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -174,9 +182,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N, or auto")
-    g.add_argument("--max-seq-len", type=int, default=d.max_seq_len, metavar="N", help="longest prompt + output, in tokens")
-    g.add_argument("--max-batch-size", type=int, default=None, metavar="N",
-                   help="most requests running at once (default: 256 on CUDA, 32 on the CPU)")
+    g.add_argument("--max-seq-len", "--max-model-len", type=int, default=d.max_seq_len, metavar="N",
+                   help="longest prompt + output, in tokens (--max-model-len: vLLM's name)")
+    g.add_argument("--max-batch-size", "--max-num-seqs", type=int, default=None, metavar="N",
+                   help="most requests running at once (default: 256 on CUDA, 32 on the CPU; --max-num-seqs: vLLM's "
+                        "name)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
                    help="most tokens in one step, decodes and prefill chunks together (default: max(8192, max-seq-len))")
     g.add_argument("--batching-mode", default=d.batching_mode, choices=BATCHING_MODES,
@@ -204,12 +214,19 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "mixed steps by token count up to 8192 (default: on with the paged cache; on the CPU each "
                         "batch size's decode is recorded on its second step and replayed without Python, and "
                         "prefill runs eagerly); --no-cuda-graphs runs every step eagerly")
+    g.add_argument("--enforce-eager", dest="use_cuda_graphs", action="store_const", const=False,
+                   help="vLLM's name for --no-cuda-graphs: every step runs eagerly")
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS,
                    help="auto reads the checkpoint's weights; dummy uses random weights (benchmarking)")
     g.add_argument("--structured-compile-timeout-s", type=float, default=d.structured_compile_timeout_s,
                    metavar="S", help="a structured-output constraint whose grammar is not compiled within this is "
                                      "refused (400 naming the field); compiles run on worker threads, never on the "
                                      "path other requests share")
+    _add_chat_template_flag(g)
+    g.add_argument("--generation-config", default=d.generation_config, metavar="auto|vllm|FOLDER",
+                   help="vLLM's: auto takes the sampling fields (temperature, top_p, top_k, min_p, "
+                        "repetition_penalty) of the model directory's generation_config.json as the defaults of "
+                        "requests that leave them out; vllm ignores the file; a FOLDER reads its generation_config.json")
     _add_quantization_flag(g)
     _add_probe_flag(g)
     _add_runner_flag(g)
@@ -250,9 +267,10 @@ def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
                    help="most prompt tokens of one request in one step (chunked prefill)")
     g.add_argument("--max-prefill-chunks-per-step", type=int, default=None, metavar="N",
                    help="most requests prefilling in one step (default: as the token budget allows)")
-    g.add_argument("--prefix-caching", dest="use_prefix_caching", action=argparse.BooleanOptionalAction,
-                   default=None, help="reuse the KV blocks of prompt prefixes seen before (default: on with "
-                                      "chunked prefill and the paged cache)")
+    g.add_argument("--prefix-caching", "--enable-prefix-caching", dest="use_prefix_caching",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV blocks of prompt prefixes seen before (default: on with chunked prefill and the "
+                        "paged cache; --enable-prefix-caching: vLLM's name)")
 
 
 def _add_speculative_flags(g: argparse._ArgumentGroup) -> None:
@@ -289,6 +307,8 @@ def _add_export_tokenizer(sub: argparse._SubParsersAction) -> None:
     p.add_argument("directory", metavar="DIR", help="where to write the tokenizer files (created if missing)")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="HF model directory or a .gguf file; default: the bundled SmolLM2-135M-Instruct GGUF")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="ship this Jinja2 chat template file (as `infer serve --chat-template FILE` renders with)")
     p.set_defaults(func=_export_tokenizer)
 
 
@@ -302,7 +322,7 @@ DISTRIBUTED_FLAGS = ("tensor_parallel_size", "data_parallel_size", "load_balance
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
                 "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes",
-                "structured_compile_timeout_s", "runner", *PREFILL_FLAGS,
+                "structured_compile_timeout_s", "runner", "chat_template", "generation_config", *PREFILL_FLAGS,
                 *SPECULATIVE_FLAGS, *DISTRIBUTED_FLAGS)
 
 
@@ -326,6 +346,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS})
     if _headless(config):
         return _run_headless(config)
+    _show_sampling_defaults(config)
     return serve(config, args.host, args.port, args.served_model_name, args.log_level, args.api_server_count, limits)
 
 
@@ -340,6 +361,20 @@ def _access(args: argparse.Namespace):  # -> AccessPolicy (imported lazily: star
               f"can reach port {args.port} can use the server (set --api-key or INFER_API_KEY)", file=sys.stderr,
               flush=True)
     return policy
+
+
+def _show_sampling_defaults(config) -> None:  # (EngineConfig) imported lazily: startup time
+    """Print the sampling defaults the generation config gives requests; a bad file fails here, before loading."""
+    from infer.engine.builder import resolve_model_path
+    from infer.loader.generation_config import generation_config_file, sampling_defaults
+
+    path = resolve_model_path(config.model)
+    defaults = sampling_defaults(config.generation_config, path)
+    if defaults:
+        shown = ", ".join(f"{k}={v}" for k, v in defaults.items())
+        print(f"[infer] sampling defaults of requests that leave them out: {shown} (from "
+              f"{generation_config_file(config.generation_config, path)}; --generation-config vllm ignores it)",
+              file=sys.stderr, flush=True)
 
 
 def _headless(config) -> bool:  # (EngineConfig) imported lazily: startup time
@@ -381,6 +416,7 @@ def _generate(args: argparse.Namespace) -> int:
         structured=_constraint(args), probes=True if args.probes else None,
     )
     options = dict(dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
+                   chat_template=args.chat_template,
                    probes=args.probes, quantization=args.quantization, runner=args.runner,
                    tensor_parallel_size=args.tensor_parallel_size,
                    **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
@@ -459,14 +495,18 @@ def _export_tokenizer(args: argparse.Namespace) -> int:
     from infer.engine.builder import chat_template_name, resolve_model_path
     from infer.loader.model_loader import read_config
     from infer.loader.tokenizer import Tokenizer
-    from infer.models.chat_template import ChatTemplateError, template_source
+    from infer.models.chat_template import ChatTemplateError, load_template_file, template_source
 
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_path(path)
-    try:
-        tokenizer.hf.chat_template = template_source(chat_template_name(read_config(path).model_type, tokenizer))
-    except ChatTemplateError:
-        pass  # a base model: no chat template to ship
+    if args.chat_template is not None:
+        load_template_file(args.chat_template)  # ChatTemplateError (a ValueError) names the file and the line
+        tokenizer.hf.chat_template = Path(args.chat_template).expanduser().read_text()
+    else:
+        try:
+            tokenizer.hf.chat_template = template_source(chat_template_name(read_config(path).model_type, tokenizer))
+        except ChatTemplateError:
+            pass  # a base model: no chat template to ship
     written = tokenizer.hf.save_pretrained(args.directory)
     print(f"[infer] wrote {', '.join(sorted(Path(f).name for f in written))} to {args.directory}", file=sys.stderr)
     return 0

@@ -25,7 +25,8 @@ SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching
                "--speculative-method", "--num-speculative-tokens", "--prompt-lookup-min", "--prompt-lookup-max",
                "--draft-model", "--speculative-disable-by-batch-size", "--structured-compile-timeout-s",
                "--max-request-body-mb", "--header-timeout-s", "--body-timeout-s", "--keep-alive-timeout-s",
-               "--shutdown-timeout-s", "--api-key", "--allowed-origins", "--allowed-hosts"]
+               "--shutdown-timeout-s", "--api-key", "--allowed-origins", "--allowed-hosts", "--max-model-len",
+               "--max-num-seqs", "--enable-prefix-caching", "--enforce-eager", "--chat-template", "--generation-config"]
 
 
 @pytest.mark.parametrize(("command", "flags"), [("generate", FLAGS), ("serve", SERVE_FLAGS)])
@@ -115,6 +116,44 @@ def test_a_public_host_without_a_key_logs_one_warning(monkeypatch, capsys, flags
     assert err.count("warning") == (1 if warned else 0), err
     if warned:
         assert "--api-key" in err and "INFER_API_KEY" in err
+
+
+def test_vllm_flag_names_are_aliases_of_ours(tmp_path):
+    from infer.cli import ENGINE_FLAGS
+    from infer.engine.config import EngineConfig
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    ours = _serve_args("--max-seq-len", "2048", "--max-batch-size", "8", "--no-cuda-graphs", "--prefix-caching",
+                       "--chat-template", str(template), "--generation-config", "vllm")
+    vllm = _serve_args("--max-model-len", "2048", "--max-num-seqs", "8", "--enforce-eager", "--enable-prefix-caching",
+                       "--chat-template", str(template), "--generation-config", "vllm")
+    assert vars(ours) == vars(vllm)
+    config = EngineConfig(**{name: getattr(vllm, name) for name in ENGINE_FLAGS})
+    assert (config.max_seq_len, config.max_batch_size, config.use_prefix_caching) == (2048, 8, True)
+    assert config.decode_graphs is False and config.chat_template == str(template)
+    assert _serve_args("--no-enable-prefix-caching").use_prefix_caching is False
+    assert _serve_args().use_cuda_graphs is None and _serve_args().generation_config == "auto"
+    assert build_parser().parse_args(["generate", "hi", "--max-model-len", "512"]).max_seq_len == 512
+
+
+def test_serve_prints_the_sampling_defaults_a_generation_config_gives(tmp_path, capsys):
+    from infer.cli import _show_sampling_defaults
+    from infer.engine.config import EngineConfig
+
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.95, "eos_token_id": 2}')
+    _show_sampling_defaults(EngineConfig(generation_config=str(tmp_path)))
+    err = capsys.readouterr().err
+    assert "temperature=0.6, top_p=0.95" in err and str(tmp_path / "generation_config.json") in err
+    _show_sampling_defaults(EngineConfig())  # the bundled GGUF has no generation config: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_a_chat_template_that_does_not_compile_fails_before_loading(tmp_path):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% if %}")
+    result = _run("serve", "--chat-template", str(bad))
+    assert result.returncode == 2 and "bad.jinja, line 1" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bad_access_flags_fail_before_loading_naming_the_flag():

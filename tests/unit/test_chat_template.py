@@ -17,7 +17,9 @@ from infer.models.chat_template import (
     ChatTemplateError,
     available_templates,
     load_template,
+    load_template_file,
     render_chat,
+    render_template,
 )
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
@@ -111,6 +113,26 @@ def assert_matches(name: str, messages: list[dict[str, str]], add_generation_pro
 @pytest.mark.parametrize("name", sorted(REFERENCE))
 def test_matches_official_template(name: str, conversation: str, add_generation_prompt: bool) -> None:
     assert_matches(name, CONVERSATIONS[conversation], add_generation_prompt)
+
+
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_a_template_file_renders_as_transformers_does(name: str, conversation: str) -> None:
+    """--chat-template FILE: the official templates, as files, render what transformers renders with them (its
+    lenient undefined names, tojson's keywords, loop controls)."""
+    filename, bos = REFERENCE[name]
+    eos = {"eos_token": EOS[name]} if name in EOS else {}
+    ours = render_template(load_template_file(str(FIXTURES / filename)), CONVERSATIONS[conversation], True, bos, **eos)
+    assert ours == reference(filename, CONVERSATIONS[conversation], True, bos, **eos)
+
+
+def test_a_template_file_with_a_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
+    with pytest.raises(ChatTemplateError, match=r"bad\.jinja, line 2"):
+        load_template_file(str(bad))
+    with pytest.raises(ChatTemplateError, match="cannot read"):
+        load_template_file(str(tmp_path / "missing.jinja"))
 
 
 def test_bundled_templates_are_the_families_formats() -> None:

@@ -28,6 +28,8 @@ from infer.engine.config import EngineConfig, EngineConfigError
         ({"speculative_method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
         ({"speculative_method": "ngram", "draft_model": "/x"}, "draft_model"),
         ({"speculative_method": "draft"}, "speculative_method"),
+        ({"chat_template": "/no/such/template.jinja"}, "chat_template"),
+        ({"generation_config": "/no/such/folder"}, "generation_config"),
         ({"speculative_method": "draft", "draft_model": "/no/such/drafter"}, "draft_model"),
         ({"speculative_method": "ngram", "kv_cache_backend": "contiguous"}, "speculative_method"),
     ],
@@ -63,3 +65,10 @@ def test_speculation_defaults_to_four_drafts_with_a_method():
     assert EngineConfig().speculative_tokens == 0
     assert EngineConfig(speculative_method="ngram").speculative_tokens == 4
     assert EngineConfig(speculative_method="ngram", num_speculative_tokens=7).speculative_tokens == 7
+
+
+def test_a_chat_template_file_that_does_not_compile_is_refused_naming_the_field_and_line(tmp_path):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{{ messages[0].content }\n")
+    with pytest.raises(EngineConfigError, match=r"chat_template=.*bad\.jinja, line 1"):
+        EngineConfig(chat_template=str(bad))

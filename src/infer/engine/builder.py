@@ -28,7 +28,10 @@ from infer.kv.sizing import kv_bytes_per_token, kv_layout
 from infer.loader.gguf_loader import bundled_smollm2
 from infer.loader.model_loader import LoadedModel, load_model, read_config
 from infer.loader.tokenizer import Tokenizer
-from infer.models.chat_template import ChatTemplateError, TEMPLATE_DIR, render_chat
+from infer.loader.generation_config import sampling_defaults
+from infer.models.chat_template import (
+    ChatTemplateError, TEMPLATE_DIR, load_template, load_template_file, render_template, template_source,
+)
 from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
 from infer.models.shard import Shard, ShardError
@@ -40,6 +43,7 @@ from infer.speculative.gate import gate_speculation
 from omniscience import ProbeBank, ProbeError, ProbeSet, load_probe_set
 
 Messages = list[dict[str, Any]]
+CUSTOM_TEMPLATE = "custom"  # chat_template_name of a template file on a family with no bundled template
 
 
 def resolve_model_path(model: str | None) -> Path:
@@ -70,13 +74,37 @@ class ServedModel:
 
     @functools.cached_property  # read for every chat request; fixed for the model
     def chat_template_name(self) -> str:
-        """The name of the bundled chat template this model's requests are rendered with."""
-        return chat_template_name(self.model_config.model_type, self.tokenizer)
+        """The bundled chat template of this model's family, whose tool-call format and reasoning split its answers
+        are read with; with a template file (`chat_template`) on a family that has none, "custom" (the Hermes
+        tool-call convention)."""
+        try:
+            return chat_template_name(self.model_config.model_type, self.tokenizer)
+        except ChatTemplateError:
+            if self.config.chat_template is None:
+                raise
+            return CUSTOM_TEMPLATE
+
+    @property
+    def chat_template_source(self) -> str:
+        """The Jinja text requests are rendered with: the `chat_template` file's, else the family's bundled one."""
+        if self.config.chat_template is not None:
+            return Path(self.config.chat_template).expanduser().read_text()
+        return template_source(self.chat_template_name)
+
+    @functools.cached_property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The server's sampling defaults for fields a request leaves out (`generation_config`)."""
+        return sampling_defaults(self.config.generation_config, self.path)
 
     def render_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> str:
         """`template`: tools (OpenAI tool definitions) and keyword arguments of the template (enable_thinking)."""
-        return render_chat(self.chat_template_name, messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=self.tokenizer.bos_token or "", **template)
+        if self.config.chat_template is not None:  # a file written for transformers may also read eos_token
+            compiled = load_template_file(self.config.chat_template)
+            template.setdefault("eos_token", self.tokenizer.hf.eos_token or "")
+        else:
+            compiled = load_template(self.chat_template_name)
+        return render_template(compiled, messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=self.tokenizer.bos_token or "", **template)
 
     def encode_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> list[int]:
         # the template writes BOS itself, so the tokenizer must not add another

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from infer.models.chat_template import ChatTemplateError, load_template_file
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_BACKENDS = ("paged", "contiguous")
 BATCHING_MODES = ("continuous", "static")
@@ -58,6 +60,10 @@ class EngineConfig:
     speculative_disable_by_batch_size: int | None = None  # ngram: no drafts while this many run; None = 2 on the CPU, 0 (never) on CUDA
     structured_compile_timeout_s: float = 10.0  # a grammar not compiled within this is refused (400), never waited on
     runner: str = "auto"  # "torch", "mlx" (Apple silicon; MLX's CPU backend elsewhere), "auto": mlx on Apple silicon with Metal
+    chat_template: str | None = None  # a Jinja2 file rendered instead of the family's bundled chat template
+    # the server's sampling defaults: "auto" = the model directory's generation_config.json, "vllm" = none, or a
+    # folder holding a generation_config.json (vLLM's --generation-config)
+    generation_config: str = "auto"
     # scale-out (docs/distributed.md): TP ranks on consecutive devices from `device`; DP engine cores behind one API server
     tensor_parallel_size: int = 1  # ranks one model is sharded over (NCCL on CUDA, gloo on the CPU)
     data_parallel_size: int = 1  # engine cores, each with its own TP group
@@ -102,12 +108,26 @@ class EngineConfig:
         self._check("runner", self.runner in RUNNERS, f"must be one of {', '.join(RUNNERS)}")
         self._check("probes", self.probes is None or (isinstance(self.probes, str) and Path(self.probes).expanduser().is_file()),
                     "must be the path of an existing probe-set YAML file")
+        self._templates()
         self._compatibility()
         self._distributed()
         self._check(
             "max_num_batched_tokens", self.max_num_batched_tokens >= self.max_seq_len,
             f"must be >= max_seq_len ({self.max_seq_len}) so that any admitted prompt fits one prefill step",
         )
+
+    def _templates(self) -> None:
+        """The chat template file compiles and the generation config names a folder, before anything loads."""
+        if self.chat_template is not None:
+            self._check("chat_template", Path(self.chat_template).expanduser().is_file(),
+                        "must be the path of an existing Jinja2 file")
+            try:
+                load_template_file(self.chat_template)
+            except ChatTemplateError as exc:
+                self._check("chat_template", False, str(exc))
+        self._check("generation_config", self.generation_config in ("auto", "vllm")
+                    or Path(self.generation_config).expanduser().is_dir(),
+                    "must be 'auto' (the model's generation_config.json), 'vllm' (none) or a folder holding one")
 
     def _compatibility(self) -> None:
         """The seed's feature-flag rules, then a clear refusal for features not built yet."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any, NoReturn
 
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -26,6 +28,17 @@ def available_templates() -> list[str]:
 def _tojson(value: Any, indent: int | None = None) -> str:
     """JSON as transformers' chat templates write it (no HTML escaping, non-ASCII kept, `, ` and `: `)."""
     return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _hf_tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' `tojson` filter, with its keyword arguments (templates written for Hugging Face pass them)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    """transformers' `strftime_now`: the current local time formatted (Llama 3.x templates date their prompts)."""
+    return datetime.now().strftime(fmt)
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -57,6 +70,30 @@ def load_template(name: str) -> jinja2.Template:
             f"unknown chat template {name!r}: no {name}.jinja in {TEMPLATE_DIR} (available: {', '.join(available)})"
         )
     return _environment().get_template(f"{name}.jinja")
+
+
+@cache
+def _file_environment() -> ImmutableSandboxedEnvironment:
+    """The sandbox for a template file of the user's (`--chat-template`): as transformers renders chat templates
+    (an undefined name is empty, loop controls, its filters and globals), since such files are written for it."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+    env.filters["tojson"] = _hf_tojson
+    return env
+
+
+@cache
+def load_template_file(path: str) -> jinja2.Template:
+    """The chat template in the Jinja2 file at `path`, compiled once per process; ChatTemplateError names the file
+    and the line of a syntax error."""
+    file = Path(path).expanduser()
+    try:
+        return _file_environment().from_string(file.read_text())
+    except OSError as exc:
+        raise ChatTemplateError(f"cannot read the chat template {file}: {exc.strerror}") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"{file}, line {exc.lineno}: {exc.message}") from None
 
 
 def template_source(name: str) -> str:
@@ -100,7 +137,18 @@ def render_chat(
 ) -> str:
     """Render `messages` into template `name`'s prompt text; `tools` are OpenAI tool definitions
     ({"type": "function", "function": {...}}); `extra` reaches the template (date_string, enable_thinking, ...)."""
-    template = load_template(name)
+    return render_template(load_template(name), messages, add_generation_prompt, bos_token, tools, **extra)
+
+
+def render_template(
+    template: jinja2.Template,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    tools: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> str:
+    """`render_chat` with a compiled template: a bundled one, or a file's (`load_template_file`)."""
     _validate(messages)
     if tools:
         extra["tools"] = tools

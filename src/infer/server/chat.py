@@ -41,7 +41,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens = state.max_seq_len - len(ids) if limit is None else limit  # no limit: the rest of the context
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     structured = await answer_constraint(state, body, shape, await requested_constraint(state, body))
-    params = sampling_params(body, max_tokens, logprobs=logprobs, structured=structured, vocab_size=state.vocab_size)
+    params = sampling_params(body, max_tokens, logprobs=logprobs, structured=structured, vocab_size=state.vocab_size,
+                             defaults=state.built.sampling_defaults)
     probes = requested_probes(state, params)
     gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes, body.stream)
     view = _ChatView(state, body, len(ids), gen, probes, shape)

@@ -57,7 +57,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prompt_lp = body.logprobs if body.echo else None
     params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp,
-                             structured=await requested_constraint(state, body), vocab_size=state.vocab_size)
+                             structured=await requested_constraint(state, body), vocab_size=state.vocab_size,
+                             defaults=state.built.sampling_defaults)
     probes = requested_probes(state, params)
     echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
     gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl", probes, body.stream)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from infer.loader.generation_config import SAMPLING_KEYS
 from infer.sampling.params import LOGIT_BIAS_LIMIT, PENALTY_LIMIT, ProbeStop, SamplingParams
 from infer.server.errors import APIError
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -54,7 +57,12 @@ def logit_adjustments(body: SamplingFields, max_tokens: int, vocab_size: int | N
 def sampling_params(
     body: SamplingFields, max_tokens: int, logprobs: int | None = None, prompt_logprobs: int | None = None,
     structured: Constraint | None = None, vocab_size: int | None = None,
+    defaults: Mapping[str, float | int] | None = None,
 ) -> SamplingParams:
+    """The request's SamplingParams; `defaults` (the model's generation config) stand in for sampling fields the
+    request leaves out."""
+    chosen = {name: getattr(body, name) for name in SAMPLING_KEYS}
+    chosen.update({k: v for k, v in (defaults or {}).items() if k in chosen and k not in body.model_fields_set})
     try:
         probe_stop = ProbeStop(**body.probe_stop.model_dump()) if body.probe_stop is not None else None
     except ValueError as exc:
@@ -66,8 +74,7 @@ def sampling_params(
             check_text(stop, "stop" if isinstance(body.stop, str) else f"stop.{i}")
     try:
         return SamplingParams(
-            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-            repetition_penalty=body.repetition_penalty, max_tokens=max_tokens, stop=body.stop,  # type: ignore[arg-type]
+            **chosen, max_tokens=max_tokens, stop=body.stop,  # type: ignore[arg-type]
             **adjustments,  # type: ignore[arg-type]
             seed=body.seed, ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             structured=structured, probes=body.probes, probe_prompt=body.probe_prompt,

@@ -11,7 +11,6 @@ from typing import Any
 from infer.engine.builder import ServedModel
 from infer.engine.client import EngineClient
 from infer.engine.dp_client import DPClient
-from infer.models.chat_template import template_source
 from infer.server.errors import APIError
 from infer.server.limits import LARGE_TEXT_CHARS, ServerLimits
 from infer.server.responses_store import ResponseStore
@@ -59,7 +58,7 @@ class ServerState:
     def chat_template(self) -> str | None:
         """The Jinja source of the chat template the server renders with, or None (a base model)."""
         try:
-            return template_source(self.built.chat_template_name)
+            return self.built.chat_template_source
         except ValueError:
             return None
 

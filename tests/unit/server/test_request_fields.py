@@ -83,3 +83,15 @@ def test_an_unknown_reasoning_effort_is_refused_by_name():
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate(CHAT | {"reasoning_effort": "extreme"})
     assert info.value.errors()[0]["loc"] == ("reasoning_effort",)
+
+
+def test_generation_config_defaults_fill_only_the_fields_a_request_leaves_out():
+    defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    left_out = sampling_params(ChatCompletionRequest.model_validate(CHAT), 4, defaults=defaults)
+    assert (left_out.temperature, left_out.top_p, left_out.top_k) == (0.6, 0.95, 20)
+    given = sampling_params(ChatCompletionRequest.model_validate(CHAT | {"temperature": 1.0, "top_k": None}), 4,
+                            defaults=defaults)
+    assert (given.temperature, given.top_p, given.top_k) == (1.0, 0.95, None)  # a null top_k is vLLM's "off"
+    nulled = sampling_params(CompletionRequest.model_validate({"prompt": "Hi", "temperature": None}), 4,
+                             defaults=defaults)
+    assert nulled.temperature == 0.6  # null is "the default", the model's here
