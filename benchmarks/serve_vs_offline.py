@@ -1,13 +1,15 @@
 """Serving at engine speed: the offline engine, then `infer serve`, on the same GPU, prompts and settings.
 
     python benchmarks/serve_vs_offline.py [--shape llama-3.2-1b] [--levels 1,16,64,256] [--api-server-count N]
+                                          [--fresh-connections]
 
 Per concurrency level C: C requests of random token-id prompts (128-512 tokens), 256 new tokens each, greedy,
 EOS ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
 vocabulary, so any id decodes). Offline: `LLM.generate_ids` of the C prompts at once (the in-process engine). Server:
 `infer serve` as a user starts it (its own engine-core process, warmed up at start), C concurrent streamed
 completions through httpx from up to 8 client processes (sse_client.py: one event loop each, started and connected
-before the clock starts, so neither the client nor its start-up is measured), every SSE chunk read and parsed;
+before the clock starts, so neither the client nor its start-up is measured; with --fresh-connections each stream
+opens its connection in the burst, as a crowd of new clients does), every SSE chunk read and parsed;
 tok/s is generated tokens over the wall time from releasing the clients to the last stream's end; ITL is the gap
 between a stream's chunks, TTFT from a request's send to its first text chunk. Per level one first run (reported, not timed into the median), then the median of
 --repeats runs (fresh prompts each run, so the prefix cache never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR
@@ -55,23 +57,43 @@ def run_offline(path: Path, vocab: int, levels: list[int], repeats: int) -> dict
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     out: dict[int, dict[str, float]] = {}
     for level in levels:
-        runs = []
+        runs, ttfts = [], []
         for repeat in range(-1, repeats):  # repeat -1: the level's first run, reported beside the timed ones
             prompts = prompts_for(vocab, level, seed=1000 * level + repeat)
             torch.cuda.synchronize()
-            started = time.perf_counter()
-            results = llm.generate_ids(prompts, params)
-            seconds = time.perf_counter() - started
-            runs.append(sum(len(r.token_ids) for r in results) / seconds)
-        out[level] = {"tok_s": statistics.median(runs[1:]), "runs": runs[1:], "first": runs[0]}
-        print(f"offline C={level}: {out[level]['tok_s']:.0f} tok/s", flush=True)
+            tok_s, ttft = _offline_run(llm, prompts, params)
+            runs.append(tok_s)
+            ttfts.append(ttft)
+        out[level] = {"tok_s": statistics.median(runs[1:]), "runs": runs[1:], "first": runs[0],
+                      "ttft_p50_ms": statistics.median(ttfts[1:])}
+        print(f"offline C={level}: {out[level]['tok_s']:.0f} tok/s, TTFT p50 {out[level]['ttft_p50_ms']:.0f} ms",
+              flush=True)
     del llm
     gc.collect()
     torch.cuda.empty_cache()
     return out
 
 
-def run_server_level(url: str, model: str, prompts: list[list[int]], clients: int) -> dict[str, float]:
+def _offline_run(llm: object, prompts: list[list[int]], params: object) -> tuple[float, float]:
+    """The batch through the in-process engine's step loop, as LLM.generate_ids runs it: (tok/s, the p50 of each
+    request's time to its first token, in ms)."""
+    engine = llm.engine  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    ids = [engine.add_request(p, params, incremental_text=False).request_id for p in prompts]
+    first: dict[str, float] = {}
+    tokens = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.token_id is not None:
+                tokens += 1
+                first.setdefault(out.request_id, time.perf_counter())
+    seconds = time.perf_counter() - started
+    ttft = sorted(first[i] - started for i in ids)
+    return tokens / seconds, 1e3 * ttft[len(ttft) // 2]
+
+
+def run_server_level(url: str, model: str, prompts: list[list[int]], clients: int,
+                     fresh: bool = False) -> dict[str, float]:
     """C concurrent streams from `clients` processes of sse_client.py, released together once all are connected."""
     bodies = [{"model": model, "prompt": p, "max_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0,
                "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
@@ -80,7 +102,8 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     for i in range(min(clients, len(bodies))):
         (work / f"bodies{i}.json").write_text(json.dumps(bodies[i::clients]))
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("sse_client.py")), url,
-                                       str(work / f"bodies{i}.json"), str(work / f"result{i}.json")],
+                                       str(work / f"bodies{i}.json"), str(work / f"result{i}.json"),
+                                       *(["fresh"] if fresh else [])],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     for proc in procs:
         if proc.stdout.readline().strip() != "ready":
@@ -101,10 +124,15 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     ttft = sorted(s["chunk_times"][0] - s["sent"] for s in streams)
     return {"tok_s": tokens / (end - start), "tokens": tokens, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
             "itl_p99_ms": 1e3 * gaps[int(len(gaps) * 0.99)], "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2],
-            "release_to_first_send_ms": 1e3 * (min(s["sent"] for s in streams) - start)}
+            "release_to_first_send_ms": 1e3 * (min(s["sent"] for s in streams) - start),
+            "ttft_from_release_p50_ms": 1e3 * sorted(s["chunk_times"][0] - start for s in streams)[len(streams) // 2],
+            "ttft_from_release_max_ms": 1e3 * max(s["chunk_times"][0] - start for s in streams),
+            "ttft_from_release_ms_deciles": [round(1e3 * (t - start)) for t in sorted(
+                s["chunk_times"][0] for s in streams)[:: max(1, len(streams) // 10)]]}
 
 
-def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int) -> dict[int, dict]:
+def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int,
+               fresh: bool = False) -> dict[int, dict]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
     started = time.perf_counter()
     with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning",
@@ -115,10 +143,11 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
         out: dict[int, dict] = {"startup_s": startup}  # type: ignore[dict-item]
         for level in levels:
             runs = [run_server_level(f"{base}/v1/completions", model,
-                                     prompts_for(vocab, level, seed=1000 * level + repeat), clients=min(8, level))
+                                     prompts_for(vocab, level, seed=1000 * level + repeat), clients=min(8, level),
+                                     fresh=fresh)
                     for repeat in range(-1, repeats)]
             best = sorted(runs[1:], key=lambda r: r["tok_s"])[repeats // 2]
-            out[level] = best | {"runs": [r["tok_s"] for r in runs[1:]], "first": runs[0]["tok_s"]}
+            out[level] = best | {"runs": [r["tok_s"] for r in runs[1:]], "first": runs[0]["tok_s"], "first_run": runs[0]}
             print(f"server C={level}: {best['tok_s']:.0f} tok/s, ITL p50 {best['itl_p50_ms']:.1f} ms, TTFT p50 "
                   f"{best['ttft_p50_ms']:.0f} ms, release to first send {best['release_to_first_send_ms']:.0f} ms",
                   flush=True)
@@ -132,15 +161,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--api-server-count", type=int, default=None,
                         help="the server's API processes (default: what `infer serve` picks on this machine)")
+    parser.add_argument("--fresh-connections", action="store_true",
+                        help="each stream opens its connection when released (a burst of new clients)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
     vocab = ms.model_config(args.shape).vocab_size
     offline = run_offline(path, vocab, levels, args.repeats)
     api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
-    server = run_server(path, vocab, levels, args.repeats, api_servers)
+    server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
               "engine": ENGINE_FLAGS, "api_server_count": api_servers, "new_tokens": NEW_TOKENS,
+              "fresh_connections": args.fresh_connections,
               "startup_s": server.pop("startup_s"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
                           "ratio": server[level]["tok_s"] / offline[level]["tok_s"]} for level in levels}}
@@ -150,20 +182,22 @@ def main() -> None:
 def write(r: dict) -> None:
     out = Path(os.environ.get("OUT_DIR", "benchmarks/reports"))
     gpu = r["gpu"].lower().replace("nvidia", "").split()[0]
-    stem = f"serve_vs_offline_{gpu}_api{r['api_server_count']}"
+    stem = f"serve_vs_offline_{gpu}_api{r['api_server_count']}" + ("_fresh" if r.get("fresh_connections") else "")
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     lines = [f"# `infer serve` vs the offline engine — {r['shape']} (random bf16 weights), {r['gpu']}", "",
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "
              f"token-id prompts of 128-512 tokens, {r['new_tokens']} new tokens each, greedy, EOS ignored; the server "
              f"with {r['api_server_count']} API server process(es), every SSE chunk read by httpx clients in up to 8 "
-             f"processes. Medians of 3 runs after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
+             f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}. Medians of 3 runs after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "
-             "| server ITL p50 / p99 | server TTFT p50 | first run offline / server |", "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| server ITL p50 / p99 | server TTFT p50 | TTFT p50 from release: offline / server | first run offline / server |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for level, row in r["levels"].items():
         s = row["server"]
         lines.append(f"| {level} | {row['offline']['tok_s']:,.0f} | {s['tok_s']:,.0f} | {row['ratio']:.2f} | "
                      f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} ms | {s['ttft_p50_ms']:.0f} ms | "
+                     f"{row['offline'].get('ttft_p50_ms', float('nan')):.0f} / {s['ttft_from_release_p50_ms']:.0f} ms | "
                      f"{row['offline']['first']:,.0f} / {s['first']:,.0f} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

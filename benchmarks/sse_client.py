@@ -1,9 +1,10 @@
 """A load-generating client for serving benchmarks: streams completions and records when each SSE chunk arrives.
 
-    python benchmarks/sse_client.py URL BODIES.json RESULT.json
+    python benchmarks/sse_client.py URL BODIES.json RESULT.json [fresh]
 
 Imports only httpx (start-up stays out of the measured time). Prints "ready" once it holds one open connection per
-stream, waits for a line on stdin (the parent releases every client at once), sends all bodies concurrently, reads
+stream (with `fresh`: one warm connection only, each stream opening its own when released, as a burst of new clients
+does), waits for a line on stdin (the parent releases every client at once), sends all bodies concurrently, reads
 every chunk of every stream, and writes [{"tokens", "chunk_times", "sent", "done"}, ...] (times from time.time(): when
 the request went out, each text chunk arrived, the stream ended) to RESULT.json.
 """
@@ -36,13 +37,14 @@ async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> dict:
     return {"tokens": tokens, "chunk_times": times, "sent": sent, "done": time.time()}
 
 
-async def _main(url: str, bodies: list[dict]) -> list[dict]:
+async def _main(url: str, bodies: list[dict], fresh: bool) -> list[dict]:
     limits = httpx.Limits(max_connections=len(bodies) + 4, max_keepalive_connections=len(bodies) + 4)
     async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         # one warm keep-alive connection per stream, as a long-running client has: a fresh client's first request
-        # pays its connection and lazy set-up (~70-200 ms), which is not the server's time to first token
+        # pays its connection and lazy set-up (~70-200 ms), which is not the server's time to first token; `fresh`
+        # warms the client with one connection and leaves the others to be opened in the burst
         health = url.split("/v1/")[0] + "/health"
-        await asyncio.gather(*(http.get(health) for _ in bodies))
+        await asyncio.gather(*(http.get(health) for _ in bodies[: 1 if fresh else len(bodies)]))
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         return await asyncio.gather(*(_stream(http, url, b) for b in bodies))
@@ -52,6 +54,6 @@ if __name__ == "__main__":
     url, bodies_path, result_path = sys.argv[1:4]
     with open(bodies_path) as f:
         bodies = json.load(f)
-    streams = asyncio.run(_main(url, bodies))
+    streams = asyncio.run(_main(url, bodies, sys.argv[4:5] == ["fresh"]))
     with open(result_path, "w") as f:
         json.dump({"streams": streams}, f)
