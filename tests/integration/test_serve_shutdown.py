@@ -65,6 +65,8 @@ def test_a_second_sigterm_exits_at_once():
             served.proc.wait(timeout=2)  # draining: the generation goes on
         served.proc.send_signal(signal.SIGTERM)
         served.proc.wait(timeout=60)  # far inside the 600 s drain
+        out = served.output()
+    assert "second SIGTERM: exiting now" in out and "Traceback" not in out and "CancelledError" not in out, out
 
 
 @pytest.mark.parametrize("api_servers", [1, 2])

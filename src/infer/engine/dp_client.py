@@ -97,6 +97,7 @@ class DPClient:
 
     def _core_back(self, index: int) -> None:
         log.warning("engine %d of %d serves again", index, len(self.clients))
+        self.gone_reason = None
 
     # requests ----------------------------------------------------------------------------------
 

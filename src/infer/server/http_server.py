@@ -68,6 +68,8 @@ class DrainingServer(uvicorn.Server):
         if self.should_exit:
             log.warning("second %s: exiting now", signal.Signals(sig).name)
             self.force_exit = True
+            # the requests and the lifespan task still running are cancelled as the loop closes: expected, not errors
+            logging.getLogger("uvicorn.error").addFilter(_not_cancelled)
             return
         self.should_exit = True
         if self._loop is not None:
@@ -86,6 +88,15 @@ class DrainingServer(uvicorn.Server):
         if self.aborted_at_deadline:
             log.warning("aborted %d request(s) still running at the --shutdown-timeout-s deadline (%g s)",
                         self.aborted_at_deadline, self.limits.shutdown_timeout_s)
+
+
+def _not_cancelled(record: logging.LogRecord) -> bool:
+    """Whether a log record is about something other than a task cancelled by the exit (a request's, as an
+    exception; the lifespan's, as the traceback text starlette reports)."""
+    if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+        return False
+    text = record.getMessage()
+    return not (text.startswith("Traceback") and text.rstrip().endswith("CancelledError"))
 
 
 class RateLimitedErrors:

@@ -61,8 +61,9 @@ class FakeClient:
             raise self.answer
         return self.answer
 
-    def _gone(self, reason: str) -> None:
-        self.gone = self.gone or reason
+    @property
+    def alive(self) -> bool:
+        return self.gone is None
 
 
 @dataclass
@@ -93,7 +94,7 @@ def test_submits_spread_by_least_load_and_skip_a_full_engine():
         client.submit(f"r{i}", [1, 2], None)  # type: ignore[arg-type]
     assert fakes[1].live == {"r0", "r1"} and fakes[0].live == {"r2"}  # engine 1 filled its queue, then engine 0
     client.submit("r3", [1], None)  # type: ignore[arg-type]
-    with pytest.raises(QueueFullError, match="every engine"):
+    with pytest.raises(QueueFullError, match="every live engine"):
         client.submit("r4", [1], None)  # type: ignore[arg-type]
     assert client.max_waiting_requests == 4 and client.num_live == 4
 
@@ -144,14 +145,27 @@ def test_a_failed_call_names_the_engine_and_a_gone_core_wins():
         asyncio.run(client.call("reload_probes"))
 
 
-def test_one_engine_gone_fails_every_engine_and_tells_the_server_once():
+def test_one_engine_gone_leaves_the_others_serving_until_every_one_is_gone():
+    """A gone engine (its client failed its own requests) takes no new request and no utility call; the server
+    is told only when the last engine is gone, once; an engine that serves again takes requests again."""
     client, fakes, gone = dp(2)
-    client._core_gone("the engine core process (pid 7) exited")
-    client._core_gone("again")
-    assert gone == ["the engine core process (pid 7) exited"] and not client.alive
-    assert all(f.gone == gone[0] for f in fakes)
+    fakes[1].gone = "the engine core process (pid 7) exited"
+    client._core_gone(1, fakes[1].gone)
+    assert client.alive and client.dead_engines == [1] and gone == []
+    for i in range(3):
+        client.submit(f"r{i}", [1], None)  # type: ignore[arg-type]
+    assert fakes[0].live == {"r0", "r1", "r2"} and fakes[1].live == set()
+    fakes[0].answer = {}
+    assert asyncio.run(client.call("audit_blocks")) == {} and fakes[1].calls == []
+    fakes[0].gone = "the engine core process (pid 6) exited"
+    client._core_gone(0, fakes[0].gone)
+    client._core_gone(0, "again")
+    assert not client.alive and len(gone) == 1 and "every engine core is gone" in gone[0]
     with pytest.raises(CoreGoneError):
         client.submit("r", [1], None)  # type: ignore[arg-type]
+    fakes[1].gone = None  # restarted: its socket reconnected
+    client._core_back(1)
+    assert client.dead_engines == [0] and client.alive
 
 
 def test_each_engine_gets_its_device_seed_and_no_dp_of_its_own(monkeypatch):
