@@ -75,7 +75,8 @@ async def _create(state: ServerState, body: ResponsesRequest, request: Request) 
     state.check_context(len(ids), body.max_output_tokens, "input")
     max_tokens = state.max_seq_len - len(ids) if body.max_output_tokens is None else body.max_output_tokens
     structured = await answer_constraint(state, chat, shape, await requested_constraint(state, chat))
-    params = sampling_params(chat, max_tokens, structured=structured, vocab_size=state.vocab_size)
+    params = sampling_params(chat, max_tokens, structured=structured, vocab_size=state.vocab_size,
+                             defaults=state.built.sampling_defaults)
     gen = Generation(state.engine, expand([ids], params, 1), "resp", stream=bool(body.stream))
     view = _ResponseView(state, body, tools, gen, shape, (*history, *items), len(ids))
     if body.stream:
