@@ -33,6 +33,7 @@ from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.engine.core_env import core_environment
 from infer.engine.grammar_jobs import GrammarJobs
+from infer.engine.startup_log import phase
 from infer.models.config import ModelConfig
 from omniscience import ProbeLayout
 
@@ -81,7 +82,8 @@ class CoreProcess:
         address = address or f"ipc://{tempfile.mkdtemp(prefix='infer-')}/core.sock"  # a private (0700) folder
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe with CUDA and with threads
         ours, theirs = ctx.Pipe(duplex=False)
-        process = ctx.Process(target=run_core, args=(config, address, theirs), name="infer-core", daemon=False)
+        process = ctx.Process(target=run_core, args=(config, address, theirs, time.time()), name="infer-core",
+                              daemon=False)
         with core_environment():
             process.start()
         theirs.close()
@@ -110,9 +112,11 @@ class CoreProcess:
                 self.process.join()
 
 
-def run_core(config: EngineConfig, address: str, ready: Connection) -> None:
-    """The core process's main: build and warm the engine, report to the parent, then serve until stopped."""
+def run_core(config: EngineConfig, address: str, ready: Connection, spawned: float) -> None:
+    """The core process's main: build and warm the engine, report to the parent, then serve until stopped.
+    `spawned`: when the parent started this process (time.time()), for the start-up report."""
     logging.basicConfig(level=logging.INFO, format="[infer core] %(message)s")
+    phase("core process up", time.time() - spawned, "interpreter and imports")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
     try:
         built = build_engine(config, core_only=True, hard_exit=True)
@@ -122,8 +126,10 @@ def run_core(config: EngineConfig, address: str, ready: Connection) -> None:
     except BaseException as exc:
         ready.send(("error", (f"{type(exc).__name__}: {exc}", False)))
         raise
+    started = time.perf_counter()
     if (reason := built.engine.grammars.prepare()) is not None:  # before the core reports ready (see prepare)
         log.warning("serving without structured output and tools: %s", reason)
+    phase("structured output prepared", time.perf_counter() - started, "llguidance's view of the tokenizer")
     loop = CoreLoop(built, address)
     ready.send(("ready", CoreInfo(address, built.config, built.model_config, str(built.path),
                                   built.engine.runner.vocab_size, built.engine.probe_layout, built.load_seconds,

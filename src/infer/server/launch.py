@@ -93,9 +93,10 @@ def served_model(info: CoreInfo) -> ServedModel:
 
 
 def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int = 0,
-                   reuse_port: bool = False, limits: ServerLimits | None = None) -> int:
+                   reuse_port: bool = False, limits: ServerLimits | None = None, spawned: float | None = None) -> int:
     """One API server on the port, connected to every core, until it is stopped (0) or a core is gone (1, after
-    answering 503s)."""
+    answering 503s). `spawned`: when its process was started (time.time()), else now, for the start-up report."""
+    spawned = spawned or time.time()
     from infer.server.app import create_app
     from infer.server.state import ServerState
 
@@ -113,6 +114,8 @@ def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_l
     if threading.current_thread() is threading.main_thread():
         stop_on_sigterm(server)
     settle_heap()  # the tokenizer, the app: frozen out of the collector before serving
+    say(f"start-up: API server {index} up in {time.time() - spawned:.2f}s (pid {os.getpid()}: imports, tokenizer, "
+        f"app)")
     server.run(sockets=[_bind(host, port, reuse_port)])
     if client.gone_reason is not None:
         say(f"exiting: {client.gone_reason}")
@@ -130,8 +133,9 @@ def stop_on_sigterm(server: uvicorn.Server) -> None:
 
 
 def _api_server_main(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int,
-                     limits: ServerLimits) -> None:
-    sys.exit(run_api_server(infos, name, host, port, log_level, index, reuse_port=True, limits=limits))
+                     limits: ServerLimits, spawned: float) -> None:
+    sys.exit(run_api_server(infos, name, host, port, log_level, index, reuse_port=True, limits=limits,
+                            spawned=spawned))
 
 
 def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_level: str, count: int,
@@ -143,7 +147,7 @@ def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_le
     infos = [core.info for core in cores]
 
     def spawn(i: int) -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_api_server_main, args=(infos, name, host, port, log_level, i, limits),
+        p = ctx.Process(target=_api_server_main, args=(infos, name, host, port, log_level, i, limits, time.time()),
                         name=f"infer-api-{i}")
         p.start()
         return p
