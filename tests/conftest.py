@@ -53,12 +53,12 @@ def _fixed_cuda_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test process holds several engines at once. On CUDA an engine without kv_cache_memory_gb sizes its cache
     from what gpu_memory_utilization leaves of the device, so the first would leave the next none: here each takes
     1 GiB instead (engine-core processes the tests start are alone on the device and size it as served)."""
-    import infer.engine.builder as builder
+    import infer.engine.rank_runner as rank_runner
 
-    sized = builder.kv_cache_bytes
+    sized = rank_runner.kv_cache_bytes
 
     def fixed(config, model):  # type: ignore[no-untyped-def]
         cuda = config.resolved_device.startswith("cuda")
         return float(2**30) if cuda and config.kv_cache_memory_gb is None else sized(config, model)
 
-    monkeypatch.setattr(builder, "kv_cache_bytes", fixed)
+    monkeypatch.setattr(rank_runner, "kv_cache_bytes", fixed)

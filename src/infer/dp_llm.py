@@ -1,10 +1,10 @@
 """`LLM(data_parallel_size=N)`: offline generation over N engine-core processes, as `infer serve -dp N` runs them.
 
-`LLM(...)` with data_parallel_size > 1 returns this subclass. It starts the cores once (engine/dp_cores.py) and
-drives each `generate` through a DPClient (engine/dp_client.py) on a private event loop: every prompt is routed
-by `load_balance_method`, each core batches what it got, and the outputs come back in the prompts' order.
-Detokenization and stop strings run here, as in the API server. Not offered with DP: probes and `stream`
-(use `infer serve -dp N` for either). The cores stop with `close()`, or when the LLM is collected or the
+`LLM(...)` with data_parallel_size > 1 returns one of these (a virtual subclass of LLM). It starts the cores once
+(engine/dp_cores.py) and drives each `generate` through a DPClient (engine/dp_client.py) on a private event loop:
+every prompt is routed by `load_balance_method`, each core batches what it got, and the outputs come back in the
+prompts' order. Detokenization and stop strings run here, as in the API server. Not offered with DP: probes and
+`stream` (use `infer serve -dp N` for either). The cores stop with `close()`, or when the LLM is collected or the
 interpreter exits.
 """
 
@@ -22,14 +22,14 @@ from infer.engine.core_process import CoreProcess
 from infer.engine.dp_client import DPClient
 from infer.engine.builder import ServedModel
 from infer.engine.dp_cores import start_cores
-from infer.llm import LLM, RequestOutput
 from infer.loader.tokenizer import Tokenizer
+from infer.offline import OfflineLLM, RequestOutput
 from infer.sampling.params import SamplingParams
 
 OFFLINE_QUEUE = 1 << 30  # offline, every prompt is queued at once: no admission limit
 
 
-class DataParallelLLM(LLM):
+class DataParallelLLM(OfflineLLM):
     def __init__(self, model: str | None = None, **engine_options: object) -> None:
         config = EngineConfig(model=model, **engine_options)  # type: ignore[arg-type]
         if config.probes is not None:

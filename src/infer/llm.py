@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from infer.engine.builder import BuiltEngine, Messages, build_engine
+from infer.dp_llm import DataParallelLLM
+from infer.engine.builder import BuiltEngine, build_engine
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.engine.request import ProbeScores, StepOutput, probe_columns
+from infer.offline import OfflineLLM, RequestOutput
 from infer.sampling.params import SamplingParams
 from omniscience import ProbeLayout
-
-Prompt = str | list[int]
-
-
-@dataclass
-class RequestOutput:
-    prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    cached_tokens: int = 0  # prompt tokens read from the prefix cache
-    probes: dict[str, list[float | None]] = field(default_factory=dict)  # per probe: a score per token_ids entry
-    prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: per prompt token
 
 
 @dataclass(frozen=True)
@@ -44,20 +33,18 @@ def probe_infos(layout: ProbeLayout | None) -> list[ProbeInfo]:
     return [ProbeInfo(p.name, p.layer, p.activation, str(p.source), p.sha256, layout.version) for p in layout.probes]
 
 
-class LLM:
+class LLM(OfflineLLM):
     """Offline generation: `LLM().generate(["Hello"], SamplingParams(temperature=0))`.
 
     Keyword arguments are `EngineConfig` fields. One caller at a time: each call drives the engine until
     its own requests finish. With `probes="probes.yaml"`, every output carries every loaded probe's score per
-    token unless its SamplingParams name the probes it wants. With `data_parallel_size=N` > 1 it is a
-    DataParallelLLM (infer/dp_llm.py): N engine-core processes.
+    token unless its SamplingParams name the probes it wants. With `data_parallel_size=N` > 1 it returns a
+    DataParallelLLM (infer/dp_llm.py): N engine-core processes, the same offline API (and an instance of LLM).
     """
 
     def __new__(cls, model: str | None = None, **engine_options: object) -> LLM:
         if cls is LLM and engine_options.get("data_parallel_size", 1) != 1:
-            from infer.dp_llm import DataParallelLLM
-
-            return super().__new__(DataParallelLLM)
+            return DataParallelLLM(model, **engine_options)  # type: ignore[return-value]
         return super().__new__(cls)
 
     def __init__(self, model: str | None = None, **engine_options: object) -> None:
@@ -76,25 +63,6 @@ class LLM:
         """Release what outlives this object's memory: a tensor-parallel engine's worker processes and process group
         (another tensor-parallel LLM in this process needs them gone)."""
         self.runner.close()
-
-    def __enter__(self) -> LLM:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    # prompts -----------------------------------------------------------------------------------
-
-    def chat_template_name(self) -> str:
-        return self.built.chat_template_name
-
-    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-        return self.built.encode_chat(messages, add_generation_prompt)
-
-    def encode(self, prompt: Prompt) -> list[int]:
-        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
-
-    # generation --------------------------------------------------------------------------------
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         per_request = params if isinstance(params, list) else [params] * len(prompts)
@@ -135,20 +103,6 @@ class LLM:
             result.probes = probe_columns(probe_rows[request_id])
         return list(results.values())
 
-    def generate(
-        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
-    ) -> list[RequestOutput]:
-        """Generate for one prompt or many (text or token ids), all batched together."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        return self.generate_ids([self.encode(p) for p in prompts], params or SamplingParams())  # type: ignore[union-attr]
-
-    def chat(self, conversations: Messages | list[Messages], params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Generate a reply for one conversation or many, rendered through our chat template."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        return self.generate_ids([self.encode_chat(c) for c in conversations], params or SamplingParams())  # type: ignore[arg-type]
-
     def probes(self) -> list[ProbeInfo]:
         """The loaded probes (empty without a probe set)."""
         return probe_infos(self.engine.probe_layout)
@@ -172,3 +126,6 @@ class LLM:
             if not request.finished:  # the caller stopped early, or a stop string ended it: free its blocks
                 self.engine.abort(request.request_id)
                 self.engine.apply_aborts()
+
+
+LLM.register(DataParallelLLM)  # isinstance(LLM(data_parallel_size=2), LLM), as LLM(...) returns it

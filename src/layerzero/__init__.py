@@ -7,6 +7,7 @@ import importlib
 from typing import Any
 
 from layerzero.api import (
+    W8_DTYPES,
     all_gather,
     all_reduce,
     argmax,
@@ -72,8 +73,19 @@ _LAZY = {
     "SelectionReport": "layerzero.select.engine",
     "get_engine": "layerzero.select.engine",
     "get_registry": "layerzero.kernels",
+    # for code that builds on the ops: the reference top-k / top-p cut, weight packing and scales, the record of
+    # native kernel calls (CPU graphs), and what a kept selection compares (the policy object, the generation)
+    "mask_top_k_top_p": "layerzero.kernels.reference.sampling",
+    "pack_int4": "layerzero.kernels.reference.quantize",
+    "dequantize_int4": "layerzero.kernels.reference.quantize",
+    "dequantize_w8": "layerzero.kernels.reference.quantize",
+    "expand_block_scales": "layerzero.kernels.reference.quantize",
+    "calls_into": "layerzero.kernels.native.build",
+    "KernelCall": "layerzero.kernels.native.build",
+    "get_policy": "layerzero.policy.state",
+    "GENERATION": "layerzero.select.generation",
 }
-_RENAMED = {"load_config": "load"}
+_RENAMED = {"load_config": "load", "KernelCall": "Call"}
 
 
 def __getattr__(name: str) -> Any:
@@ -99,6 +111,7 @@ __all__ = [
     "NoKernelFoundError",
     "Reason",
     "SelectionContext",
+    "W8_DTYPES",
     "all_gather",
     "all_reduce",
     "argmax",

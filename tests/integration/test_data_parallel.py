@@ -1,7 +1,8 @@
 """Data parallelism on the bundled SmolLM2: two engine cores behind one API server give every request (greedy,
 seeded, n > 1) the output one engine gives; the requests spread over both; aborts, /metrics, /health and the
 idle and block audits reach both; `infer serve -dp 2` with a core killed fails only that core's streams and starts
-it again; a killed API server is started again."""
+it again; a killed API server is started again; offline, `LLM(data_parallel_size=2)` is a DataParallelLLM (and an
+LLM) that gives the in-process engine's greedy outputs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from infer import LLM, SamplingParams
+from infer.dp_llm import DataParallelLLM
 from server_harness import MODEL, process_gone, running_server, serve_process
 
 pytestmark = pytest.mark.slow
@@ -174,3 +177,11 @@ def test_a_killed_api_server_is_started_again():
         assert len(seen - {victim}) == 2
     out = served.output()
     assert re.search(r"API server infer-api-\d was killed by signal SIGKILL; started again", out), out
+
+
+def test_offline_llm_with_data_parallel_size_2_gives_the_outputs_of_one_engine(smollm2_gguf, smollm2_llm):
+    params = SamplingParams(temperature=0, max_tokens=12)
+    with LLM(str(smollm2_gguf), max_seq_len=1024, data_parallel_size=2) as llm:
+        assert type(llm) is DataParallelLLM and isinstance(llm, LLM)
+        texts = [out.text for out in llm.generate(PROMPTS, params)]
+    assert texts == [out.text for out in smollm2_llm.generate(PROMPTS, params)]

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infer.distributed.channel import Channel
 from infer.distributed.group import DistributedError, Groups
 from infer.distributed.step_message import STOP, StepEncoder, TableMirror
-from infer.distributed.workers import WorkerSet
 from infer.runners.step import StepInput
 from infer.runners.torch_runner import LaunchedStep, TorchRunner
+
+if TYPE_CHECKING:
+    from infer.distributed.workers import WorkerSet  # which starts the workers' main, which builds this runner
 
 
 def table_mirror(runner: TorchRunner) -> TableMirror:

@@ -9,23 +9,20 @@ from __future__ import annotations
 import functools
 import gc
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from infer.distributed.group import DistributedError, Groups
+from infer.distributed.group import DistributedError
 from infer.distributed.startup import distributed_config, start_rank0
-from infer.distributed.tp_runner import TensorParallelRunner
-from infer.distributed.workers import WorkerSet
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.engine.engine import Engine
+from infer.engine.rank_runner import bounded, build_rank_runner, load_rank_model, resolve_model_path
 from infer.engine.warmup import warm_up
 from infer.kv.kv_manager import KVCacheManager
-from infer.kv.sizing import kv_bytes_per_token, kv_layout
-from infer.loader.gguf_loader import bundled_smollm2
 from infer.loader.model_loader import LoadedModel, load_model, read_config
 from infer.loader.tokenizer import Tokenizer
 from infer.loader.generation_config import sampling_defaults
@@ -35,20 +32,11 @@ from infer.models.chat_template import (
 from infer.models.config import ModelConfig
 from infer.models.registry import model_spec
 from infer.models.shard import Shard, ShardError
-from infer.runners.cuda_graphs import bucket_sizes
-from infer.runners.prefill_graphs import prefill_bucket_sizes
-from infer.runners.drafter import Drafter
-from infer.runners.torch_runner import TorchRunner
 from infer.speculative.gate import gate_speculation
 from omniscience import ProbeBank, ProbeError, ProbeSet, load_probe_set
 
 Messages = list[dict[str, Any]]
 CUSTOM_TEMPLATE = "custom"  # chat_template_name of a template file on a family with no bundled template
-
-
-def resolve_model_path(model: str | None) -> Path:
-    """None means the bundled SmolLM2-135M-Instruct GGUF."""
-    return bundled_smollm2() if model is None else Path(model).expanduser()
 
 
 def chat_template_name(model_type: str, tokenizer: Tokenizer) -> str:
@@ -179,68 +167,6 @@ def settle_heap() -> None:
         gc.set_threshold(*GC_THRESHOLDS)
 
 
-CPU_KV_CACHE_BYTES = 2**30  # the CPU's default KV cache at most (a draft model shares it)
-
-
-def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
-    """The KV cache's budget: kv_cache_memory_gb when given; on CUDA otherwise what gpu_memory_utilization leaves
-    of the device once the weights are loaded, less a reserve for the largest step's activations and logits; on
-    the CPU 1 GiB, or less when max_batch_size full-length sequences need less (the cache is resident memory)."""
-    if config.kv_cache_memory_gb is not None:
-        return config.kv_cache_memory_gb * 2**30
-    if not config.resolved_device.startswith("cuda"):
-        need = kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len * config.max_batch_size
-        return float(CPU_KV_CACHE_BYTES if config.draft_model is not None else min(CPU_KV_CACHE_BYTES, need))
-    device = torch.device(config.resolved_device)
-    free, total = torch.cuda.mem_get_info(device)
-    itemsize = torch.empty((), dtype=config.torch_dtype).element_size()
-    tokens = max(config.max_num_batched_tokens or 0, config.decode_rows)
-    activations = 16 * tokens * model.hidden_size * itemsize + 3 * config.decode_rows * model.vocab_size * 4
-    budget = total * config.gpu_memory_utilization - (total - free) - activations
-    if budget < kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len:
-        raise EngineConfigError(
-            f"gpu_memory_utilization={config.gpu_memory_utilization}: leaves {budget / 2**30:.2f} GiB for the KV cache "
-            f"after the weights ({(total - free) / 2**30:.1f} GiB in use of {total / 2**30:.1f}), less than one "
-            f"max_seq_len={config.max_seq_len} sequence; raise it, lower max_seq_len or set kv_cache_memory_gb")
-    return budget
-
-
-def load_rank_model(config: EngineConfig, shard: Shard = Shard()) -> LoadedModel:
-    """The configured model (this tensor-parallel rank's shard of it) on the configured device."""
-    return load_model(resolve_model_path(config.model), config.torch_dtype, config.resolved_device, config.max_seq_len,
-                      config.load_format, config.quantization, shard)
-
-
-def bounded(config: EngineConfig, model: ModelConfig) -> EngineConfig:
-    """max_seq_len bounded by the model's positions (every rank builds from the same bounded config)."""
-    return replace(config, max_seq_len=min(config.max_seq_len, model.max_position_embeddings))
-
-
-def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups | None, probes: ProbeBank | None,
-                      drafter: LoadedModel | None = None, workers: WorkerSet | None = None) -> TorchRunner:
-    """The runner of one rank (or of the only one): its KV cache sized by its own KV heads, the block count agreed
-    as the minimum over the ranks, prefill and decode graphs captured (every rank captures the same buckets in the
-    same order)."""
-    config = bounded(config, loaded.config)
-    local = loaded.model.local
-    layout = kv_layout(
-        local, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
-        config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(config, local),
-        draft=drafter.config if drafter is not None else None,
-    )
-    num_blocks = layout.num_blocks if groups is None else groups.agree_min(layout.num_blocks)
-    args = (loaded.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-            bucket_sizes(config.decode_rows) if config.decode_graphs else (), probes)
-    kwargs: dict[str, Any] = dict(
-        prefill_graph_tokens=prefill_bucket_sizes(config.max_num_batched_tokens or 0) if config.prefill_graphs else (),
-        max_drafts=config.speculative_tokens, drafter=None if drafter is None else Drafter(
-        drafter.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
-        bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()))
-    if groups is not None and groups.shard.rank == 0:
-        return TensorParallelRunner(groups, workers, *args, **kwargs)
-    return TorchRunner(*args, **kwargs)
-
-
 def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool = False) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine:
     an Engine that detokenizes (offline use), or with `core_only` the bare EngineCore a core process runs.
@@ -253,7 +179,10 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
     if config.resolved_runner == "mlx":  # the MLX engine (docs/apple.md)
         from infer.engine.mlx_builder import build_mlx_engine
 
-        return build_mlx_engine(config, path, core_only, started)
+        mlx = build_mlx_engine(config, path, core_only)
+        settle_heap()
+        return BuiltEngine(mlx.config, mlx.model_config, mlx.tokenizer, path, mlx.engine, time.perf_counter() - started,
+                           mlx.warmup_seconds)
     groups, workers = None, None
     if config.resolved_device.startswith("cuda:"):  # graphs capture on the current device's stream: make it ours
         torch.cuda.set_device(torch.device(config.resolved_device))

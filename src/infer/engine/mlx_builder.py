@@ -4,12 +4,17 @@ here, at startup, naming the field (docs/apple.md)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from infer.engine.config import DTYPES, EngineConfig, EngineConfigError
 from infer.runners.mlx import apple_metal, mlx_available
+
+if TYPE_CHECKING:
+    from infer.engine.core import EngineCore
+    from infer.loader.tokenizer import Tokenizer
+    from infer.models.config import ModelConfig
 
 # (field, whether the config asks for it, why the MLX runner declines it)
 DECLINED = (
@@ -43,13 +48,23 @@ def mlx_dtype_name(config: EngineConfig) -> str:
     return "float16" if apple_metal() else "float32"
 
 
-def build_mlx_engine(config: EngineConfig, path: Path, core_only: bool, started: float):  # -> BuiltEngine
+class MlxEngine(NamedTuple):
+    """An engine around the MLX runner and what build_engine returns beside it."""
+
+    config: EngineConfig  # max_seq_len bounded by the model's positions
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    engine: EngineCore
+    warmup_seconds: float
+
+
+def build_mlx_engine(config: EngineConfig, path: Path, core_only: bool) -> MlxEngine:
     """Load the checkpoint into MLX, size the KV cache, build the MlxRunner and the engine around it."""
     import mlx.core as mx
 
-    from infer.engine.builder import BuiltEngine, kv_cache_bytes, settle_heap
     from infer.engine.core import EngineCore
     from infer.engine.engine import Engine
+    from infer.engine.rank_runner import kv_cache_bytes
     from infer.engine.warmup import warm_up
     from infer.kv.kv_manager import KVCacheManager
     from infer.kv.sizing import kv_layout
@@ -73,6 +88,4 @@ def build_mlx_engine(config: EngineConfig, path: Path, core_only: bool, started:
     runner = MlxRunner(model, layout.num_blocks, layout.block_size, config.max_batch_size)
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)  # type: ignore[arg-type]
-    warmup_seconds = warm_up(engine) if core_only else 0.0
-    settle_heap()
-    return BuiltEngine(config, model_config, tokenizer, path, engine, time.perf_counter() - started, warmup_seconds)
+    return MlxEngine(config, model_config, tokenizer, engine, warm_up(engine) if core_only else 0.0)

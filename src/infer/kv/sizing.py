@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import torch
+from typing import NamedTuple, Protocol
 
 from infer.kv.kv_manager import blocks_needed
 from infer.models.config import ModelConfig
+
+
+class DType(Protocol):
+    """An element type as sizing reads it (a torch.dtype): bytes per element, so block accounting needs no torch."""
+
+    @property
+    def itemsize(self) -> int: ...
 
 
 class KVLayout(NamedTuple):
@@ -15,15 +20,14 @@ class KVLayout(NamedTuple):
     block_size: int
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(cfg: ModelConfig, dtype: DType) -> int:
     """2 (K and V) * layers * kv_heads * head_dim * bytes per element."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
 
 
 def kv_layout(
     cfg: ModelConfig,
-    dtype: torch.dtype,
+    dtype: DType,
     backend: str,
     block_size: int,
     max_seq_len: int,

@@ -19,8 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from layerzero.api import W8_DTYPES
-from layerzero.kernels.reference.quantize import dequantize_w8
+from layerzero import W8_DTYPES, dequantize_w8
 
 # Per-weight tensors the weight-only kernels do not read: static activation scales.
 ACTIVATION_SUFFIXES = (".input_scale", ".input_zero_point")

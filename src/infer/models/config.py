@@ -8,6 +8,7 @@ from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's early name for LongRoPE
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "gemma3_text", "phi3")  # the keys of models/registry.py
 SLIDING_EVERY_LAYER = ("mistral", "phi3")  # families whose config's sliding_window, when set, covers every layer
 
 
@@ -153,13 +154,11 @@ def _gemma_layer_types(d: dict[str, Any], n_layers: int) -> tuple[str, ...]:
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """Build a ModelConfig from an HF config.json dict; errors name the field."""
-    from infer.models.registry import supported_model_types  # late: registry imports model modules
-
     model_type = _require(d, "model_type")
-    if model_type not in supported_model_types():
+    if model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(
             f"config.json: model_type={model_type!r} is not supported "
-            f"(supported: {', '.join(supported_model_types())})"
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     if d.get("use_sliding_window"):
         raise ConfigError("config.json: use_sliding_window=true is not supported for this model type")

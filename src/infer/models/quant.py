@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import layerzero as lz
-from layerzero.kernels.reference.quantize import dequantize_int4, dequantize_w8, expand_block_scales, pack_int4
+from layerzero import dequantize_int4, dequantize_w8, expand_block_scales, pack_int4
 
 
 W8_FORMATS = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}

@@ -30,10 +30,6 @@ REGISTRY: dict[str, ModelSpec] = {
 }
 
 
-def supported_model_types() -> tuple[str, ...]:
-    return tuple(REGISTRY)
-
-
 def model_spec(model_type: str) -> ModelSpec:
     if model_type not in REGISTRY:
         raise ValueError(f"model_type {model_type!r} is not supported (supported: {', '.join(REGISTRY)})")

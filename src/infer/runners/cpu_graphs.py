@@ -36,9 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from infer.runners.cuda_graphs import GraphStats, smallest_bucket
-from layerzero.kernels.native.build import Call, calls_into
-from layerzero.policy.state import get_policy
-from layerzero.select.generation import GENERATION
+from layerzero import GENERATION, KernelCall, calls_into, get_policy
 
 # Each bucket keeps its own activations (~1.7 MB a row for the bundled model); 32 is the default max_batch_size, and
 # replays measured 1.54x eager at batch 1, 1.1x at 8, even at 32 (benchmarks/reports/cpu_graphs.md).
@@ -72,7 +70,7 @@ def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
 class _Recorder(TorchDispatchMode):
     """Runs each tensor op and appends what a replay must run to `ops`; keeps every tensor it sees made."""
 
-    def __init__(self, ops: list[Call]) -> None:
+    def __init__(self, ops: list[KernelCall]) -> None:
         super().__init__()
         self.ops = ops
         self.kept: list[torch.Tensor] = []
@@ -114,7 +112,7 @@ def _integer_index(func: Any, args: tuple[Any, ...]) -> bool:
 
 @dataclass
 class _Recording:
-    ops: list[Call]
+    ops: list[KernelCall]
     kept: list[torch.Tensor]
     logits: torch.Tensor
     generation: int
@@ -189,7 +187,7 @@ class CpuDecodeGraphs:
     def _record(self, size: int, policy: object) -> torch.Tensor:
         started = time.perf_counter()
         generation = GENERATION.value
-        ops: list[Call] = []
+        ops: list[KernelCall] = []
         recorder = _Recorder(ops)
         with calls_into(ops), recorder:
             logits = self._forward(size)

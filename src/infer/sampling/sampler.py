@@ -26,7 +26,7 @@ from infer.sampling.adjust import LogitAdjustments
 from infer.sampling.params import SamplingParams
 from infer.sampling.random import uniform
 from infer.transfer import upload
-from layerzero.kernels.reference.sampling import mask_top_k_top_p
+from layerzero import mask_top_k_top_p
 
 
 @dataclass

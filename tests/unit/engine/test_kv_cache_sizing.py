@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from infer.engine.builder import CPU_KV_CACHE_BYTES, kv_cache_bytes
+from infer.engine.rank_runner import CPU_KV_CACHE_BYTES, kv_cache_bytes
 from infer.engine.config import EngineConfig
 from infer.kv.sizing import kv_bytes_per_token
 from infer.models.config import ModelConfig, RopeConfig

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infer.engine.builder import chat_template_name
+from infer.models.config import SUPPORTED_MODEL_TYPES
+from infer.models.registry import REGISTRY
 
 
 class Vocabulary:
@@ -27,3 +29,7 @@ class Vocabulary:
 ])
 def test_marker_tokens_pick_the_template(model_type: str, tokens: tuple[str, ...], template: str) -> None:
     assert chat_template_name(model_type, Vocabulary(*tokens)) == template
+
+
+def test_the_registry_has_every_model_type_config_reads() -> None:
+    assert tuple(REGISTRY) == SUPPORTED_MODEL_TYPES

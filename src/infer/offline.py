@@ -1,0 +1,74 @@
+"""What every offline LLM offers, in-process (`infer.llm.LLM`) or over data-parallel engine cores
+(`infer.dp_llm.DataParallelLLM`): prompts as text, token ids or chat conversations, batched into `generate_ids`,
+which each kind implements, and the outputs as `RequestOutput`s."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from infer.engine.builder import Messages, ServedModel
+from infer.loader.tokenizer import Tokenizer
+from infer.sampling.params import SamplingParams
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache
+    probes: dict[str, list[float | None]] = field(default_factory=dict)  # per probe: a score per token_ids entry
+    prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: per prompt token
+
+
+class OfflineLLM(ABC):
+    """The offline API over `generate_ids`: subclasses set `built` (the model's config, tokenizer and chat template)
+    and `tokenizer`, and run the requests."""
+
+    built: ServedModel
+    tokenizer: Tokenizer
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what outlives this object's memory (processes, process groups)."""
+
+    def __enter__(self) -> OfflineLLM:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # prompts -----------------------------------------------------------------------------------
+
+    def chat_template_name(self) -> str:
+        return self.built.chat_template_name
+
+    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+        return self.built.encode_chat(messages, add_generation_prompt)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+
+    # generation --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        """Generate for prompts of token ids, all batched together; one SamplingParams for all, or one each."""
+
+    def generate(
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Generate for one prompt or many (text or token ids), all batched together."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        return self.generate_ids([self.encode(p) for p in prompts], params or SamplingParams())  # type: ignore[union-attr]
+
+    def chat(self, conversations: Messages | list[Messages], params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Generate a reply for one conversation or many, rendered through our chat template."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        return self.generate_ids([self.encode_chat(c) for c in conversations], params or SamplingParams())  # type: ignore[arg-type]
