@@ -21,6 +21,7 @@ from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.engine.engine import Engine
 from infer.engine.rank_runner import bounded, build_rank_runner, load_rank_model, resolve_model_path
+from infer.engine.startup_log import Clock, phase, runner_phases
 from infer.engine.warmup import warm_up
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import LoadedModel, load_model, read_config
@@ -192,12 +193,16 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
         except ShardError as exc:
             raise EngineConfigError(str(exc)) from None
         groups, workers, config = start_rank0(config, hard_exit)
+    clock = Clock()
     try:
         loaded = load_rank_model(config, groups.shard if groups is not None else Shard())
         config = bounded(config, loaded.config)
+        phase("weights loaded", clock.lap(), f"{path.name}, {config.resolved_device}")
         tokenizer = Tokenizer.from_path(path)
         drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None
+        phase("tokenizer" + (" and draft model" if drafter is not None else "") + " loaded", clock.lap())
         runner = build_rank_runner(config, loaded, groups, probe_bank(config, loaded.config), drafter, workers)
+        runner_phases(runner, clock.lap())
     except BaseException as exc:
         if groups is not None:  # the workers may wait in a collective for this rank: end them
             failure = workers.failure if workers is not None else None
@@ -213,5 +218,7 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
     engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)
     gate_speculation(engine.scheduler, config.speculative_disable_by_batch_size)
     warmup_seconds = warm_up(engine) if core_only or runner.device.type == "cuda" else 0.0
+    if warmup_seconds:
+        phase("warm-up", warmup_seconds)
     settle_heap()
     return BuiltEngine(config, loaded.config, tokenizer, path, engine, time.perf_counter() - started, warmup_seconds)
