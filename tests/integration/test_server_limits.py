@@ -43,7 +43,7 @@ def _raw(base_url: str, data: bytes) -> bytes:
 
 
 def _headers(length: int) -> bytes:
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n\r\n").encode()
 
 
@@ -99,7 +99,7 @@ def test_a_trickled_body_is_408_at_the_whole_body_deadline(server):
 
 
 def test_stalled_headers_close_the_connection(server):
-    assert _raw(server.base_url, b"POST /v1/completions HTTP/1.1\r\nHost: test\r\n") == b""  # no blank line: unfinished
+    assert _raw(server.base_url, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n") == b""  # no blank line: unfinished
     assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
 
 
@@ -175,7 +175,7 @@ def _open(base_url: str, data: bytes) -> socket.socket:
 def test_trickling_connections_past_the_cap_never_lock_others_out(capped):
     """Four times the cap in connections that send half their headers: each new connection replaces the oldest,
     and /health and a completion still answer at once."""
-    socks = [_open(capped.base_url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n") for _ in range(4 * CAP)]
+    socks = [_open(capped.base_url, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n") for _ in range(4 * CAP)]
     try:
         start = time.monotonic()
         assert httpx.get(f"{capped.base_url}/health", timeout=5).status_code == 200
