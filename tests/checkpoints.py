@@ -224,13 +224,9 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(path: Path, seed: int = 4, kinds: dict[str, GGMLQuantizationType] | None = None,
-                     ) -> tuple[Path, dict[str, np.ndarray]]:
-    """A tiny Llama as llama.cpp would write it, each projection in its `kinds` entry (by GGUF name, e.g. "attn_q";
-    Q8_0 where none is given), quantized by gguf-py; returns the file and each projection's raw blocks."""
-    model = tiny_hf_model("llama", seed)  # its llama3 rope scaling is left out of the file: both loads share that
-    cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
-    writer = GGUFWriter(str(path), "llama")
+def _gguf_writer(path: Path, arch: str, cfg, rope_base: float, rope_dims: int) -> GGUFWriter:
+    """A GGUF writer holding a decoder's shape metadata as llama.cpp's converter writes it."""
+    writer = GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -238,11 +234,33 @@ def write_llama_gguf(path: Path, seed: int = 4, kinds: dict[str, GGMLQuantizatio
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(500000.0)
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_rope_dimension_count(rope_dims)
+    return writer
+
+
+def _gguf_outer_tensors(writer: GGUFWriter, state: dict[str, np.ndarray]) -> None:
+    """The embedding, the final norm and the LM head."""
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
     writer.add_tensor("output.weight", state["lm_head.weight"])
+
+
+def _gguf_finish(writer: GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_llama_gguf(path: Path, seed: int = 4, kinds: dict[str, GGMLQuantizationType] | None = None,
+                     ) -> tuple[Path, dict[str, np.ndarray]]:
+    """A tiny Llama as llama.cpp would write it, each projection in its `kinds` entry (by GGUF name, e.g. "attn_q";
+    Q8_0 where none is given), quantized by gguf-py; returns the file and each projection's raw blocks."""
+    model = tiny_hf_model("llama", seed)  # its llama3 rope scaling is left out of the file: both loads share that
+    cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+    writer = _gguf_writer(path, "llama", cfg, 500000.0, cfg.hidden_size // cfg.num_attention_heads)
+    _gguf_outer_tensors(writer, state)
     raw = {}
     for i in range(cfg.num_hidden_layers):
         for hf, ours in GGUF_LAYER.items():
@@ -256,10 +274,7 @@ def write_llama_gguf(path: Path, seed: int = 4, kinds: dict[str, GGMLQuantizatio
             kind = (kinds or {}).get(ours, GGMLQuantizationType.Q8_0)
             raw[name] = quantize(w, kind)
             writer.add_tensor(name, raw[name], raw_dtype=kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _gguf_finish(writer)
     return path, raw
 
 
@@ -274,16 +289,8 @@ def write_f32_gguf(model, path: Path) -> Path:
     cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
     phi3, rope = cfg.model_type == "phi3", cfg.rope_parameters
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    writer = GGUFWriter(str(path), "phi3" if phi3 else "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(rope["rope_theta"])
-    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    writer = _gguf_writer(path, "phi3" if phi3 else "llama", cfg, rope["rope_theta"],
+                          int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     if phi3:
         original = cfg.original_max_position_embeddings
         writer.add_rope_scaling_orig_ctx_len(original)
@@ -293,17 +300,12 @@ def write_f32_gguf(model, path: Path) -> Path:
             writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
             writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
             writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
-    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
-    writer.add_tensor("output.weight", state["lm_head.weight"])
+    _gguf_outer_tensors(writer, state)
     for i in range(cfg.num_hidden_layers):
         for hf, ours in (PHI3_GGUF_LAYER if phi3 else GGUF_LAYER).items():
             w = state[f"model.layers.{i}.{hf}.weight"]
             if ours in ("attn_q", "attn_k"):
                 w = _permute(w, cfg.num_attention_heads if ours == "attn_q" else cfg.num_key_value_heads)
             writer.add_tensor(f"blk.{i}.{ours}.weight", np.ascontiguousarray(w))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _gguf_finish(writer)
     return path
