@@ -62,6 +62,9 @@ class _Compiles:
     running: dict[Constraint, asyncio.Future[None]] = field(default_factory=dict)
     orphaned: set[Constraint] = field(default_factory=set)  # running past their budget, their slot given back
 
+    def lane(self, constraint: Constraint) -> _Lane:
+        return self.lanes[len(constraint.spec) <= SMALL_SPEC_CHARS]
+
 
 class Workers:
     """The API server's worker pools: one for tokenization, one for grammar compilation."""
@@ -92,7 +95,7 @@ class Workers:
         compiles = self._compiles
         future = compiles.running.get(constraint)
         if future is None:
-            lane = compiles.lanes[len(constraint.spec) <= SMALL_SPEC_CHARS]
+            lane = compiles.lane(constraint)
             if lane.waiting >= MAX_WAITING:
                 raise CompileBusyError(f"the grammar compile queue is full ({MAX_WAITING} waiting); retry later")
             lane.waiting += 1
@@ -104,7 +107,7 @@ class Workers:
                 lane.slots.release()
                 return
             future = compiles.running[constraint] = loop.run_in_executor(self._compile, grammars.compile, constraint)
-            future.add_done_callback(lambda _: _finished(compiles, lane, constraint))
+            future.add_done_callback(lambda _: _finished(compiles, constraint))
         started = time.monotonic()
         try:
             await asyncio.wait_for(asyncio.shield(future), budget.left_s)
@@ -123,13 +126,13 @@ class Workers:
         self._compile.shutdown(wait=False, cancel_futures=True)
 
 
-def _finished(compiles: _Compiles, lane: _Lane, constraint: Constraint) -> None:
+def _finished(compiles: _Compiles, constraint: Constraint) -> None:
     """A compile ended: its slot is free again unless it gave it back when it ran past its budget."""
     future = compiles.running.pop(constraint)
     if constraint in compiles.orphaned:
         compiles.orphaned.remove(constraint)
     else:
-        lane.slots.release()
+        compiles.lane(constraint).slots.release()
     if not future.cancelled():
         future.exception()  # a late ConstraintError is nobody's to report
 
@@ -140,4 +143,4 @@ def _orphan(compiles: _Compiles, constraint: Constraint) -> None:
     if future is None or future.done() or constraint in compiles.orphaned or len(compiles.orphaned) >= MAX_ORPHANS:
         return
     compiles.orphaned.add(constraint)
-    compiles.lanes[len(constraint.spec) <= SMALL_SPEC_CHARS].slots.release()
+    compiles.lane(constraint).slots.release()
