@@ -63,9 +63,10 @@ def _prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def _post(base: str, body: dict) -> tuple[int, float]:
+def _timed(base: str, body: dict, route: str = "/v1/completions") -> tuple[int, float]:
+    """(status, seconds) of one POST."""
     start = time.monotonic()
-    r = httpx.post(f"{base}/v1/completions", json=body, timeout=600)
+    r = httpx.post(f"{base}{route}", json=body, timeout=600)
     return r.status_code, time.monotonic() - start
 
 
@@ -75,7 +76,7 @@ def echo_logprobs(base: str, rng: random.Random) -> dict[str, float]:
     for name, extra in (("plain", {}), ("echo_logprobs", {"echo": True, "logprobs": 1})):
         prompt = f"{rng.random()} " + _prompt(rng, 2900)  # a fresh first token: nothing comes from the prefix cache
         with StreamWatch(base, 4000) as watch:  # within the 4096-token context
-            code, seconds = _post(base, {"prompt": prompt, "max_tokens": 1, **extra})
+            code, seconds = _timed(base, {"prompt": prompt, "max_tokens": 1, **extra})
             end = time.monotonic()
             until = watch.wait_for_chunks_after(end, 5)
             largest, median, _ = watch.gaps_during(end - seconds, until)
@@ -96,28 +97,22 @@ def _small_bodies(tag: str) -> tuple[dict, dict]:
              "tool_choice": "required"})
 
 
-def _timed(base: str, route: str, body: dict) -> tuple[int, float]:
-    start = time.monotonic()
-    r = httpx.post(f"{base}{route}", json=body, timeout=600)
-    return r.status_code, time.monotonic() - start
-
-
 def costly_schemas(base: str) -> dict[str, float]:
     """A small schema's and a one-tool request's time alone and behind two fresh 10k-property schemas."""
     out: dict[str, float] = {}
     schema_alone, tool_alone = _small_bodies("alone")
-    out["schema_alone_s"] = _timed(base, "/v1/completions", schema_alone)[1]
-    out["tool_alone_s"] = _timed(base, "/v1/chat/completions", tool_alone)[1]
+    out["schema_alone_s"] = _timed(base, schema_alone)[1]
+    out["tool_alone_s"] = _timed(base, tool_alone, "/v1/chat/completions")[1]
     big = [{"prompt": "x", "max_tokens": 1, "response_format": {"type": "json_schema", "json_schema": {
         "name": "big", "schema": {"type": "object", "properties": {f"p{j}_{i}": {"type": "string"}
                                                                    for j in range(10000)}}}}} for i in range(2)]
-    hogs = [threading.Thread(target=_timed, args=(base, "/v1/completions", b), daemon=True) for b in big]
+    hogs = [threading.Thread(target=_timed, args=(base, b), daemon=True) for b in big]
     for hog in hogs:
         hog.start()
     time.sleep(1.0)  # both big compiles are running
     schema_body, tool_body = _small_bodies("loaded")
-    code_s, out["schema_loaded_s"] = _timed(base, "/v1/completions", schema_body)
-    code_t, out["tool_loaded_s"] = _timed(base, "/v1/chat/completions", tool_body)
+    code_s, out["schema_loaded_s"] = _timed(base, schema_body)
+    code_t, out["tool_loaded_s"] = _timed(base, tool_body, "/v1/chat/completions")
     out["schema_status"], out["tool_status"] = code_s, code_t
     for hog in hogs:
         hog.join(timeout=300)
@@ -128,7 +123,7 @@ def trickling(base: str, connections: int) -> dict[str, float]:
     """/health and a completion alone, then with `connections` trickling connections open."""
     out: dict[str, float] = {}
     out["health_alone_s"] = _get(base)
-    out["completion_alone_s"] = _post(base, {"prompt": "Hi", "max_tokens": 1})[1]
+    out["completion_alone_s"] = _timed(base, {"prompt": "Hi", "max_tokens": 1})[1]
     host, port = base.removeprefix("http://").split(":")
     per = connections // 4
     procs = [subprocess.Popen([sys.executable, "-c", TRICKLER, host, port, str(per)], stdout=subprocess.PIPE,
@@ -139,7 +134,7 @@ def trickling(base: str, connections: int) -> dict[str, float]:
         out["health_in_the_flood_s"] = _get(base)  # the server may still be accepting the last thousands
         time.sleep(5)  # then every connection is open and trickling
         out["health_loaded_s"] = max(_get(base) for _ in range(5))
-        code, out["completion_loaded_s"] = _post(base, {"prompt": "Hi", "max_tokens": 1})
+        code, out["completion_loaded_s"] = _timed(base, {"prompt": "Hi", "max_tokens": 1})
         out["completion_status"] = code
     finally:
         for p in procs:
