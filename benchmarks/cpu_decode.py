@@ -196,7 +196,7 @@ def main() -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         llm.path.parent, gguf_file=llm.path.name, dtype=torch.float32
     ).eval()
-    pad_id = llm.tokenizer.hf.pad_token_id or 0
+    pad_id = llm.tokenizer.pad_token_id or 0
     weight_bytes = weights_read_per_token(llm.runner.model)
     bandwidth = copy_bandwidth_gbs()
     rows: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in LABELS}

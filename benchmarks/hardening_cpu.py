@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_harness import running_server  # noqa: E402  (the tests' in-process server harness)
 from stream_gaps import StreamWatch  # noqa: E402
 
-from infer.loader.gguf_loader import bundled_smollm2  # noqa: E402
+from infer.loader.gguf_file import bundled_smollm2  # noqa: E402
 from infer.server.limits import ServerLimits  # noqa: E402
 
 WORDS = "river stone light garden winter market silver window thunder paper orange valley engine forest".split()

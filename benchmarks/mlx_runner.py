@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from infer import LLM
-from infer.loader.gguf_loader import bundled_gemma3_270m, bundled_smollm2, read_gguf_config
+from infer.loader.gguf_loader import read_gguf_config
+from infer.loader.gguf_file import bundled_gemma3_270m, bundled_smollm2
 from infer.runners.mlx.weights import load_torch_model
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infer.loader.gguf_loader import bundled_gemma3_270m, bundled_smollm2
+from infer.loader.gguf_file import bundled_gemma3_270m, bundled_smollm2
 
 
 @pytest.fixture(scope="session")

@@ -502,13 +502,15 @@ def _export_tokenizer(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer.from_path(path)
     if args.chat_template is not None:
         load_template_file(args.chat_template)  # ChatTemplateError (a ValueError) names the file and the line
-        tokenizer.hf.chat_template = Path(args.chat_template).expanduser().read_text()
+        template = Path(args.chat_template).expanduser().read_text()
     else:
         try:
-            tokenizer.hf.chat_template = template_source(chat_template_name(read_config(path).model_type, tokenizer))
+            template = template_source(chat_template_name(read_config(path).model_type, tokenizer))
         except ChatTemplateError:
-            pass  # a base model: no chat template to ship
-    written = tokenizer.hf.save_pretrained(args.directory)
+            template = None  # a base model: no chat template to ship
+    hf = tokenizer.to_transformers()
+    hf.chat_template = template
+    written = hf.save_pretrained(args.directory)
     print(f"[infer] wrote {', '.join(sorted(Path(f).name for f in written))} to {args.directory}", file=sys.stderr)
     return 0
 

@@ -67,7 +67,7 @@ def test_generate_streams_an_answer_from_the_bundled_model():
 @pytest.mark.slow
 def test_generate_with_a_draft_model_gives_the_plain_answer():
     """The bundled model drafting for itself (same GGUF): the greedy answer is the one plain decoding gives."""
-    from infer.loader.gguf_loader import bundled_smollm2
+    from infer.loader.gguf_file import bundled_smollm2
 
     args = ["generate", "--chat", "What is the capital of France?", "--temperature", "0", "--max-tokens", "24"]
     plain = _run(*args)

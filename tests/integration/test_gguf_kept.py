@@ -71,7 +71,7 @@ def test_4bit_and_8bit_projections_mixed(tmp_path) -> None:
 
 
 def test_a_tied_q8_0_head_stays_8bit_beside_its_float_embedding() -> None:
-    from infer.loader.gguf_loader import bundled_smollm2
+    from infer.loader.gguf_file import bundled_smollm2
 
     model = load_model(bundled_smollm2(), quantization="auto").model  # token_embd is Q8_0, the head tied to it
     head = model.lm_head

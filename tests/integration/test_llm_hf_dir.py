@@ -15,7 +15,7 @@ def hf_dir(tmp_path_factory, smollm2_gguf):
     tok = Tokenizer.from_path(smollm2_gguf)
     path = save_tiny("llama", tmp_path_factory.mktemp("hfdir"), sharded=True, vocab_size=tok.vocab_size,
                      eos_token_id=2, bos_token_id=1)
-    tok.hf.save_pretrained(path)
+    tok.to_transformers().save_pretrained(path)
     return path
 
 

@@ -108,7 +108,7 @@ def test_tp2_structured_output_equals_tp1(tmp_path):
 
 
 def test_bundled_gemma3_270m_tp2_answers_as_tp1():
-    from infer.loader.gguf_loader import bundled_gemma3_270m
+    from infer.loader.gguf_file import bundled_gemma3_270m
 
     model = str(bundled_gemma3_270m())
     params = SamplingParams(temperature=0, max_tokens=8)

@@ -11,8 +11,8 @@ from gguf import GGUFWriter, TokenType
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from infer.loader.gguf_loader import gguf_numbers, gguf_strings, open_gguf
-from infer.loader.tokenizer import Tokenizer
+from infer.loader.gguf_file import gguf_numbers, gguf_strings, open_gguf
+from infer.loader.tokenizer import SpecialTokens, Tokenizer
 
 TEXTS = (
     "Hello world",
@@ -180,7 +180,7 @@ def test_gemma3_known_ids_and_special_tokens(gemma3: Tokenizer) -> None:
 @pytest.mark.slow
 def test_hf_directory(smollm2: Tokenizer, tmp_path: Path) -> None:
     """An HF directory loads through AutoTokenizer; generation_config.json adds EOS ids."""
-    smollm2.hf.save_pretrained(tmp_path)
+    smollm2.to_transformers().save_pretrained(tmp_path)
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": [2, 0]}')
     loaded = Tokenizer.from_path(tmp_path)
     assert loaded.eos_token_ids == frozenset({0, 2})
@@ -223,7 +223,7 @@ def _byte_level_gguf(path: Path, pre: str) -> Path:
 def test_bpe_pre_tokenizers(tmp_path: Path, pre: str, pieces: list[str]) -> None:
     """llama.cpp's pre-tokenizer names map to their HF splits; only qwen2 NFC-composes e + U+0301 (bytes shown as Ìģ)."""
     tokenizer = Tokenizer.from_path(_byte_level_gguf(tmp_path / f"{pre}.gguf", pre))
-    backend = tokenizer.hf.backend_tokenizer
+    backend = tokenizer.backend
     raw = "Hello 12345 cafe\u0301"
     text = backend.normalizer.normalize_str(raw) if backend.normalizer else raw
     assert [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)] == pieces
@@ -237,10 +237,8 @@ def test_unsupported_bpe_pre_tokenizer_is_named(tmp_path: Path) -> None:
         Tokenizer.from_path(_byte_level_gguf(tmp_path / "deepseek.gguf", "deepseek-llm"))
 
 
-def test_has_token_looks_up_one_piece_without_building_the_vocabulary(smollm2: Tokenizer,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chat requests look up their template's marker: a dict of the whole vocabulary per request cost ~15 ms."""
-    monkeypatch.setattr(smollm2.hf, "get_vocab", lambda: pytest.fail("get_vocab builds the whole vocabulary"))
+def test_has_token_looks_up_one_piece(smollm2: Tokenizer) -> None:
+    """Chat requests look up their template's marker in the Rust vocabulary (never a dict of all of it)."""
     assert smollm2.has_token("<|im_start|>") and smollm2.has_token("Hello")
     assert not smollm2.has_token("<|no such marker|>")
 
@@ -251,10 +249,10 @@ def test_token_bytes_add_up_to_the_text(smollm2: Tokenizer, gemma3: Tokenizer, t
     (decoded alone it is U+FFFD), yet the tokens' bytes join into the text's UTF-8."""
     for tok in (smollm2, gemma3):
         ids = tok.encode(text, add_special_tokens=False)
-        assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == tok.decode(ids), tok.hf.name_or_path
+        assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == tok.decode(ids), tok.kind
     emoji = smollm2.encode("😀", add_special_tokens=False)
     assert len(emoji) > 1 and "\ufffd" in smollm2.decode(emoji[:1])  # the case the bytes are for
-    end = smollm2.hf.convert_tokens_to_ids("<|im_end|>")
+    end = smollm2.token_id("<|im_end|>")
     assert smollm2.token_bytes(end) == b"<|im_end|>"
 
 
@@ -263,16 +261,40 @@ def test_token_bytes_keep_the_space_a_llama2_style_decoder_strips(tmp_path: Path
     loses its space, its bytes keep it, and byte-fallback pieces give their byte."""
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, normalizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     rust = RustTokenizer(models.BPE(byte_fallback=True))
     rust.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     rust.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
                                       decoders.Strip(" ", 1, 0)])
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["</s>"] + [f"<0x{b:02X}>" for b in range(256)])
     rust.train_from_iterator(["Hello world, hello there.", "The world is wide."] * 10, trainer)
-    tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_object=rust, eos_token="</s>"), frozenset())
+    tok = Tokenizer(rust, specials=SpecialTokens(eos="</s>"))
     for text in ("Hello world", "wide world 😀"):
         ids = tok.encode(text, add_special_tokens=False)
         assert tok.decode(ids[1:2]) == tok.decode(ids[1:2]).lstrip()  # the decoder strips a lone piece's space
         assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == " " + text
+
+
+def test_a_pickled_tokenizer_is_the_same_tokenizer(smollm2: Tokenizer, gemma3: Tokenizer, tmp_path: Path) -> None:
+    """The engine core hands its tokenizer to the API servers pickled: ids, specials, EOS set and template survive."""
+    import pickle
+
+    hf_dir = tmp_path / "hf"
+    smollm2.to_transformers().save_pretrained(hf_dir)
+    for tok in (smollm2, gemma3, Tokenizer.from_path(hf_dir)):
+        copy = pickle.loads(pickle.dumps(tok))
+        for text in TEXTS:
+            assert copy.encode(text) == tok.encode(text)
+        assert (copy.eos_token_ids, copy.specials, copy.kind, copy.embedded_chat_template, copy.vocab_size) == \
+            (tok.eos_token_ids, tok.specials, tok.kind, tok.embedded_chat_template, tok.vocab_size)
+
+
+def test_a_gguf_tokenizer_loads_without_transformers(smollm2_gguf: Path) -> None:
+    """The API server process reads tokenizers without transformers (which imports torch)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from infer.loader.tokenizer import Tokenizer; "
+            f"t = Tokenizer.from_path({str(smollm2_gguf)!r}); t.encode('hi'); "
+            "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -31,7 +31,7 @@ def test_model_dir_loads_config_and_tokenizer(root: Path, name: str):
     eos = d["eos_token_id"]
     assert set(eos if isinstance(eos, list) else [eos]) <= tok.eos_token_ids
     assert tok.encode("t3 t17", add_special_tokens=False) == [3, 17]
-    assert type(tok.hf).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    assert tok.kind in ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 @pytest.mark.parametrize("name", ms.GPU_SHAPES)

@@ -89,7 +89,7 @@ class ServedModel:
         """`template`: tools (OpenAI tool definitions) and keyword arguments of the template (enable_thinking)."""
         if self.config.chat_template is not None:  # a file written for transformers may also read eos_token
             compiled = load_template_file(self.config.chat_template)
-            template.setdefault("eos_token", self.tokenizer.hf.eos_token or "")
+            template.setdefault("eos_token", self.tokenizer.eos_token or "")
         else:
             compiled = load_template(self.chat_template_name)
         return render_template(compiled, messages, add_generation_prompt=add_generation_prompt,

@@ -16,7 +16,7 @@ from infer.distributed.group import Groups
 from infer.distributed.tp_runner import TensorParallelRunner
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.kv.sizing import kv_bytes_per_token, kv_layout
-from infer.loader.gguf_loader import bundled_smollm2
+from infer.loader.gguf_file import bundled_smollm2
 from infer.loader.model_loader import LoadedModel, load_model
 from infer.models.config import ModelConfig
 from infer.models.shard import Shard

@@ -1,4 +1,4 @@
-"""Build an HF fast tokenizer from a GGUF vocabulary so that it tokenizes the way llama.cpp (and the source model) does.
+"""Build a tokenizer from a GGUF vocabulary so that it tokenizes the way llama.cpp (and the source model) does.
 
 transformers' own GGUF tokenizer conversion is wrong for the models infer bundles: it turns Gemma's
 SentencePiece-BPE vocabulary into a Unigram model (different ids, no BOS), drops SmolLM's per-digit
@@ -8,15 +8,15 @@ pre-tokenization, and reports the BOS token as EOS for BPE vocabularies.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from gguf import GGUFReader, TokenType
-from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
-from transformers import PreTrainedTokenizerFast
 
-from infer.loader.gguf_loader import gguf_numbers, gguf_strings, gguf_value, open_gguf
+from infer.loader.gguf_file import gguf_numbers, gguf_strings, gguf_value, open_gguf
 
 _LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -134,8 +134,26 @@ def _adds_bos_by_default(reader: GGUFReader, kind: str) -> bool:
     return kind == "llama" or gguf_value(reader, "tokenizer.ggml.pre") in _LLAMA3_NAMES
 
 
-def tokenizer_from_gguf(path: str | Path) -> PreTrainedTokenizerFast:
-    """An HF fast tokenizer equivalent to the GGUF's embedded vocabulary, BOS/EOS flags and chat template."""
+class GGUFVocabulary(NamedTuple):
+    """A GGUF's tokenizer: the Rust backend, its special tokens' text by role (bos, eos, unk, pad), its EOS id and
+    its chat template."""
+
+    backend: Backend
+    specials: dict[str, str | None]
+    eos_token_ids: frozenset[int]
+    chat_template: str | None
+
+
+def _add_bos_eos(backend: Backend, bos: str | None, eos: str | None) -> None:
+    """A post-processor that puts BOS before (and EOS after) each sequence when `add_special_tokens` asks."""
+    single = " ".join([*(f"{bos}:0",) * (bos is not None), "$A:0", *(f"{eos}:0",) * (eos is not None)])
+    pair = " ".join([single, *(f"{bos}:1",) * (bos is not None), "$B:1", *(f"{eos}:1",) * (eos is not None)])
+    special = [(t, backend.token_to_id(t)) for t in (bos, eos) if t is not None]
+    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+
+def vocabulary_from_gguf(path: str | Path) -> GGUFVocabulary:
+    """The GGUF's embedded vocabulary, BOS/EOS flags and chat template."""
     reader = open_gguf(path)
     kind = gguf_value(reader, "tokenizer.ggml.model")
     tokens = gguf_strings(reader, "tokenizer.ggml.tokens")
@@ -154,14 +172,11 @@ def tokenizer_from_gguf(path: str | Path) -> PreTrainedTokenizerFast:
         token_id = gguf_value(reader, f"tokenizer.ggml.{key}_token_id")
         return None if token_id is None else tokens[token_id]
 
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=token("bos"),
-        eos_token=token("eos"),
-        unk_token=token("unknown"),
-        pad_token=token("padding"),
-        add_bos_token=bool(gguf_value(reader, "tokenizer.ggml.add_bos_token", _adds_bos_by_default(reader, kind))),
-        add_eos_token=bool(gguf_value(reader, "tokenizer.ggml.add_eos_token", False)),
-        chat_template=gguf_value(reader, "tokenizer.chat_template"),
-        clean_up_tokenization_spaces=False,
-    )
+    specials = {"bos": token("bos"), "eos": token("eos"), "unk": token("unknown"), "pad": token("padding")}
+    bos = specials["bos"] if gguf_value(reader, "tokenizer.ggml.add_bos_token", _adds_bos_by_default(reader, kind)) else None
+    eos = specials["eos"] if gguf_value(reader, "tokenizer.ggml.add_eos_token", False) else None
+    if bos is not None or eos is not None:
+        _add_bos_eos(backend, bos, eos)
+    eos_id = gguf_value(reader, "tokenizer.ggml.eos_token_id")
+    return GGUFVocabulary(backend, specials, frozenset(() if eos_id is None else (int(eos_id),)),
+                          gguf_value(reader, "tokenizer.chat_template"))

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 import layerzero as lz
-from infer.loader.gguf_loader import gguf_head_q8_0, iter_gguf_tensors, open_gguf, read_gguf_config
+from infer.loader.gguf_loader import gguf_head_q8_0, iter_gguf_tensors, read_gguf_config
+from infer.loader.gguf_file import open_gguf
 from infer.loader.cuts import CutFor
 from infer.loader.gguf_quant import GROUP, Int4Groups
 from infer.loader.hf_quant import CheckpointQuant, W8Tensor, parse_quant_config

@@ -38,14 +38,14 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str
 @router.get("/tokenizer_info")
 async def tokenizer_info(request: Request) -> dict[str, object]:
     state: ServerState = request.app.state.infer
-    hf = state.built.tokenizer.hf
-    eos_ids = sorted(state.built.tokenizer.eos_token_ids)
-    eos = hf.eos_token or (state.token_text(eos_ids[0]) if eos_ids else None)
+    tokenizer = state.built.tokenizer
+    eos_ids = sorted(tokenizer.eos_token_ids)
+    eos = tokenizer.specials.eos or (state.token_text(eos_ids[0]) if eos_ids else None)
     return {
-        "tokenizer_class": type(hf).__name__,
-        "bos_token": hf.bos_token,
+        "tokenizer_class": tokenizer.kind,
+        "bos_token": tokenizer.specials.bos,
         "eos_token": eos,
-        "pad_token": hf.pad_token,
+        "pad_token": tokenizer.specials.pad,
         "eos_token_ids": eos_ids,
         "model_max_length": state.max_seq_len,
         "vocab_size": state.built.tokenizer.vocab_size,

@@ -7,7 +7,6 @@ import threading
 from collections import OrderedDict
 
 import llguidance
-import llguidance.hf
 
 from infer.loader.tokenizer import Tokenizer
 from infer.structured.constraint import Constraint
@@ -68,9 +67,8 @@ class GrammarCompiler:
         with self._lock:
             if self._ll is None and self.unavailable is None:
                 try:
-                    self._ll = llguidance.hf.from_tokenizer(
-                        self._tokenizer.hf, n_vocab=self._vocab_size, eos_token=sorted(self._tokenizer.eos_token_ids)
-                    )
+                    self._ll = llguidance.LLTokenizer(self._tokenizer.backend.to_str(), n_vocab=self._vocab_size,
+                                                      eos_token=sorted(self._tokenizer.eos_token_ids))
                 except Exception as exc:  # noqa: BLE001 - llguidance's reasons vary (ValueError, RuntimeError, ...)
                     self.unavailable = f"llguidance cannot read its tokenizer ({type(exc).__name__}: {exc})"
             return self.unavailable

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from infer.loader.gguf_loader import _unpermute, open_gguf
+from infer.loader.gguf_loader import _unpermute
+from infer.loader.gguf_file import open_gguf
 from infer.loader.gguf_quant import Int4Groups, dequantize_groups, read_int4
 
 

@@ -3,7 +3,7 @@ request does not build it (the build holds the GIL: in the engine core it would 
 
 from __future__ import annotations
 
-from infer.loader.gguf_loader import bundled_smollm2
+from infer.loader.gguf_file import bundled_smollm2
 from infer.loader.tokenizer import Tokenizer
 from infer.structured import Constraint, GrammarCompiler
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import llguidance
 import pytest
 
-from infer.loader.gguf_loader import bundled_smollm2
+from infer.loader.gguf_file import bundled_smollm2
 from infer.loader.tokenizer import Tokenizer
 from infer.structured import Constraint, ConstraintError, GrammarCompiler
 

@@ -30,7 +30,7 @@ def test_matches_llguidance_kernel(vocab, padded):
 
 
 def test_fill_bitmask_rows():
-    from infer.loader.gguf_loader import bundled_smollm2
+    from infer.loader.gguf_file import bundled_smollm2
     from infer.loader.tokenizer import Tokenizer
     from infer.structured import Constraint, GrammarCompiler
 
@@ -49,7 +49,7 @@ def test_fill_bitmask_rows():
 
 
 def test_advance_reads_error_and_end():
-    from infer.loader.gguf_loader import bundled_smollm2
+    from infer.loader.gguf_file import bundled_smollm2
     from infer.loader.tokenizer import Tokenizer
     from infer.structured import Constraint, GrammarCompiler
 
