@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from engine_fakes import Done, FakeTokenizer  # noqa: E402  (the tests' model-free tokenizer)
 
-from infer.engine.builder import settle_heap  # noqa: E402
+from infer.heap import settle_heap  # noqa: E402
 from infer.engine.config import EngineConfig  # noqa: E402
 from infer.engine.core import EngineCore  # noqa: E402
 from infer.kv.kv_manager import KVCacheManager  # noqa: E402

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infer.models.config import ModelConfig, config_from_hf
+from infer.families.config import ModelConfig, config_from_hf
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

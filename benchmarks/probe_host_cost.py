@@ -24,7 +24,7 @@ from core_host_cost import NullRunner  # noqa: E402  (with a probe layout it ret
 from engine_fakes import FakeTokenizer  # noqa: E402  (the tests' model-free tokenizer)
 
 from infer.engine.config import EngineConfig  # noqa: E402
-from infer.engine.engine import Engine  # noqa: E402
+from infer.build.in_process import Engine  # noqa: E402
 from infer.kv.kv_manager import KVCacheManager  # noqa: E402
 from infer.sampling.params import SamplingParams  # noqa: E402
 from omniscience.bank import ProbeLayout  # noqa: E402

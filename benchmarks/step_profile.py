@@ -38,7 +38,7 @@ import torch
 import model_shapes as ms
 from device_rates import copy_bandwidth, host_loop_ms
 from infer import LLM, SamplingParams
-from infer.engine.text import TextProcessor
+from infer.frontend.text import TextProcessor
 from infer.runners.cuda_graphs import CudaGraphs
 from infer.runners.torch_runner import TorchRunner
 from infer.transfer import Readback

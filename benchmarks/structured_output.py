@@ -37,7 +37,7 @@ import torch
 
 import infer.structured.masks as masks
 from infer import LLM, SamplingParams
-from infer.models.chat_template import ChatTemplateError
+from infer.families.chat_template import ChatTemplateError
 from infer.structured import Constraint, ConstraintError
 
 REPORTS = Path(__file__).parent / "reports"

@@ -16,7 +16,7 @@ import pstats
 import time
 from pathlib import Path
 
-import infer.engine.engine as engine_module
+import infer.build.in_process as engine_module
 import infer.runners.torch_runner as torch_runner
 import infer.structured.masks as masks
 from infer import LLM, SamplingParams

@@ -50,9 +50,9 @@ def offline(path: Path, prompts: list[list[int]]) -> list[tuple[float, float]]:
 
 
 async def _through_client(path: Path, prompts: list[list[int]]) -> list[tuple[float, float]]:
-    from infer.engine.client import EngineClient
+    from infer.frontend.client import EngineClient
     from infer.engine.config import EngineConfig
-    from infer.engine.core_process import CoreProcess
+    from infer.build.core_process import CoreProcess
     from infer.sampling.params import SamplingParams
     from infer.server.launch import served_model
 

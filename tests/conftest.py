@@ -53,7 +53,7 @@ def _fixed_cuda_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test process holds several engines at once. On CUDA an engine without kv_cache_memory_gb sizes its cache
     from what gpu_memory_utilization leaves of the device, so the first would leave the next none: here each takes
     1 GiB instead (engine-core processes the tests start are alone on the device and size it as served)."""
-    import infer.engine.rank_runner as rank_runner
+    import infer.build.rank_runner as rank_runner
 
     sized = rank_runner.kv_cache_bytes
 

@@ -12,7 +12,7 @@ import itertools
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
-from infer.engine.engine import Engine
+from infer.build.in_process import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.runners.step import StepInput, StepKind, StepResult
 

@@ -21,9 +21,9 @@ import httpx
 import uvicorn
 
 from infer.engine.config import EngineConfig
-from infer.engine.core_process import CoreProcess
-from infer.engine.dp_client import client_for
-from infer.engine.dp_cores import start_cores
+from infer.build.core_process import CoreProcess
+from infer.frontend.dp_client import client_for
+from infer.build.dp_cores import start_cores
 from infer.server.app import create_app
 from infer.server.http_server import uvicorn_config
 from infer.server.launch import served_model

@@ -1,7 +1,7 @@
 """`LLM(data_parallel_size=N)`: offline generation over N engine-core processes, as `infer serve -dp N` runs them.
 
 `LLM(...)` with data_parallel_size > 1 returns one of these (a virtual subclass of LLM). It starts the cores once
-(engine/dp_cores.py) and drives each `generate` through a DPClient (engine/dp_client.py) on a private event loop:
+(build/dp_cores.py) and drives each `generate` through a DPClient (frontend/dp_client.py) on a private event loop:
 every prompt is routed by `load_balance_method`, each core batches what it got, and the outputs come back in the
 prompts' order. Detokenization and stop strings run here, as in the API server. Not offered with DP: probes and
 `stream` (use `infer serve -dp N` for either). The cores stop with `close()`, or when the LLM is collected or the
@@ -16,12 +16,12 @@ import weakref
 from dataclasses import replace
 from pathlib import Path
 
-from infer.engine.client import RequestStream
+from infer.frontend.client import RequestStream
 from infer.engine.config import EngineConfig
-from infer.engine.core_process import CoreProcess
-from infer.engine.dp_client import DPClient
-from infer.engine.builder import ServedModel
-from infer.engine.dp_cores import start_cores
+from infer.build.core_process import CoreProcess
+from infer.frontend.dp_client import DPClient
+from infer.frontend.served import ServedModel
+from infer.build.dp_cores import start_cores
 from infer.loader.tokenizer import Tokenizer
 from infer.offline import OfflineLLM, RequestOutput
 from infer.sampling.params import SamplingParams

@@ -3,34 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from infer.dp_llm import DataParallelLLM
-from infer.engine.builder import BuiltEngine, build_engine
+from infer.build.builder import BuiltEngine, build_engine
 from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
-from infer.engine.request import ProbeScores, StepOutput, probe_columns
+from infer.build.in_process import Engine
+from infer.frontend.outputs import ProbeScores, StepOutput, probe_columns
 from infer.offline import OfflineLLM, RequestOutput
 from infer.sampling.params import SamplingParams
-from omniscience import ProbeLayout
-
-
-@dataclass(frozen=True)
-class ProbeInfo:
-    """One loaded probe, as `LLM.probes()` and the server's `GET /v1/probes` list it."""
-
-    name: str
-    layer: int
-    activation: str
-    source: str
-    sha256: str
-    version: int
-
-
-def probe_infos(layout: ProbeLayout | None) -> list[ProbeInfo]:
-    if layout is None:
-        return []
-    return [ProbeInfo(p.name, p.layer, p.activation, str(p.source), p.sha256, layout.version) for p in layout.probes]
+from infer.wire import ProbeInfo
 
 
 class LLM(OfflineLLM):
@@ -105,7 +87,8 @@ class LLM(OfflineLLM):
 
     def probes(self) -> list[ProbeInfo]:
         """The loaded probes (empty without a probe set)."""
-        return probe_infos(self.engine.probe_layout)
+        catalog = self.engine.probe_catalog
+        return list(catalog.probes) if catalog is not None else []
 
     def reload_probes(self) -> list[ProbeInfo]:
         """Re-read the configured probe-set file and swap its weights in (ProbeError: the old set stays)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from infer.engine.builder import Messages, ServedModel
+from infer.frontend.served import Messages, ServedModel
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
 

@@ -9,7 +9,7 @@ from checkpoints import FAMILIES, save_tiny
 from engine_fakes import FakeTokenizer, run_all
 from infer import SamplingParams
 from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
+from infer.build.in_process import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import load_model
 from infer.runners.step import StepInput, StepKind

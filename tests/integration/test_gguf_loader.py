@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from infer.loader.gguf_loader import iter_gguf_tensors, read_gguf_config
 from infer.loader.model_loader import build_model
-from infer.models.config import config_from_hf
+from infer.families.config import config_from_hf
 
 BUNDLED = ("smollm2_gguf", "gemma3_gguf")
 REFERENCE = {"smollm2_gguf": "hf_smollm2", "gemma3_gguf": "hf_gemma3"}  # session fixtures in conftest

@@ -7,7 +7,7 @@ import pytest
 from checkpoints import save_tiny
 from infer import LLM, SamplingParams
 from infer.loader.tokenizer import Tokenizer
-from infer.models.chat_template import ChatTemplateError
+from infer.families.chat_template import ChatTemplateError
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,13 @@ import os
 import random
 import tempfile
 import threading
-from types import SimpleNamespace
 
 import pytest
 
 from engine_fakes import VOCAB, FakeTokenizer, fake_engine, run_all
-from infer.engine.client import EngineClient
-from infer.engine.core_process import CoreInfo, CoreLoop
+from infer.frontend.client import EngineClient
+from infer.engine.core_loop import CoreLoop
+from infer.wire import CoreInfo
 from infer.runners.step import StepKind
 from infer.sampling.params import SamplingParams
 
@@ -47,8 +47,8 @@ def test_random_load_finishes_fairly_with_the_same_tokens(policy: str):
     engine, runner = fake_engine(num_blocks=24, max_seq_len=64, scheduler_policy=policy, fairness_steps=FAIRNESS,
                                  max_batch_size=12, max_waiting_requests=NUM_REQUESTS, core_only=True)
     address = f"ipc://{tempfile.mkdtemp()}/core.sock"
-    core = CoreLoop(SimpleNamespace(engine=engine, config=engine.config, model_config=None), address)  # type: ignore[arg-type]
-    info = CoreInfo(address, engine.config, None, "", VOCAB, None, 0.0, 0.0, os.getpid())  # type: ignore[arg-type]
+    core = CoreLoop(engine, address, read_probe_set=lambda: pytest.fail("no probe reload here"))
+    info = CoreInfo(address, engine.config, None, "", FakeTokenizer(), VOCAB, None, 0.0, 0.0, os.getpid())  # type: ignore[arg-type]
     engine_client = EngineClient(info, FakeTokenizer(), NUM_REQUESTS)  # type: ignore[arg-type]
 
     async def client(rid: str, ids: list[int], params: SamplingParams, abort: bool, delay: float) -> tuple[str, list]:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infer.models.chat_template import (
+from infer.families.chat_template import (
     TEMPLATE_DIR,
     ChatTemplateError,
     available_templates,

@@ -18,6 +18,8 @@ source no longer needs fails the test too, so the list only shrinks. From a shel
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,3 +297,48 @@ def test_the_checks_find_circles_and_broken_rules(tmp_path: Path) -> None:
         "layerzero/__init__.py:1 layerzero",
         "omniscience/__init__.py:2 omniscience",
     ]
+
+
+# What an API server process may load: its own packages and the light modules they share with the core.
+API_SERVER_ENTRIES = ("infer.server.launch", "infer.server.app")
+API_SERVER_FORBIDDEN = ("torch", "triton", "transformers", "layerzero", "omniscience", "infer.runners", "infer.models",
+                        "infer.distributed", "infer.engine", "infer.build", "infer.llm", "infer.offline")
+API_SERVER_ALLOWED = ("infer.engine.config", "infer.build.core_process", "infer.build.core_env",
+                      "infer.build.dp_cores")  # the engine's settings; starting (not building) a core process
+
+
+def api_server_closure(imports: list[Import]) -> dict[str, Import | None]:
+    """Every module the API server's entry modules load at import time (module-level imports, followed through the
+    tree), each with the import that first reached it."""
+    edges: dict[str, list[Import]] = {}
+    for imp in imports:
+        if not imp.in_function and not imp.type_only:
+            edges.setdefault(imp.source, []).append(imp)
+    reached: dict[str, Import | None] = dict.fromkeys(API_SERVER_ENTRIES)
+    todo = list(API_SERVER_ENTRIES)
+    while todo:
+        for imp in edges.get(todo.pop(), []):
+            if imp.target not in reached:
+                reached[imp.target] = imp
+                todo.append(imp.target)
+    return reached
+
+
+def test_the_api_server_loads_no_engine_code() -> None:
+    """The API server process imports no torch, triton, transformers, layerzero, omniscience, runner, model or
+    engine-core module: it starts in well under a second and holds no GPU library."""
+    reached = api_server_closure(all_imports(SRC))
+    bad = sorted((m, imp) for m, imp in reached.items() if imp is not None
+                 and _under(m, *API_SERVER_FORBIDDEN) and not _under(m, *API_SERVER_ALLOWED))
+    if bad:
+        pytest.fail("the API server reaches engine code:\n" + "".join(f"  {m}  via {imp}\n" for m, imp in bad),
+                    pytrace=False)
+
+
+def test_the_api_server_modules_import_without_torch() -> None:
+    """The same, as Python sees it: importing the entry modules leaves the heavy packages out of sys.modules."""
+    code = (f"import sys; import {', '.join(API_SERVER_ENTRIES)}; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'triton', 'transformers', 'layerzero', "
+            "'omniscience'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -14,15 +14,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from infer.sampling import (
-    SamplingParams,
-    SamplingTensors,
-    apply_repetition_penalty,
-    argmax_rows,
-    filter_top_k_top_p,
-    sample,
-    uniform,
-)
+from infer.sampling.params import SamplingParams
+from infer.sampling.random import uniform
+from infer.sampling.sampler import SamplingTensors, apply_repetition_penalty, argmax_rows, filter_top_k_top_p, sample
 
 # Chi-square and KS thresholds at a one-in-a-million false-alarm rate; the noise is a fixed function of the
 # seeds, so each of these tests passes or fails the same way on every run.

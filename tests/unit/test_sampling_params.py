@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from infer.sampling import SamplingParams
+from infer.sampling.params import SamplingParams
 
 
 def test_defaults() -> None:

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infer.sampling import SamplingParams, StopChecker
+from infer.sampling.params import SamplingParams
+from infer.sampling.stop import StopChecker
 from infer.sampling.params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 

@@ -87,7 +87,7 @@ def run_worker(config: EngineConfig, rank: int, init_method: str) -> None:
     from infer.distributed.group import join, placement
     from infer.distributed.step_message import STOP, StepDecoder
     from infer.distributed.tp_runner import table_mirror
-    from infer.engine.rank_runner import build_rank_runner, load_rank_model
+    from infer.build.rank_runner import build_rank_runner, load_rank_model
 
     logging.basicConfig(level=logging.INFO, format=f"[infer tp rank {rank}] %(message)s")
     place = placement(config, rank, init_method)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from infer.families.chat_template import ChatTemplateError, load_template_file
 
-from infer.models.chat_template import ChatTemplateError, load_template_file
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes: this module imports no torch (the API server reads it)
 KV_BACKENDS = ("paged", "contiguous")
 BATCHING_MODES = ("continuous", "static")
 SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
@@ -197,6 +199,8 @@ class EngineConfig:
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
+        import torch  # only for "auto": a built engine's config names its device
+
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     @property
@@ -223,8 +227,10 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype != "auto":
-            return DTYPES[self.dtype]
+            return getattr(torch, self.dtype)
         return torch.bfloat16 if self.resolved_device.startswith("cuda") else torch.float32
 
     def as_dict(self) -> dict[str, object]:

@@ -16,7 +16,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -25,7 +24,7 @@ import torch
 from infer.engine.config import EngineConfig
 from infer.engine.outputs import OutputProcessor
 from infer.engine.overlap import InFlight
-from infer.engine.messages import CoreOutput, CoreStep
+from infer.wire import CoreOutput, CoreStep, EngineStats, ProbeCatalog, check_probes, validate_prompt
 from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from infer.kv.kv_manager import KVCacheManager
@@ -38,21 +37,6 @@ from infer.sampling.slots import SlotState
 from infer.structured.compiler import GrammarCompiler
 from infer.structured.masks import BitmaskFiller, Grammar, advance, has_open
 from omniscience import ProbeLayout, ProbeSet
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot for metrics: running requests, KV blocks, preemptions, prefix-cache tokens, speculation."""
-
-    num_running: int
-    kv_blocks_total: int
-    kv_blocks_free: int
-    num_preemptions: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    spec_drafted: int = 0  # speculation: draft tokens verified
-    spec_accepted: int = 0  # of which accepted
-    spec_verified_rows: int = 0  # request-steps that verified drafts (accepted / rows + 1 = mean tokens per such step)
 
 
 class EngineCore:
@@ -74,6 +58,7 @@ class EngineCore:
         self._aborts: deque[tuple[str, str]] = deque()  # appends and pops are atomic, so other threads may abort
         self._in_flight = InFlight()
         self._resolved_in_launch: list[CoreOutput] = []  # outputs of the step resolved by `_bitmask`
+        self._catalog: tuple[ProbeLayout | None, ProbeCatalog | None] | None = None
 
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
         """Raise ValueError for a prompt the engine cannot run (checked before anything is queued)."""
@@ -84,9 +69,17 @@ class EngineCore:
         """The loaded probe set (names, layers, columns, version), or None when the engine has none."""
         return self.runner.probes.layout if self.runner.probes is not None else None
 
+    @property
+    def probe_catalog(self) -> ProbeCatalog | None:
+        """The loaded probe set as requests name it (no weights: what the API servers are told)."""
+        layout = self.probe_layout
+        if self._catalog is None or self._catalog[0] is not layout:
+            self._catalog = (layout, ProbeCatalog.of(layout))
+        return self._catalog[1]
+
     def check_probes(self, params: SamplingParams) -> tuple[str, ...]:
         """The probe names a request's outputs will carry; ValueError (naming the field) for ones not loaded."""
-        return check_probes(params, self.probe_layout)
+        return check_probes(params, self.probe_catalog)
 
     def swap_probes(self, probe_set: ProbeSet) -> ProbeLayout:
         """Write a new probe set's weights into the runner's probe buffers (call between steps: the steps already
@@ -320,33 +313,3 @@ def _prompt_rows(row: ScheduledRow) -> int:
     if not request.needs_prompt_probes:
         return 0
     return max(0, min(row.start + row.num_new, len(request.prompt_token_ids)) - row.start)
-
-
-def validate_prompt(prompt_token_ids: list[int], max_seq_len: int, vocab_size: int) -> None:
-    """Raise ValueError for a prompt an engine of this context and vocabulary cannot run."""
-    if not prompt_token_ids:
-        raise ValueError("prompt is empty: at least one token is needed")
-    if len(prompt_token_ids) >= max_seq_len:
-        raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; max_seq_len={max_seq_len} leaves no room to generate")
-    bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab_size})")
-
-
-def check_probes(params: SamplingParams, layout: ProbeLayout | None) -> tuple[str, ...]:
-    """The probe names a request's outputs will carry under `layout`; ValueError (naming the field) for ones
-    not loaded."""
-    if params.probe_prompt and params.probes is None:
-        raise ValueError("probe_prompt: needs probes (true or a list of names); it adds their prompt-token scores")
-    if params.probes is None and params.probe_stop is None:
-        return ()
-    if layout is None:
-        field = "probes" if params.probes is not None else "probe_stop"
-        raise ValueError(f"{field}: no probe set is loaded (start the engine with a probe set: --probes FILE)")
-    names = layout.names if params.probes is True else tuple(params.probes or ())
-    unknown = [n for n in names if n not in layout.columns]
-    if unknown:
-        raise ValueError(f"probes: unknown probe(s) {', '.join(map(repr, unknown))}; loaded: {', '.join(layout.names)}")
-    if params.probe_stop is not None and params.probe_stop.name not in layout.columns:
-        raise ValueError(f"probe_stop: unknown probe {params.probe_stop.name!r}; loaded: {', '.join(layout.names)}")
-    return names

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from infer.background import background_pool
-from infer.engine.messages import CoreRequest
+from infer.wire import CoreRequest
 from infer.structured import ConstraintError, GrammarCompiler
 
 COMPILE_THREADS = 1  # one core's worth: the step loop keeps the others

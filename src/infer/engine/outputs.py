@@ -1,14 +1,14 @@
 """Turning a sampled token into a request's CoreOutput: EOS, length limits, grammar ends, probe scores, finish reasons.
 
 This runs in the engine core and never formats text; detokenization and stop strings run beside the API
-(infer/engine/text.py), which tells the core to end a request whose text hit a stop string."""
+(infer/frontend/text.py), which tells the core to end a request whose text hit a stop string."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from infer.engine.decode_table import DecodeRows
-from infer.engine.messages import CoreOutput, CoreStep
+from infer.wire import CoreOutput, CoreStep
 from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledRow, Scheduler
 from infer.runners.step import StepResult

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from infer.kv.kv_manager import blocks_needed
-from infer.models.config import ModelConfig
+from infer.families.config import ModelConfig
 
 
 class DType(Protocol):

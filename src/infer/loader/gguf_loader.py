@@ -13,13 +13,12 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from infer.loader.cuts import CutFor, cut_gguf_raw, pad_value
+from infer.families.catalog import GGUF_ARCHITECTURES
 from infer.loader.gguf_file import gguf_value, open_gguf
 from infer.loader.gguf_quant import GROUP, INT4_TYPES, Int4Groups, read_int4, read_q8_0
 from infer.loader.hf_quant import W8Tensor
 from tqdm.auto import tqdm
 
-# GGUF `general.architecture` -> HF `model_type`.
-MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
 
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LLAMA_LAYER = {
@@ -66,9 +65,9 @@ _GEMMA3_27B_LAYERS = 62
 
 def _architecture(reader: GGUFReader) -> str:
     arch = gguf_value(reader, "general.architecture")
-    if arch not in MODEL_TYPES:
+    if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
-            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
         )
     return arch
 
@@ -167,7 +166,7 @@ def read_gguf_config(path: str | Path) -> dict[str, Any]:
     theta = float(meta("rope.freq_base", 10000.0))
     window = meta("attention.sliding_window")
     config: dict[str, Any] = {
-        "model_type": MODEL_TYPES[arch],
+        "model_type": GGUF_ARCHITECTURES[arch],
         "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
         "hidden_size": hidden,
         "intermediate_size": int(meta("feed_forward_length")),

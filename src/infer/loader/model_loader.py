@@ -19,10 +19,10 @@ from infer.loader.hf_quant import CheckpointQuant, W8Tensor, parse_quant_config
 from infer.loader.safetensors_loader import iter_safetensors
 from infer.loader.weights import load_weights
 from infer.models.base import CausalLM
-from infer.models.config import ModelConfig, config_from_hf
+from infer.families.config import ModelConfig, config_from_hf
 from infer.models.layers import params_on_meta
 from infer.models.quant import W8Weight, quantize_linears, replace_weight
-from infer.models.registry import model_spec
+from infer.models.registry import model_class
 from infer.models.shard import Shard
 
 AT_LOAD = ("int4", "int8", "fp8")  # quantization values that quantize a float checkpoint's linear weights at load
@@ -91,7 +91,7 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str
     """An uninitialised model of the registered class for cfg.model_type (one tensor-parallel rank's part with
     `shard`); `deferred`: its parameters on the meta device until a checkpoint fills them (load_weights allocates each
     on `device` then)."""
-    cls = model_spec(cfg.model_type).model_cls
+    cls = model_class(cfg.model_type)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import layerzero as lz
-from infer.models.config import ModelConfig
+from infer.families.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import HookPoint, RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
 from infer.models.quant import LinearSite, QuantWeight

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import layerzero as lz
-from infer.models.config import ModelConfig, RopeConfig
+from infer.families.config import ModelConfig, RopeConfig
 from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.models.quant import LinearSite
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from infer.models.base import Block, CausalLM
-from infer.models.config import ModelConfig
+from infer.families.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import Attention, GatedMLP, HookPoint, RMSNorm, WeightMap, WeightSlot, prefixed
 

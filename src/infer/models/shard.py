@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from infer.models.config import ModelConfig
+from infer.families.config import ModelConfig
 
 
 class ShardError(ValueError):

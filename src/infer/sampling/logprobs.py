@@ -1,10 +1,12 @@
-"""Log-probabilities of chosen tokens and the most likely alternatives, from the model's raw logits."""
+"""Log-probabilities of chosen tokens and the most likely alternatives, from the model's raw logits. Imports torch
+only to compute them: the API server reads TokenLogprob and MAX_LOGPROBS."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MAX_LOGPROBS = 20
 
@@ -43,6 +45,8 @@ def by_sequence(num_seqs: int, rows: list[int], values: list[TokenLogprob]) -> l
 
 def logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> LogprobTensors:
     """Logprobs of token_ids [N] under logits [N, V], with each row's num_top[i] best tokens; no host sync."""
+    import torch
+
     logp = torch.log_softmax(logits.float(), dim=-1)
     chosen = logp.gather(1, token_ids.view(-1, 1)).squeeze(1)
     k = max(num_top, default=0)

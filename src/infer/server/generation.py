@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from infer.engine.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
-from infer.engine.messages import UnsendableRequest
-from infer.engine.request import ProbeScores, StepOutput, probe_columns
+from infer.frontend.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
+from infer.wire import UnsendableRequest
+from infer.frontend.outputs import ProbeScores, StepOutput, probe_columns
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SEED_LIMIT, SamplingParams
 from infer.server.errors import APIError

@@ -21,7 +21,7 @@ from typing import Any
 
 import uvicorn
 
-from infer.engine.client import EngineClient
+from infer.frontend.client import EngineClient
 from infer.server.http_protocol import limited_protocol
 from infer.server.limits import ServerLimits
 

@@ -5,7 +5,7 @@ is one per 4 host cores, at most 4: `api_servers_for`) it spawns N API server
 processes that each bind the port with SO_REUSEPORT (the kernel spreads connections over them), all talking to
 the one core, and supervises: the core's exit ends everything with a non-zero code (each API server answers 503
 and exits with the reason first); an API server's exit leaves the others serving. With `--data-parallel-size N`
-there are N cores (engine/dp_cores.py) and every API server connects to each of them (engine/dp_client.py); any
+there are N cores (build/dp_cores.py) and every API server connects to each of them (frontend/dp_client.py); any
 core's exit ends everything as above.
 """
 
@@ -24,12 +24,13 @@ from pathlib import Path
 
 import uvicorn
 
-from infer.engine.builder import ServedModel, settle_heap
+from infer.frontend.served import ServedModel
+from infer.heap import settle_heap
 from infer.engine.config import EngineConfig
-from infer.engine.core_process import CoreInfo, CoreProcess, CoreStartError
-from infer.engine.dp_client import client_for
-from infer.engine.dp_cores import start_cores
-from infer.loader.tokenizer import Tokenizer
+from infer.build.core_process import CoreProcess, CoreStartError
+from infer.wire import CoreInfo
+from infer.frontend.dp_client import client_for
+from infer.build.dp_cores import start_cores
 from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
 from infer.server.console import ended, say
 from infer.server.limits import ServerLimits
@@ -43,7 +44,6 @@ BUNDLED_NAME = "SmolLM2-135M-Instruct"
 def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, log_level: str,
           api_server_count: int | None = None, limits: ServerLimits | None = None) -> int:
     """Run `infer serve` until interrupted or until the core exits; the process's exit code."""
-    api_server_count = api_servers_for(config, api_server_count)
     limits = limits or ServerLimits()
     _check_port(host, port)  # before the minutes of loading: a taken port fails at once
     say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
@@ -56,6 +56,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
         return 1
     infos = [core.info for core in cores]
     info = infos[0]
+    api_server_count = api_servers_for(info.config, api_server_count)  # the core's config names its device
     name = served_model_name or (BUNDLED_NAME if config.model is None else Path(info.model_path).stem)
     engines = f"engine core pid {info.pid}" if len(infos) == 1 else \
         f"{len(infos)} data-parallel engine cores, pids {', '.join(str(i.pid) for i in infos)}, " \
@@ -79,7 +80,8 @@ MAX_DEFAULT_API_SERVERS = 4  # one API server process formats ~35k streamed toke
 
 
 def api_servers_for(config: EngineConfig, requested: int | None) -> int:
-    """`--api-server-count`, or its default: 1 on the CPU (its cores run the model), on CUDA one per 4 host cores."""
+    """`--api-server-count`, or its default: 1 on the CPU (its cores run the model), on CUDA one per 4 host cores.
+    `config`: a built engine's (its device resolved)."""
     if requested is not None:
         return requested
     if not config.resolved_device.startswith("cuda"):
@@ -88,8 +90,8 @@ def api_servers_for(config: EngineConfig, requested: int | None) -> int:
 
 
 def served_model(info: CoreInfo) -> ServedModel:
-    """The API server's view of the model: the core's resolved config and the tokenizer, no weights."""
-    return ServedModel(info.config, info.model_config, Tokenizer.from_path(Path(info.model_path)), Path(info.model_path))
+    """The API server's view of the model: the core's resolved config and its tokenizer, no weights."""
+    return ServedModel(info.config, info.model_config, info.tokenizer, Path(info.model_path))
 
 
 def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int = 0,

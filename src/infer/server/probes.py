@@ -12,12 +12,11 @@ from dataclasses import asdict
 
 from fastapi import APIRouter, Request
 
-from infer.engine.core import check_probes
-from infer.llm import probe_infos
 from infer.sampling.params import SamplingParams
 from infer.server.errors import APIError
 from infer.server.openapi import ERROR_RESPONSES
 from infer.server.state import ServerState
+from infer.wire import check_probes
 
 router = APIRouter()
 
@@ -25,7 +24,7 @@ router = APIRouter()
 def requested_probes(state: ServerState, params: SamplingParams) -> tuple[str, ...]:
     """The probe names each choice's scores carry; a 400 naming the field for a name or request not servable."""
     try:
-        return check_probes(params, state.engine.probe_layout)
+        return check_probes(params, state.engine.probes)
     except ValueError as exc:
         field = str(exc).split(":", 1)[0]
         raise APIError(400, str(exc), field) from exc
@@ -33,9 +32,9 @@ def requested_probes(state: ServerState, params: SamplingParams) -> tuple[str, .
 
 def listing(state: ServerState) -> dict[str, object]:
     """The loaded probes without the host's file paths (the probe-set file, each probe's weights)."""
-    layout = state.engine.probe_layout
-    return {"object": "list", "version": layout.version if layout else None,
-            "data": [{k: v for k, v in asdict(info).items() if k != "source"} for info in probe_infos(layout)]}
+    probes = state.engine.probes
+    return {"object": "list", "version": probes.version if probes else None,
+            "data": [{k: v for k, v in asdict(info).items() if k != "source"} for info in (probes.probes if probes else ())]}
 
 
 @router.get("/v1/probes")
@@ -54,7 +53,7 @@ async def reload_probes(request: Request) -> dict[str, object]:
     if state.built.config.probes is None:
         raise APIError(400, "probes: no probe set is loaded (start the server with --probes FILE)", "probes")
     try:
-        state.engine.probe_layout = await state.engine.call("reload_probes")
+        state.engine.probes = await state.engine.call("reload_probes")
     except RuntimeError as exc:  # the core's ProbeError (or a file it cannot read), as text
         raise APIError(400, f"reload failed; the loaded probes are unchanged: {exc}", "probes") from exc
     return listing(state)

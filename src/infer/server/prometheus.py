@@ -8,9 +8,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
-from infer.engine.core import EngineStats
-from infer.engine.metrics import Histogram, ServingMetrics
-from infer.engine.client import CoreGoneError
+from infer.wire import EngineStats
+from infer.frontend.metrics import Histogram, ServingMetrics
+from infer.frontend.client import CoreGoneError
 from infer.server.errors import APIError
 from infer.server.state import ServerState
 

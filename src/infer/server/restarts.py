@@ -1,6 +1,6 @@
 """Data parallelism survives a dead engine core: `CoreRestarts` watches the cores from `infer serve`'s main process
 and starts a core that exited again, on the same address. Its API servers have failed the dead core's requests and
-routed new ones to the live cores meanwhile (infer/engine/dp_client.py); their sockets reconnect by themselves once
+routed new ones to the live cores meanwhile (infer/frontend/dp_client.py); their sockets reconnect by themselves once
 the new core binds, which it does only when it has loaded and warmed up."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import multiprocessing.connection
 import threading
 import time
 
-from infer.engine.core_process import CoreProcess, CoreStartError
+from infer.build.core_process import CoreProcess, CoreStartError
 from infer.server.console import ended, say
 
 RETRY_S = 5.0  # after a failed restart

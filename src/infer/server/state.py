@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from infer.engine.builder import ServedModel
-from infer.engine.client import EngineClient
-from infer.engine.dp_client import DPClient
+from infer.frontend.served import ServedModel
+from infer.frontend.client import EngineClient
+from infer.frontend.dp_client import DPClient
 from infer.server.errors import APIError
 from infer.server.limits import LARGE_TEXT_CHARS, ServerLimits
 from infer.server.responses_store import ResponseStore

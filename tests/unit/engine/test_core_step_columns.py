@@ -9,7 +9,7 @@ import numpy as np
 
 from engine_fakes import FakeRunner, FakeTokenizer, fake_engine, run_all
 from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
+from infer.build.in_process import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.sampling.params import SamplingParams
 from omniscience.bank import ProbeLayout

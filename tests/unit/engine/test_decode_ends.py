@@ -7,7 +7,7 @@ import pytest
 
 from engine_fakes import EOS, FakeRunner, FakeTokenizer, run_all
 from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
+from infer.build.in_process import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.runners.step import StepInput
 from infer.sampling.params import SamplingParams

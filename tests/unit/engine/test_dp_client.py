@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from infer.engine.client import CoreGoneError, QueueFullError
+from infer.frontend.client import CoreGoneError, QueueFullError
 from infer.engine.config import EngineConfig, EngineConfigError
-from infer.engine.core import EngineStats
-from infer.engine.dp_client import DPClient
-from infer.engine.dp_cores import engine_configs
-from infer.engine.metrics import ServingMetrics
+from infer.wire import EngineStats
+from infer.frontend.dp_client import DPClient
+from infer.build.dp_cores import engine_configs
+from infer.frontend.metrics import ServingMetrics
 
 
 @dataclass
@@ -31,7 +31,7 @@ class FakeClient:
     answer: Any = None
     gone: str | None = None
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
-    probe_layout: Any = None
+    probes: Any = None
 
     def submit(self, request_id: str, prompt: list[int], params: Any, probe_names: tuple[str, ...] = (),
                incremental_text: bool = True) -> str:
@@ -70,7 +70,7 @@ class FakeClient:
 class FakeInfo:
     config: EngineConfig
     pid: int = 1
-    probe_layout: Any = None
+    probes: Any = None
 
 
 def dp(n: int, method: str = "least_load", max_waiting: int = 4) -> tuple[DPClient, list[FakeClient], list[str]]:
@@ -131,8 +131,8 @@ def test_probe_reloads_idle_and_audits_reach_every_engine():
     assert asyncio.run(client.call("idle")) is False
     fakes[0].answer, fakes[1].answer = {}, {3: "r1"}
     assert asyncio.run(client.call("audit_blocks")) == {(1, 3): "r1"}
-    client.probe_layout = "v3"
-    assert [f.probe_layout for f in fakes] == ["v3", "v3"]
+    client.probes = "v3"
+    assert [f.probes for f in fakes] == ["v3", "v3"]
 
 
 def test_a_failed_call_names_the_engine_and_a_gone_core_wins():

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infer.engine.dp_router import AFFINITY_FACTOR, AFFINITY_SLACK, EngineLoad, Router
+from infer.frontend.dp_router import AFFINITY_FACTOR, AFFINITY_SLACK, EngineLoad, Router
 
 loads_st = st.lists(st.builds(EngineLoad, st.integers(0, 50), st.integers(0, 50), st.booleans()), min_size=1, max_size=8)
 prompt_st = st.lists(st.integers(0, 50_000), max_size=200)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from infer.engine.rank_runner import CPU_KV_CACHE_BYTES, kv_cache_bytes
+from infer.build.rank_runner import CPU_KV_CACHE_BYTES, kv_cache_bytes
 from infer.engine.config import EngineConfig
 from infer.kv.sizing import kv_bytes_per_token
-from infer.models.config import ModelConfig, RopeConfig
+from infer.families.config import ModelConfig, RopeConfig
 
 MODEL = ModelConfig(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,

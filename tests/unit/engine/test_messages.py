@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from infer.engine import messages as m
-from infer.engine.metrics import ServingMetrics
-from infer.engine.request import StepOutput
+from infer import wire as m
+from infer.frontend.metrics import ServingMetrics
+from infer.frontend.outputs import StepOutput
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import ProbeStop, SamplingParams
 from infer.structured.constraint import Constraint

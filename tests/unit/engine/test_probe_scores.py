@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infer.engine.request import ProbeScores, probe_columns
+from infer.frontend.outputs import ProbeScores, probe_columns
 
 NAMES = st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=8, unique=True)
 SCORE = st.one_of(st.none(), st.floats(allow_nan=False, width=32))

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine_fakes import EOS, FakeTokenizer
-from infer.engine.messages import CoreOutput
-from infer.engine.text import TextProcessor
+from infer.wire import CoreOutput
+from infer.frontend.text import TextProcessor
 from infer.sampling.params import SamplingParams
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from infer.engine.config import EngineConfig, EngineConfigError
-from infer.engine.mlx_builder import check_mlx_config
+from infer.build.mlx_builder import check_mlx_config
 from probe_sets import Spec, write_probe_set
 
 

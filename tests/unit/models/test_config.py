@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from infer.models.config import ConfigError, config_from_hf
+from infer.families.config import ConfigError, config_from_hf
 
 BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5}

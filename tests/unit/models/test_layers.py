@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from infer.models.config import RopeConfig
+from infer.families.config import RopeConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import RotaryEmbedding, longrope_rows, rope_inv_freq
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from infer.engine.builder import chat_template_name
-from infer.models.config import SUPPORTED_MODEL_TYPES
-from infer.models.registry import REGISTRY
+from infer.families.chat_template import chat_template_name
+from infer.families.catalog import SUPPORTED_MODEL_TYPES
+from infer.models.registry import MODEL_CLASSES
 
 
 class Vocabulary:
@@ -31,5 +31,5 @@ def test_marker_tokens_pick_the_template(model_type: str, tokens: tuple[str, ...
     assert chat_template_name(model_type, Vocabulary(*tokens)) == template
 
 
-def test_the_registry_has_every_model_type_config_reads() -> None:
-    assert tuple(REGISTRY) == SUPPORTED_MODEL_TYPES
+def test_the_registry_has_a_class_for_every_declared_family() -> None:
+    assert tuple(MODEL_CLASSES) == SUPPORTED_MODEL_TYPES

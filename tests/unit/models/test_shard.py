@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infer.models.config import ModelConfig, RopeConfig
+from infer.families.config import ModelConfig, RopeConfig
 from infer.models.shard import Shard, ShardError
 
 BASE = ModelConfig(model_type="llama", vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=1,

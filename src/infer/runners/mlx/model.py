@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from infer.loader.model_loader import LoadedModel
-from infer.models.config import ModelConfig, RopeConfig
+from infer.families.config import ModelConfig, RopeConfig
 from infer.models.layers import rope_inv_freq
 from infer.runners.mlx.attention import StepLayout, paged_attention
 from infer.runners.mlx.weights import Linear, linear, lm_head, to_mx

@@ -58,7 +58,7 @@ class MlxLaunchedStep:
 class MlxRunner:
     """Owns the MLX weights, the paged KV cache and the sampling state; turns a StepInput into sampled tokens."""
 
-    probes: ProbeBank | None = None  # declined at startup (engine/mlx_builder.py)
+    probes: ProbeBank | None = None  # declined at startup (build/mlx_builder.py)
 
     def __init__(self, model: MlxModel, num_blocks: int, block_size: int, max_batch_size: int = 32) -> None:
         cfg = model.config

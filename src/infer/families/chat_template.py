@@ -6,11 +6,13 @@ import json
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from infer.families.catalog import family
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 ROLES = ("system", "user", "assistant", "tool")  # every bundled template handles exactly these
@@ -154,4 +156,22 @@ def render_template(
         extra["tools"] = tools
     return template.render(
         messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, **extra
+    )
+
+
+CUSTOM_TEMPLATE = "custom"  # chat_template_name of a template file on a family with no bundled template
+
+
+class _Vocabulary(Protocol):
+    def has_token(self, token: str) -> bool: ...
+
+
+def chat_template_name(model_type: str, tokenizer: _Vocabulary) -> str:
+    """The bundled chat template for a model family whose tokenizer has the template's marker token."""
+    for name, marker in family(model_type).chat_templates:
+        if tokenizer.has_token(marker):
+            return name
+    raise ChatTemplateError(
+        f"no chat template for this {model_type} tokenizer; "
+        f"add one to {TEMPLATE_DIR} and declare it in infer/families/catalog.py"
     )

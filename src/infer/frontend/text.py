@@ -1,7 +1,7 @@
 """The text side of output processing: the core's tokens into text deltas, stop strings, StepOutputs.
 
-It runs where the caller is, never in the engine core: in the API server process (infer/engine/client.py) and,
-for offline use, beside the in-process engine (infer/engine/engine.py). One implementation serves both.
+It runs where the caller is, never in the engine core: in the API server process (infer/frontend/client.py) and,
+for offline use, beside the in-process engine (infer/build/in_process.py). One implementation serves both.
 A stop string ends a request here first; the caller then tells the core to end it (`take_stopped`).
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from infer.engine.messages import CoreOutput, CoreStep
-from infer.engine.request import ProbeScores, StepOutput
+from infer.wire import CoreOutput, CoreStep
+from infer.frontend.outputs import ProbeScores, StepOutput
 from infer.loader.detokenizer import IncrementalDetokenizer
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams

@@ -18,7 +18,7 @@ from infer.engine.config import EngineConfig, EngineConfigError
 from infer.kv.sizing import kv_bytes_per_token, kv_layout
 from infer.loader.gguf_file import bundled_smollm2
 from infer.loader.model_loader import LoadedModel, load_model
-from infer.models.config import ModelConfig
+from infer.families.config import ModelConfig
 from infer.models.shard import Shard
 from infer.runners.cuda_graphs import bucket_sizes
 from infer.runners.drafter import Drafter

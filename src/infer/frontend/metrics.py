@@ -6,7 +6,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from infer.engine.request import StepOutput
+from infer.frontend.outputs import StepOutput
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 

@@ -15,21 +15,23 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import torch
-
 from infer.engine.config import EngineConfig, EngineConfigError
-from infer.engine.core_env import core_environment
-from infer.engine.core_process import CoreProcess, CoreStartError
+from infer.build.core_env import core_environment
+from infer.build.core_process import CoreProcess, CoreStartError
 
 
 def engine_configs(config: EngineConfig) -> list[EngineConfig]:
     """Each DP engine's config; EngineConfigError naming data_parallel_size when the devices are not there."""
     n, tp = config.data_parallel_size, config.tensor_parallel_size
+    if n == 1:  # the core resolves its device itself: the process starting it imports no torch
+        return [config]
+    import torch
+
     device = config.resolved_device
     if not device.startswith("cuda"):
         return [replace(config, data_parallel_size=1, device=device, seed=config.seed + i) for i in range(n)]
     base = int(device.split(":")[1]) if ":" in device else 0
-    if n > 1 and torch.cuda.is_available() and base + n * tp > torch.cuda.device_count():
+    if torch.cuda.is_available() and base + n * tp > torch.cuda.device_count():
         raise EngineConfigError(
             f"data_parallel_size={n}: needs {n} x tensor_parallel_size={tp} CUDA devices from cuda:{base}, "
             f"but {torch.cuda.device_count()} are visible")

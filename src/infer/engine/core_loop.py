@@ -1,8 +1,8 @@
-"""The engine-core process of `infer serve`: the scheduler and the runner in a busy loop, nothing else.
+"""The engine-core process's loop: the scheduler and the runner in a busy loop, nothing else.
 
-API server processes (client.py) connect to one ROUTER socket over ZMQ (ipc): requests come in as token
-ids, every step's outputs go back to the API server that sent each request, as arrays of token ids and
-finish reasons (messages.py). The core never detokenizes or formats. Between two steps it drains what
+API server processes (infer/frontend/client.py) connect to one ROUTER socket over ZMQ (ipc): requests come in as
+token ids, every step's outputs go back to the API server that sent each request, as arrays of token ids and
+finish reasons (infer/wire.py). The core never detokenizes or formats. Between two steps it drains what
 arrived (requests, aborts, utility calls, heartbeats); while nothing runs it waits on the socket. A request
 whose grammar is not compiled yet waits for it off the step loop (grammar_jobs.py) and joins once it is ready.
 An API server silent for CLIENT_TIMEOUT_S has its requests aborted, so the others lose nothing when one dies;
@@ -12,30 +12,21 @@ a crash of the core itself is told to every API server (`Shutdown`) before the p
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import pickle
-import signal
-import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from itertools import repeat
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 import zmq
 
+from infer import wire as m
 from infer.distributed.group import DistributedError
-from infer.engine import messages as m
-from infer.engine.builder import BuiltEngine, build_engine
-from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
-from infer.engine.core_env import core_environment
 from infer.engine.grammar_jobs import GrammarJobs
-from infer.engine.startup_log import phase
-from infer.models.config import ModelConfig
-from omniscience import ProbeLayout
+from omniscience import ProbeSet
 
 log = logging.getLogger("infer.core")
 
@@ -44,110 +35,12 @@ IDLE_POLL_MS = 1000
 COMPILE_POLL_MS = 5  # while a grammar compiles and nothing else runs: how soon its request is admitted
 
 
-@dataclass(frozen=True)
-class CoreInfo:
-    """What an API server needs of the core, sent once it is ready."""
-
-    address: str  # the ZMQ endpoint to connect to
-    config: EngineConfig  # as built: max_seq_len bounded by the model, defaults resolved
-    model_config: ModelConfig
-    model_path: str
-    vocab_size: int
-    probe_layout: ProbeLayout | None
-    load_seconds: float
-    warmup_seconds: float
-    pid: int
-
-
-class CoreStartError(RuntimeError):
-    """The core could not start; `config_error` when the cause is a bad setting (the CLI exits 2)."""
-
-    def __init__(self, message: str, config_error: bool) -> None:
-        super().__init__(message)
-        self.config_error = config_error
-
-
-class CoreProcess:
-    """A started engine-core process and the facts it reported when ready."""
-
-    def __init__(self, process: multiprocessing.process.BaseProcess, info: CoreInfo, config: EngineConfig) -> None:
-        self.process = process
-        self.info = info
-        self.config = config  # as it was started with (a restart starts from it again)
-
-    @classmethod
-    def start(cls, config: EngineConfig, timeout_s: float | None = None, address: str | None = None) -> CoreProcess:
-        """Spawn the core, wait until it has loaded, warmed up and bound its socket; CoreStartError if it failed.
-        `address`: the endpoint of a core it replaces (its API servers reconnect there), else a new one."""
-        address = address or f"ipc://{tempfile.mkdtemp(prefix='infer-')}/core.sock"  # a private (0700) folder
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe with CUDA and with threads
-        ours, theirs = ctx.Pipe(duplex=False)
-        process = ctx.Process(target=run_core, args=(config, address, theirs, time.time()), name="infer-core",
-                              daemon=False)
-        with core_environment():
-            process.start()
-        theirs.close()
-        if not ours.poll(timeout_s):
-            process.kill()
-            raise CoreStartError(f"the engine core did not start within {timeout_s:.0f} s", config_error=False)
-        try:
-            kind, payload = ours.recv()
-        except EOFError:
-            process.join(5)
-            raise CoreStartError(f"the engine core exited while starting (exit code {process.exitcode})",
-                                 config_error=False) from None
-        if kind == "error":
-            message, config_error = payload
-            process.join(10)
-            raise CoreStartError(message, config_error)
-        return cls(process, payload, config)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask the core to exit (SIGTERM), killing it if it does not within the timeout."""
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout_s)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
-
-
-def run_core(config: EngineConfig, address: str, ready: Connection, spawned: float) -> None:
-    """The core process's main: build and warm the engine, report to the parent, then serve until stopped.
-    `spawned`: when the parent started this process (time.time()), for the start-up report."""
-    logging.basicConfig(level=logging.INFO, format="[infer core] %(message)s")
-    phase("core process up", time.time() - spawned, "interpreter and imports")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
-    try:
-        built = build_engine(config, core_only=True, hard_exit=True)
-    except (EngineConfigError, ValueError, OSError, DistributedError) as exc:
-        ready.send(("error", (str(exc), isinstance(exc, (EngineConfigError, ValueError)))))
-        raise SystemExit(2) from None
-    except BaseException as exc:
-        ready.send(("error", (f"{type(exc).__name__}: {exc}", False)))
-        raise
-    started = time.perf_counter()
-    if (reason := built.engine.grammars.prepare()) is not None:  # before the core reports ready (see prepare)
-        log.warning("serving without structured output and tools: %s", reason)
-    phase("structured output prepared", time.perf_counter() - started, "llguidance's view of the tokenizer")
-    loop = CoreLoop(built, address)
-    ready.send(("ready", CoreInfo(address, built.config, built.model_config, str(built.path),
-                                  built.engine.runner.vocab_size, built.engine.probe_layout, built.load_seconds,
-                                  built.warmup_seconds, os.getpid())))
-    ready.close()
-    signal.signal(signal.SIGTERM, lambda *_: loop.stop())
-    loop.run()
-    if built.config.tensor_parallel_size > 1:  # NCCL's teardown at exit can wait on ranks that are gone: skip it
-        logging.shutdown()
-        os._exit(0)
-
-
 class CoreLoop:
     """Drain messages, step, send each API server its outputs; repeat."""
 
-    def __init__(self, built: BuiltEngine, address: str) -> None:
-        self.built = built
-        self.engine: EngineCore = built.engine
+    def __init__(self, engine: EngineCore, address: str, read_probe_set: Callable[[], ProbeSet]) -> None:
+        self.engine = engine
+        self._read_probe_set = read_probe_set  # the configured probe-set file, read again on a reload
         self._ctx = zmq.Context()
         self.socket = self._ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.SNDHWM, 0)  # never drop an output
@@ -161,7 +54,7 @@ class CoreLoop:
         self._stopping = False
         self._next_check = 0.0
         self._parent = os.getppid()  # the process that started the core: its death ends the core too
-        self.grammars = GrammarJobs(self.engine.grammars, built.config.structured_compile_timeout_s)
+        self.grammars = GrammarJobs(engine.grammars, engine.config.structured_compile_timeout_s)
 
     def stop(self) -> None:
         self._stopping = True
@@ -289,9 +182,10 @@ class CoreLoop:
         if method == "idle":
             return not engine.has_unfinished()
         if method == "reload_probes":
-            layout = engine.swap_probes(self.built.read_probe_set())
-            self._broadcast(m.Reply(-1, pickle.dumps(layout)))  # every API server checks names against it now
-            return layout
+            engine.swap_probes(self._read_probe_set())
+            catalog = engine.probe_catalog
+            self._broadcast(m.Reply(-1, pickle.dumps(catalog)))  # every API server checks names against it now
+            return catalog
         raise ValueError(f"unknown core call {method!r}")
 
     def _check_clients(self) -> None:

@@ -8,13 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from infer.engine.config import DTYPES, EngineConfig, EngineConfigError
+from infer.engine.config import EngineConfig, EngineConfigError
 from infer.runners.mlx import apple_metal, mlx_available
 
 if TYPE_CHECKING:
     from infer.engine.core import EngineCore
     from infer.loader.tokenizer import Tokenizer
-    from infer.models.config import ModelConfig
+    from infer.families.config import ModelConfig
 
 # (field, whether the config asks for it, why the MLX runner declines it)
 DECLINED = (
@@ -61,11 +61,12 @@ class MlxEngine(NamedTuple):
 def build_mlx_engine(config: EngineConfig, path: Path, core_only: bool) -> MlxEngine:
     """Load the checkpoint into MLX, size the KV cache, build the MlxRunner and the engine around it."""
     import mlx.core as mx
+    import torch
 
     from infer.engine.core import EngineCore
-    from infer.engine.engine import Engine
-    from infer.engine.rank_runner import kv_cache_bytes
-    from infer.engine.warmup import warm_up
+    from infer.build.in_process import Engine
+    from infer.build.rank_runner import kv_cache_bytes
+    from infer.build.warmup import warm_up
     from infer.kv.kv_manager import KVCacheManager
     from infer.kv.sizing import kv_layout
     from infer.loader.tokenizer import Tokenizer
@@ -82,8 +83,8 @@ def build_mlx_engine(config: EngineConfig, path: Path, core_only: bool) -> MlxEn
     del staged
     tokenizer = Tokenizer.from_path(path)
     config = replace(config, max_seq_len=min(config.max_seq_len, model_config.max_position_embeddings))
-    layout = kv_layout(model_config, DTYPES[dtype], config.kv_cache_backend, config.block_size, config.max_seq_len,
-                       config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(replace(config, dtype=dtype),
+    layout = kv_layout(model_config, getattr(torch, dtype), config.kv_cache_backend, config.block_size,
+                       config.max_seq_len, config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(replace(config, dtype=dtype),
                                                                                   model_config))
     runner = MlxRunner(model, layout.num_blocks, layout.block_size, config.max_batch_size)
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))

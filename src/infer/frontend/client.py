@@ -26,15 +26,13 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from infer.engine import messages as m
-from infer.engine.core import validate_prompt
-from infer.engine.core_process import CoreInfo
-from infer.engine.metrics import ServingMetrics
-from infer.engine.request import StepOutput
-from infer.engine.text import TextProcessor
+from infer import wire as m
+from infer.frontend.metrics import ServingMetrics
+from infer.frontend.outputs import StepOutput
+from infer.frontend.text import TextProcessor
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
-from omniscience import ProbeLayout
+from infer.wire import CoreInfo, ProbeCatalog, validate_prompt
 
 log = logging.getLogger("infer.server")
 
@@ -90,7 +88,7 @@ class EngineClient:
         self.info = info
         self.max_waiting_requests = max_waiting_requests
         self.metrics = ServingMetrics()
-        self.probe_layout: ProbeLayout | None = info.probe_layout
+        self.probes: ProbeCatalog | None = info.probes
         self.on_core_gone = on_core_gone
         self.on_core_back = on_core_back
         self.gone_reason: str | None = None
@@ -259,7 +257,7 @@ class EngineClient:
 
     def _reply(self, msg: m.Reply) -> None:
         if msg.call_id == -1:  # a probe reload through any API server: names are checked against the new set
-            self.probe_layout = pickle.loads(msg.result)
+            self.probes = pickle.loads(msg.result)
             return
         future = self._calls.pop(msg.call_id, None)
         if future is None or future.done():

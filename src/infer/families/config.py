@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from infer.families.catalog import FAMILIES, SUPPORTED_MODEL_TYPES
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's early name for LongRoPE
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "gemma3_text", "phi3")  # the keys of models/registry.py
-SLIDING_EVERY_LAYER = ("mistral", "phi3")  # families whose config's sliding_window, when set, covers every layer
 
 
 class ConfigError(ValueError):
@@ -169,7 +169,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     n_layers = int(_require(d, "num_hidden_layers"))
     rope, rope_local = _parse_ropes(d, model_type)
     gemma = model_type == "gemma3_text"
-    slides = gemma or model_type in SLIDING_EVERY_LAYER
+    slides = gemma or FAMILIES[model_type].sliding_every_layer
     window = int(d["sliding_window"]) if slides and d.get("sliding_window") else None
     act = d.get("hidden_activation") or d.get("hidden_act") or "silu"
     cfg = ModelConfig(

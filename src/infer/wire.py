@@ -4,18 +4,124 @@ The hot path is two messages: a request going in (`CoreRequest`) and one step's 
 (`CoreOutputs` around a `CoreStep`: the step's plain tokens as two columns, request ids and token ids, and
 whole `CoreOutput`s only where there is more to say: a first output, a finish reason, logprobs, probe
 scores). Everything else (aborts, utility calls, heartbeats, the core's start-up facts) is small and rare.
-docs/engine.md draws the two processes.
+Beside the messages: what both sides check a request against (`validate_prompt`, `check_probes`), so the API
+server refuses what the core would. docs/architecture.md draws the two processes.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from infer.engine.config import EngineConfig
+    from infer.families.config import ModelConfig
+    from infer.loader.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ProbeInfo:
+    """One loaded probe, as `LLM.probes()` and the server's `GET /v1/probes` list it."""
+
+    name: str
+    layer: int
+    activation: str
+    source: str
+    sha256: str
+    version: int
+
+
+class _LoadedProbes(Protocol):  # omniscience's ProbeLayout, read without importing it (it holds torch weights)
+    probes: tuple[Any, ...]
+    columns: dict[str, int]
+    version: int
+
+
+@dataclass(frozen=True)
+class ProbeCatalog:
+    """The loaded probe set as the request side sees it: names, score columns, version; no weights."""
+
+    probes: tuple[ProbeInfo, ...]
+    columns: dict[str, int]
+    version: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.probes)
+
+    @classmethod
+    def of(cls, layout: _LoadedProbes | None) -> ProbeCatalog | None:
+        if layout is None:
+            return None
+        infos = tuple(ProbeInfo(p.name, p.layer, p.activation, str(p.source), p.sha256, layout.version)
+                      for p in layout.probes)
+        return cls(infos, dict(layout.columns), layout.version)
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What an API server needs of the core, sent once it is ready (pickled: the tokenizer travels as its JSON)."""
+
+    address: str  # the ZMQ endpoint to connect to
+    config: EngineConfig  # as built: max_seq_len bounded by the model, the device resolved
+    model_config: ModelConfig
+    model_path: str
+    tokenizer: Tokenizer  # the core's own, so the API server never loads transformers (or torch)
+    vocab_size: int
+    probes: ProbeCatalog | None
+    load_seconds: float
+    warmup_seconds: float
+    pid: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for metrics: running requests, KV blocks, preemptions, prefix-cache tokens, speculation."""
+
+    num_running: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    spec_drafted: int = 0  # speculation: draft tokens verified
+    spec_accepted: int = 0  # of which accepted
+    spec_verified_rows: int = 0  # request-steps that verified drafts (accepted / rows + 1 = mean tokens per such step)
+
+
+def validate_prompt(prompt_token_ids: list[int], max_seq_len: int, vocab_size: int) -> None:
+    """Raise ValueError for a prompt an engine of this context and vocabulary cannot run."""
+    if not prompt_token_ids:
+        raise ValueError("prompt is empty: at least one token is needed")
+    if len(prompt_token_ids) >= max_seq_len:
+        raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; max_seq_len={max_seq_len} leaves no room to generate")
+    bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_probes(params: SamplingParams, probes: ProbeCatalog | None) -> tuple[str, ...]:
+    """The probe names a request's outputs will carry under the loaded `probes`; ValueError (naming the field) for
+    ones not loaded."""
+    if params.probe_prompt and params.probes is None:
+        raise ValueError("probe_prompt: needs probes (true or a list of names); it adds their prompt-token scores")
+    if params.probes is None and params.probe_stop is None:
+        return ()
+    if probes is None:
+        field = "probes" if params.probes is not None else "probe_stop"
+        raise ValueError(f"{field}: no probe set is loaded (start the engine with a probe set: --probes FILE)")
+    names = probes.names if params.probes is True else tuple(params.probes or ())
+    unknown = [n for n in names if n not in probes.columns]
+    if unknown:
+        raise ValueError(f"probes: unknown probe(s) {', '.join(map(repr, unknown))}; loaded: {', '.join(probes.names)}")
+    if params.probe_stop is not None and params.probe_stop.name not in probes.columns:
+        raise ValueError(f"probe_stop: unknown probe {params.probe_stop.name!r}; loaded: {', '.join(probes.names)}")
+    return names
 
 
 class CoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -30,7 +136,7 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One step's token for one request (or its end without a token: abort, error, prompt scoring only).
 
     The core never formats text: detokenization, stop strings and the OpenAI shapes happen beside the
-    API (infer/engine/text.py)."""
+    API (infer/frontend/text.py)."""
 
     request_id: str
     token_id: int | None

@@ -6,12 +6,9 @@ model's config, its chat template) travels in the returned `BuiltEngine`.
 
 from __future__ import annotations
 
-import functools
-import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -19,92 +16,19 @@ from infer.distributed.group import DistributedError
 from infer.distributed.startup import distributed_config, start_rank0
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
-from infer.engine.engine import Engine
-from infer.engine.rank_runner import bounded, build_rank_runner, load_rank_model, resolve_model_path
-from infer.engine.startup_log import Clock, phase, runner_phases
-from infer.engine.warmup import warm_up
+from infer.build.in_process import Engine
+from infer.build.rank_runner import bounded, build_rank_runner, load_rank_model, resolve_model_path
+from infer.build.startup_log import Clock, phase, runner_phases
+from infer.build.warmup import warm_up
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import LoadedModel, load_model, read_config
 from infer.loader.tokenizer import Tokenizer
-from infer.loader.generation_config import sampling_defaults
-from infer.models.chat_template import (
-    ChatTemplateError, TEMPLATE_DIR, load_template, load_template_file, render_template, template_source,
-)
-from infer.models.config import ModelConfig
-from infer.models.registry import model_spec
+from infer.families.config import ModelConfig
+from infer.frontend.served import ServedModel
+from infer.heap import settle_heap
 from infer.models.shard import Shard, ShardError
 from infer.speculative.gate import gate_speculation
 from omniscience import ProbeBank, ProbeError, ProbeSet, load_probe_set
-
-Messages = list[dict[str, Any]]
-CUSTOM_TEMPLATE = "custom"  # chat_template_name of a template file on a family with no bundled template
-
-
-def chat_template_name(model_type: str, tokenizer: Tokenizer) -> str:
-    """The bundled chat template for a model family whose tokenizer has the template's marker token."""
-    for name, marker in model_spec(model_type).chat_templates:
-        if tokenizer.has_token(marker):
-            return name
-    raise ChatTemplateError(
-        f"no chat template for this {model_type} tokenizer; "
-        f"add one to {TEMPLATE_DIR} and register it in infer/models/registry.py"
-    )
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """What serving needs of a model besides the engine: its config, tokenizer and chat template (the API
-    server holds one of these; the engine core holds the weights)."""
-
-    config: EngineConfig  # as built: max_seq_len bounded by the model's positions, defaults resolved
-    model_config: ModelConfig
-    tokenizer: Tokenizer
-    path: Path
-
-    @functools.cached_property  # read for every chat request; fixed for the model
-    def chat_template_name(self) -> str:
-        """The bundled chat template of this model's family, whose tool-call format and reasoning split its answers
-        are read with; with a template file (`chat_template`) on a family that has none, "custom" (the Hermes
-        tool-call convention)."""
-        try:
-            return chat_template_name(self.model_config.model_type, self.tokenizer)
-        except ChatTemplateError:
-            if self.config.chat_template is None:
-                raise
-            return CUSTOM_TEMPLATE
-
-    @property
-    def chat_template_source(self) -> str:
-        """The Jinja text requests are rendered with: the `chat_template` file's, else the family's bundled one."""
-        if self.config.chat_template is not None:
-            return Path(self.config.chat_template).expanduser().read_text()
-        return template_source(self.chat_template_name)
-
-    @functools.cached_property
-    def sampling_defaults(self) -> dict[str, float | int]:
-        """The server's sampling defaults for fields a request leaves out (`generation_config`)."""
-        return sampling_defaults(self.config.generation_config, self.path)
-
-    def render_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> str:
-        """`template`: tools (OpenAI tool definitions) and keyword arguments of the template (enable_thinking)."""
-        if self.config.chat_template is not None:  # a file written for transformers may also read eos_token
-            compiled = load_template_file(self.config.chat_template)
-            template.setdefault("eos_token", self.tokenizer.eos_token or "")
-        else:
-            compiled = load_template(self.chat_template_name)
-        return render_template(compiled, messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.tokenizer.bos_token or "", **template)
-
-    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True, **template: Any) -> list[int]:
-        # the template writes BOS itself, so the tokenizer must not add another
-        text = self.render_chat(messages, add_generation_prompt, **template)
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def read_probe_set(self) -> ProbeSet:
-        """Re-read the configured probe-set file against this model (a reload; ProbeError when it is invalid)."""
-        if self.config.probes is None:
-            raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
-        return read_probe_set(self.config.probes, self.model_config)
 
 
 @dataclass(frozen=True)
@@ -113,7 +37,13 @@ class BuiltEngine(ServedModel):
 
     engine: EngineCore  # an Engine (text included) unless built with core_only
     load_seconds: float  # weights loaded, cache allocated, graphs captured, warmed up
-    warmup_seconds: float = 0.0  # of which the warm-up's (engine/warmup.py)
+    warmup_seconds: float = 0.0  # of which the warm-up's (build/warmup.py)
+
+    def read_probe_set(self) -> ProbeSet:
+        """Re-read the configured probe-set file against this model (a reload; ProbeError when it is invalid)."""
+        if self.config.probes is None:
+            raise ValueError("probes: no probe set is loaded, so there is nothing to reload")
+        return read_probe_set(self.config.probes, self.model_config)
 
 
 def read_probe_set(path: str, model_config: ModelConfig) -> ProbeSet:
@@ -149,25 +79,6 @@ def load_drafter(config: EngineConfig, target: ModelConfig) -> LoadedModel:
     return drafter
 
 
-# Python's collector thresholds once an engine runs (default 700, 10, 10): a full collection walks every object
-# serving keeps (the prefix cache's nodes, live requests) and paused a batch-256 step ~0.3 s about every 1,500 steps
-# on an H200 (benchmarks/run_variance.py). With these, young collections of up to 20,000 objects stay ~1 ms and
-# still free young cycles, and a full collection waits for ~200M allocations: none in 1,600 such steps measured.
-# Reference counting frees everything but cycles as before.
-GC_THRESHOLDS = (20_000, 10, 1000)
-
-
-def settle_heap() -> None:
-    """Once per process, after start-up (an engine built, an API server ready): what is alive now lives as long as
-    the process, so it is frozen out of the garbage collector (a full collection then walks only what serving made:
-    ~0.3 s -> ~0.02 s on the CPU) and the collector gets GC_THRESHOLDS. A library may have frozen objects before, so
-    the thresholds, not the freeze count, tell whether this ran (docs/engine.md, host cost)."""
-    if gc.get_threshold() != GC_THRESHOLDS:
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
-
-
 def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool = False) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine:
     an Engine that detokenizes (offline use), or with `core_only` the bare EngineCore a core process runs.
@@ -178,7 +89,7 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
     path = resolve_model_path(config.model)
     config = distributed_config(config)
     if config.resolved_runner == "mlx":  # the MLX engine (docs/apple.md)
-        from infer.engine.mlx_builder import build_mlx_engine
+        from infer.build.mlx_builder import build_mlx_engine
 
         mlx = build_mlx_engine(config, path, core_only)
         settle_heap()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
-from infer.engine.request import Request, StepOutput
-from infer.engine.text import TextProcessor, TextState
+from infer.engine.request import Request
+from infer.frontend.outputs import StepOutput
+from infer.frontend.text import TextProcessor, TextState
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.tokenizer import Tokenizer
 from infer.runners.base import Runner

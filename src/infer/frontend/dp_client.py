@@ -20,14 +20,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from infer.engine.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
-from infer.engine.core import EngineStats
-from infer.engine.core_process import CoreInfo
-from infer.engine.dp_router import EngineLoad, Router
-from infer.engine.metrics import ServingMetrics
+from infer.frontend.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
+from infer.wire import EngineStats
+from infer.frontend.dp_router import EngineLoad, Router
+from infer.frontend.metrics import ServingMetrics
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
-from omniscience import ProbeLayout
+from infer.wire import CoreInfo, ProbeCatalog
 
 log = logging.getLogger("infer.server")
 
@@ -58,13 +57,13 @@ class DPClient:
         return ServingMetrics.merged([c.metrics.snapshot() for c in self.clients])
 
     @property
-    def probe_layout(self) -> ProbeLayout | None:
-        return self.clients[0].probe_layout
+    def probes(self) -> ProbeCatalog | None:
+        return self.clients[0].probes
 
-    @probe_layout.setter
-    def probe_layout(self, layout: ProbeLayout | None) -> None:
+    @probes.setter
+    def probes(self, layout: ProbeCatalog | None) -> None:
         for client in self.clients:
-            client.probe_layout = layout
+            client.probes = layout
 
     # lifetime ----------------------------------------------------------------------------------
 

@@ -1,0 +1,51 @@
+"""The engine-core process's main (started by core_process.py): build and warm the engine, report to the parent,
+then run the core loop until stopped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import replace
+from multiprocessing.connection import Connection
+
+from infer.build.builder import build_engine
+from infer.build.startup_log import phase
+from infer.distributed.group import DistributedError
+from infer.engine.config import EngineConfig, EngineConfigError
+from infer.engine.core_loop import CoreLoop
+from infer.wire import CoreInfo
+
+log = logging.getLogger("infer.core")
+
+
+def run_core(config: EngineConfig, address: str, ready: Connection, spawned: float) -> None:
+    """The core process's main: build and warm the engine, report to the parent, then serve until stopped.
+    `spawned`: when the parent started this process (time.time()), for the start-up report."""
+    logging.basicConfig(level=logging.INFO, format="[infer core] %(message)s")
+    phase("core process up", time.time() - spawned, "interpreter and imports")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
+    try:
+        built = build_engine(config, core_only=True, hard_exit=True)
+    except (EngineConfigError, ValueError, OSError, DistributedError) as exc:
+        ready.send(("error", (str(exc), isinstance(exc, (EngineConfigError, ValueError)))))
+        raise SystemExit(2) from None
+    except BaseException as exc:
+        ready.send(("error", (f"{type(exc).__name__}: {exc}", False)))
+        raise
+    started = time.perf_counter()
+    if (reason := built.engine.grammars.prepare()) is not None:  # before the core reports ready (see prepare)
+        log.warning("serving without structured output and tools: %s", reason)
+    phase("structured output prepared", time.perf_counter() - started, "llguidance's view of the tokenizer")
+    loop = CoreLoop(built.engine, address, built.read_probe_set)
+    config = replace(built.config, device=built.config.resolved_device)  # the API server imports no torch to ask
+    ready.send(("ready", CoreInfo(address, config, built.model_config, str(built.path), built.tokenizer,
+                                  built.engine.runner.vocab_size, built.engine.probe_catalog, built.load_seconds,
+                                  built.warmup_seconds, os.getpid())))
+    ready.close()
+    signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+    loop.run()
+    if built.config.tensor_parallel_size > 1:  # NCCL's teardown at exit can wait on ranks that are gone: skip it
+        logging.shutdown()
+        os._exit(0)
