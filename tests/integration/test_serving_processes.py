@@ -98,5 +98,6 @@ def test_two_api_servers_share_the_port_and_count_metrics_together():
         for _ in range(10):
             with httpx.Client() as fresh:
                 assert fresh.post(f"{base}/v1/completions", json=BODY, timeout=60).status_code == 200
-        assert {h["pid"] for h in (_health(base) for _ in range(10))} == {seen[1]}
+        pids = {h["pid"] for h in (_health(base) for _ in range(10))}
+        assert seen[1] in pids and victim not in pids  # the supervisor may have started its replacement already
         assert served.proc.poll() is None
