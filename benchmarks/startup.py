@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,14 +24,11 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_serving import free_port  # noqa: E402
+
 SHAPE_FLAGS = ["--max-seq-len", "2048", "--max-batch-size", "256", "--kv-cache-memory-gb", "16"]  # serve_vs_offline's
 BODY = {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -63,7 +59,7 @@ def _cmdline(pid: int) -> str:
 
 
 def run(model_args: list[str], api_servers: int | None, timeout_s: float) -> dict:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "infer.cli", "serve", *model_args, "--port", str(port)]
     if api_servers is not None:
         cmd += ["--api-server-count", str(api_servers)]
@@ -124,7 +120,6 @@ def main() -> None:
     model_args: list[str] = []
     name = "bundled"
     if args.shape:
-        sys.path.insert(0, str(Path(__file__).parent))
         import model_shapes as ms
 
         model_args = ["--model", str(ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))), "--load-format",
