@@ -69,7 +69,10 @@ class NullRunner:
     def close(self) -> None:
         """Nothing to release."""
 
-    def launch(self, step: StepInput) -> Done:
+    def forward(self, step: StepInput) -> StepInput:
+        return step
+
+    def sample(self, step: StepInput, masks: object) -> Done:
         result = StepResult(token_ids=[7] * step.num_seqs)
         if step.probes and self.layout is not None:
             result.probe_layout = self.layout

@@ -1,5 +1,5 @@
 """Where a structured-output step's host time goes: wall time per engine step split into the parts the overlap
-must hide (schedule, step input, launch, the wait for the step before, grammar advance, mask fill, output
+must hide (schedule, step input, forward, masks, sample, the wait for the step before, grammar advance, mask fill, output
 processing), at 0% and 100% constrained (twice, interleaved), and with --cprofile a top list of a constrained run.
 
     python3 benchmarks/structured_step_profile.py --model .bench/llama1b-smollm2 --load-format dummy --batch 64
@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import infer.build.in_process as engine_module
+import infer.engine.core as core_module
 import infer.runners.torch_runner as torch_runner
 import infer.structured.masks as masks
 from infer import LLM, SamplingParams
+from infer.engine.outputs import OutputProcessor
 from infer.engine.scheduler import Scheduler
 from infer.structured import Constraint
 
@@ -61,13 +63,14 @@ def main() -> None:
     for owner, name, label in [
         (engine_module.Engine, "step", "engine.step"),
         (Scheduler, "schedule", "schedule"),
-        (engine_module.Engine, "_step_input", "step_input"),
-        (torch_runner.TorchRunner, "launch", "runner.launch"),
-        (engine_module.Engine, "_bitmask", "bitmask (incl. resolve)"),
+        (core_module, "step_input", "step_input"),
+        (torch_runner.TorchRunner, "forward", "runner.forward"),
+        (core_module.EngineCore, "_masks", "masks (incl. resolve)"),
+        (torch_runner.TorchRunner, "sample", "runner.sample"),
         (torch_runner.LaunchedStep, "result", "readback wait"),
-        (engine_module, "advance", "grammar advance"),
+        (core_module, "advance", "grammar advance"),
         (masks, "_fill", "mask fill (worker thread)"),
-        (engine_module.Engine, "_process", "process outputs"),
+        (OutputProcessor, "process", "process outputs"),
     ]:
         timed(owner, name, label)
     llm.generate_ids(prompts[:2], SamplingParams(temperature=0, max_tokens=4))

@@ -56,7 +56,14 @@ class FakeRunner:
     def close(self) -> None:
         """Nothing outlives the fake."""
 
-    def launch(self, step: StepInput) -> "Done":
+    def forward(self, step: StepInput) -> StepInput:
+        """Nothing to queue: the fake runs the whole step in `sample`."""
+        return step
+
+    def execute(self, step: StepInput) -> StepResult:
+        return self.sample(step, None).result()
+
+    def sample(self, step: StepInput, masks: object) -> "Done":
         """Runs at once; rows with prev_rows >= 0 take the previous step's token, as the device would."""
         for joined in step.joined:
             self.slots[joined.slot] = [joined.seed, joined.steps]

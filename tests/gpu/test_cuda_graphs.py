@@ -104,10 +104,10 @@ def test_strict_sync_raises_on_a_planted_sync(checkpoint, monkeypatch, plant):
         return head_logits(x)
 
     monkeypatch.setattr(model, "head_logits", planted)
-    engine.runner.launch(step).result()  # type: ignore[attr-defined]  # allowed without strict mode
+    engine.runner.execute(step)  # type: ignore[attr-defined]  # allowed without strict mode
     monkeypatch.setenv("INFER_STRICT_SYNC", "1")
     with pytest.raises(RuntimeError, match="synchroniz") as info:
-        engine.runner.launch(step)  # type: ignore[attr-defined]
+        engine.runner.execute(step)  # type: ignore[attr-defined]
     if plant == "synchronize":
         assert info.type is SyncInStepError
     assert torch.cuda.get_sync_debug_mode() == 0  # the scope is restored

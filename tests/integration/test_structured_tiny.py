@@ -59,14 +59,14 @@ def test_constrained_steps_overlap_with_the_same_tokens(llm, monkeypatch):
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=24, structured=c) for s, c in enumerate([
         Constraint.json_schema(SCHEMA), Constraint("regex", r"[a-z]{3}-[0-9]{2}"), None, Constraint.choice(["yes", "no"])])]
     overlapped_masked_steps = []
-    launch = llm.engine.runner.launch
+    sample = llm.engine.runner.sample
 
-    def spy(step):
-        fed = any(r >= 0 for r in step.prev_rows or [])
-        overlapped_masked_steps.append(fed and step.token_bitmask is not None)
-        return launch(step)
+    def spy(forwarded, masks):
+        fed = any(r >= 0 for r in forwarded.step.prev_rows or [])
+        overlapped_masked_steps.append(fed and masks is not None)
+        return sample(forwarded, masks)
 
-    monkeypatch.setattr(llm.engine.runner, "launch", spy)
+    monkeypatch.setattr(llm.engine.runner, "sample", spy)
     overlapped = llm.generate(prompts, params)
     assert any(overlapped_masked_steps), "no masked step launched before its predecessor was read"
     monkeypatch.setattr(InFlight, "may_launch_ahead", staticmethod(lambda *args: False))

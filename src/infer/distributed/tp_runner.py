@@ -9,7 +9,7 @@ from infer.distributed.channel import Channel
 from infer.distributed.group import DistributedError, Groups
 from infer.distributed.step_message import STOP, StepEncoder, TableMirror
 from infer.runners.step import StepInput
-from infer.runners.torch_runner import LaunchedStep, TorchRunner
+from infer.runners.torch_runner import Forwarded, TorchRunner
 
 if TYPE_CHECKING:
     from infer.distributed.workers import WorkerSet  # which starts the workers' main, which builds this runner
@@ -35,7 +35,7 @@ class TensorParallelRunner(TorchRunner):
         if self.workers is not None and self.workers.failure is not None:
             raise DistributedError(self.workers.failure)
 
-    def launch(self, step: StepInput) -> LaunchedStep:
+    def forward(self, step: StepInput) -> Forwarded:
         self.check()
         message = self.encoder.encode(step)
         try:
@@ -43,7 +43,7 @@ class TensorParallelRunner(TorchRunner):
         except RuntimeError as exc:  # gloo: a worker's connection closed (it is exiting: say which), or a timeout
             failure = self.workers.failure_within(2.0) if self.workers is not None else None
             raise DistributedError(failure or f"tensor-parallel workers unreachable: {exc}") from exc
-        return super().launch(step)
+        return super().forward(step)
 
     def close(self) -> None:
         """Stop the workers (their loop ends on the empty message) and leave the process group."""

@@ -1,12 +1,13 @@
-"""EngineCore.step_core(): resolve the step in flight, schedule, launch, emit the core's outputs.
+"""EngineCore.step_core(): resolve the step in flight, schedule, forward, grammar masks, sample, emit the outputs.
 
-The scheduler (scheduler.py) decides what runs and owns every request's state and KV blocks; the
+The scheduler (scheduler.py) decides what runs and owns every request's state and KV blocks; step_input.py packs
+its batch for the runner; the
 output processor (outputs.py) turns sampled ids into the step's CoreStep (plain tokens as columns,
 CoreOutputs with finish reasons, logprobs, probe scores; never text); the overlap of steps (overlap.py)
 is the one mechanism that lets step N+1 launch before step N is read. Aborts are queued (any thread may
 call `abort`) and applied at the start of the next step. step_core() does no I/O and, for a fixed seed
-and queue, is deterministic. The core runs in its own process under `infer serve` (core_process.py) and
-in the caller's for offline use (engine.py).
+and queue, is deterministic. The core runs in its own process under `infer serve` (build/core_main.py) and
+in the caller's for offline use (build/in_process.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 import torch
@@ -26,14 +26,13 @@ from infer.engine.outputs import OutputProcessor
 from infer.engine.overlap import InFlight
 from infer.wire import CoreOutput, CoreStep, EngineStats, ProbeCatalog, check_probes, validate_prompt
 from infer.engine.request import Request
-from infer.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
+from infer.engine.scheduler import ScheduledBatch, Scheduler
+from infer.engine.step_input import step_input
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.tokenizer import Tokenizer
 from infer.distributed.group import DistributedError
 from infer.runners.base import Runner
-from infer.runners.step import StepInput, StepKind
 from infer.sampling.params import SamplingParams
-from infer.sampling.slots import SlotState
 from infer.structured.compiler import GrammarCompiler
 from infer.structured.masks import BitmaskFiller, Grammar, advance, has_open
 from omniscience import ProbeLayout, ProbeSet
@@ -57,7 +56,6 @@ class EngineCore:
         self._arrivals = itertools.count()
         self._aborts: deque[tuple[str, str]] = deque()  # appends and pops are atomic, so other threads may abort
         self._in_flight = InFlight()
-        self._resolved_in_launch: list[CoreOutput] = []  # outputs of the step resolved by `_bitmask`
         self._catalog: tuple[ProbeLayout | None, ProbeCatalog | None] | None = None
 
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
@@ -131,6 +129,8 @@ class EngineCore:
         self._aborts.append((request_id, reason))
 
     def step_core(self) -> CoreStep:
+        """One step, top to bottom: resolve the step in flight (unless this one may launch ahead of it), apply aborts,
+        schedule, forward, the grammar masks, sample, then read the step before (the overlap: overlap.py)."""
         ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history, self.scheduler.proposer is not None)
         outputs = [] if ahead else self._resolve()
         outputs += self.apply_aborts()
@@ -145,15 +145,19 @@ class EngineCore:
         for request in batch.requests:
             request.first_scheduled_time = request.first_scheduled_time or now
         try:
-            launched = self.runner.launch(self._step_input(batch))
+            step = step_input(batch, self.scheduler, self._in_flight.prev_rows(batch), self.tokenizer.eos_token_ids,
+                              drafter=self.config.speculative_method == "draft")
+            forwarded = self.runner.forward(step)
+            masks = self._masks(batch, outputs) if has_open([r.grammar for r in batch.requests]) else None
+            launched = self.runner.sample(forwarded, masks)
         except DistributedError:  # a tensor-parallel rank is gone: no step can run, the caller ends the engine
             raise
         except Exception as exc:  # the batch fails, the engine keeps serving everyone else
-            outputs += self._take_resolved_in_launch() + self._resolve()
+            outputs += self._resolve()
             failed = [self.outputs.fail(r, f"{type(exc).__name__}: {exc}") for r in batch.requests if not r.finished]
             return self.outputs.take_step(outputs + failed)
         self.scheduler.launched(batch)
-        outputs += self._take_resolved_in_launch() + self._resolve()
+        outputs += self._resolve()
         self._in_flight.step = (batch, launched)
         return self.outputs.take_step(outputs)
 
@@ -189,10 +193,11 @@ class EngineCore:
         outputs = self.outputs.process_decode(d, result) if d is not None else []
         return outputs + [out for i, r in rows for out in self.outputs.process(r, result, i)]
 
-    def _bitmask(self, batch: ScheduledBatch) -> torch.Tensor:
-        """StepInput.token_bitmask, called inside the launch of `batch` once its forward is queued. With a step
-        in flight (the overlap) the masks need its tokens: it is resolved here, its outputs kept for step_core(), and
-        the masks are filled on the mask thread while this thread processes those outputs."""
+    def _masks(self, batch: ScheduledBatch, outputs: list[CoreOutput]) -> torch.Tensor:
+        """The [rows, ceil(vocab / 32)] bitmask of the tokens each row's grammar allows, made while the device runs
+        the batch's forward. With a step in flight (the overlap) the grammars need its tokens: it is resolved here
+        (its outputs appended to `outputs`), and the masks are filled on the mask thread while this thread processes
+        those outputs."""
         fills = []
 
         def start_fill() -> None:
@@ -201,14 +206,10 @@ class EngineCore:
             fills.append(self.masks.fill(grammars))
 
         if self._in_flight.step is not None:
-            self._resolved_in_launch += self._resolve(on_advanced=start_fill)
+            outputs += self._resolve(on_advanced=start_fill)
         if not fills:  # nothing was in flight, or its result failed
             start_fill()
         return fills[0].result()
-
-    def _take_resolved_in_launch(self) -> list[CoreOutput]:
-        outputs, self._resolved_in_launch = self._resolved_in_launch, []
-        return outputs
 
     def fail_all(self, error: str) -> list[CoreOutput]:
         """Fail every queued and running request (after an unexpected error outside the runner)."""
@@ -221,95 +222,3 @@ class EngineCore:
             request_id, reason = self._aborts.popleft()
             outputs += [self.outputs.abort(r, reason) for r in self._find(request_id)]
         return outputs
-
-    def _step_input(self, batch: ScheduledBatch) -> StepInput:
-        """The runner's step descriptor: the decode table's rows (arrays), then the scheduler's other rows, their
-        sampling slots and the sampling state of requests that joined (one pass per field: this runs every step)."""
-        rows, requests, d = batch.rows, batch.requests, batch.decode
-        step = StepInput(StepKind.DECODE if batch.is_decode else StepKind.PREFILL)
-        step.prev_rows = self._in_flight.prev_rows(batch)
-        if d is not None:  # read off the table: no loop over the requests but for their last token ids
-            step.token_ids = [r.token_ids[-1] for r in d.requests]  # a pending token's row takes it on the device
-            step.positions, step.slot_mapping, step.context_lens = d.positions, d.slot_mapping, d.context_lens
-            step.block_tables, step.sampling_slots = d.block_tables, d.sampling_slots
-            step.query_lens = [1] * len(d.requests)
-        if rows:
-            self._add_rows(step, batch)
-        step.joined = [self._slot_state(r) for r in batch.joined]
-        step.probes = self.scheduler.wants_probes
-        if self.scheduler.wants_logprobs:
-            step.logprobs = [r.sampling_params.logprobs for r in requests[: batch.num_decode]]
-            step.logprobs += [r.request.sampling_params.logprobs if r.samples else None for r in rows]
-        if self.scheduler.needs_history:
-            step.history = [r.token_ids for r in requests]
-        if has_open([r.grammar for r in requests]):
-            step.token_bitmask = partial(self._bitmask, batch)
-        return step
-
-    def _add_rows(self, step: StepInput, batch: ScheduledBatch) -> None:
-        """Pack the batch's rows (prefill chunks, or decodes with drafts) after the decode table's rows."""
-        rows, n = batch.rows, batch.num_decode
-        if batch.is_decode and not batch.has_drafts:
-            token_ids = [r.request.tokens_at(r.start, 1)[0] for r in rows]
-        else:
-            token_ids: list[int] = []
-            for r in rows:  # whole slices: no loop over a chunk's tokens
-                token_ids += r.request.tokens_at(r.start, r.num_new - len(r.drafts))
-                token_ids += r.drafts
-            if batch.has_drafts:
-                step.drafts = [r.drafts for r in rows]
-                if self.config.speculative_method == "draft":
-                    step.drafter_tokens = [r.request.token_ids[r.request.num_drafter_tokens : r.start + 1] if r.drafts
-                                           else [] for r in rows]
-        if not batch.is_decode:
-            step.prompt_logprobs = [None] * n + [r.prompt_logprobs for r in rows]
-            if any(r.prompt_logprobs is not None for r in rows):
-                step.prompt_next = [-1] * n + [_prompt_next(r) for r in rows]
-            if self.scheduler.wants_probes:
-                step.probe_prompt = [0] * n + [_prompt_rows(r) for r in rows]
-        samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
-        step.samples = None if all(samples) else [True] * n + samples
-        step.token_ids = step.token_ids + token_ids
-        # per token, as arrays: a prompt chunk's thousand positions cost no Python loop
-        step.positions = np.concatenate([np.asarray(step.positions, dtype=np.int64),
-                                         *(np.arange(r.start, r.start + r.num_new) for r in rows)])
-        step.slot_mapping = np.concatenate([np.asarray(step.slot_mapping, dtype=np.int64), *(r.slots for r in rows)])
-        step.query_lens = step.query_lens + [r.num_new for r in rows]
-        step.context_lens = _listed(step.context_lens) + [r.start + r.num_new for r in rows]
-        step.sampling_slots = _listed(step.sampling_slots) + [r.request.sampling_slot for r in rows]
-        tables = [r.block_table for r in rows]
-        if n:  # one padded array: the table's rows, then these
-            width = max(step.block_tables.shape[1], max(map(len, tables)))
-            padded = np.zeros((n + len(rows), width), dtype=np.int32)
-            padded[:n, : step.block_tables.shape[1]] = step.block_tables
-            for i, table in enumerate(tables):
-                padded[n + i, : len(table)] = table
-            step.block_tables = padded
-        else:
-            step.block_tables = tables
-
-    def _slot_state(self, request: Request) -> SlotState:
-        """What the runner writes into a joining request's sampling slot (its generated tokens only when a
-        penalty counts them, the end-of-sequence ids only while min_tokens holds them back)."""
-        p = request.sampling_params
-        return SlotState(request.sampling_slot, p, request.seed, len(request.output_token_ids),
-                         tuple(request.output_token_ids) if p.counts_output else (),
-                         tuple(sorted(self.tokenizer.eos_token_ids)) if p.min_tokens and not p.ignore_eos else ())
-
-
-def _listed(values: list[int] | np.ndarray) -> list[int]:
-    return values.tolist() if isinstance(values, np.ndarray) else values
-
-
-def _prompt_next(row: ScheduledRow) -> int:
-    """The prompt token after a row's chunk, the target of its last position's prompt logprob; -1 at the prompt's end."""
-    end, prompt = row.start + row.num_new, row.request.prompt_token_ids
-    return prompt[end] if row.prompt_logprobs is not None and end < len(prompt) else -1
-
-
-def _prompt_rows(row: ScheduledRow) -> int:
-    """How many of the row's new positions are prompt positions whose scores its request still needs."""
-    request = row.request
-    if not request.needs_prompt_probes:
-        return 0
-    return max(0, min(row.start + row.num_new, len(request.prompt_token_ids)) - row.start)

@@ -6,7 +6,8 @@ sampled by N (still on the device) names N's row in `prev_rows`, and the runner 
 N's device output; every other input is known on the host. The tokens are exactly those of running
 without overlap: a request that N ends (EOS, stop string, grammar) wastes its N+1 row, whose token is
 dropped when N+1 is read. The engine launches ahead only when nothing needs N's tokens on the host
-first (`may_launch_ahead`); structured output reads N inside N+1's launch instead (docs/engine.md).
+first (`may_launch_ahead`); structured output reads N between N+1's forward and its sampling
+instead (docs/engine.md).
 """
 
 from __future__ import annotations

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
-import torch
 
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.slots import SlotState
@@ -51,10 +49,6 @@ class StepInput:
     # draft model: per sequence with drafts, the tokens its drafter has no KV for, ending with its input token (the
     # drafts above are then placeholders the drafter overwrites on the device); None with n-gram drafts
     drafter_tokens: list[list[int]] | None = None
-    # Structured output: returns the [num_seqs, ceil(vocab/32)] int32 host bitmask of allowed tokens. The runner
-    # calls it once the forward is queued and outside the sync-free scope: it may read the step before (the
-    # step boundary) to advance the grammars, all while the device runs this step's forward.
-    token_bitmask: Callable[[], torch.Tensor] | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -1,6 +1,7 @@
 """The torch engine: owns the weights and the paged KV cache, turns a StepInput into sampled tokens.
 
-A step is launched without any host synchronization: inputs go up through pinned memory in one copy,
+A step is queued in two calls, `forward` (the model and LM head) and `sample` (given the grammar masks the engine
+fills meanwhile), without any host synchronization: inputs go up through pinned memory in one copy,
 sampling runs on the device from per-slot parameters written when a request joins (sampling/slots.py),
 and the sampled ids come back through a pinned slot that is read only when the engine asks for the
 result (the step boundary). Decode steps run from fixed buffers, through a CUDA
@@ -87,6 +88,15 @@ class Forward(NamedTuple):
     ids: torch.Tensor | None = None
 
 
+class Forwarded(NamedTuple):
+    """A step between `TorchRunner.forward` and `sample`: its forward, its rows' sampling state, the drafter's drafts."""
+
+    step: StepInput
+    fwd: Forward
+    tensors: SamplingTensors | None
+    drafted: Drafts | None
+
+
 class TorchRunner:
     """Runs on CPU or CUDA through layerzero ops. The KV cache tensors exist only here."""
 
@@ -146,12 +156,13 @@ class TorchRunner:
         return self.prefill_graphs.stats if self.prefill_graphs is not None else None
 
     def execute(self, step: StepInput) -> StepResult:
-        """Launch and wait: one step, synchronously."""
-        return self.launch(step).result()
+        """One step, synchronously and without a grammar mask (tests, benchmarks, warm-up)."""
+        return self.sample(self.forward(step), None).result()
 
     @torch.inference_mode()
-    def launch(self, step: StepInput) -> LaunchedStep:
-        """Queue the step's GPU work; nothing here waits for the device."""
+    def forward(self, step: StepInput) -> Forwarded:
+        """Queue the step's forward and LM head, and gather its rows' sampling state; nothing here waits for the
+        device. The engine fills the grammar masks (which may read the step before) while the device runs this."""
         if step.num_seqs > self.max_batch_size:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
         drafted: Drafts | None = None
@@ -167,14 +178,19 @@ class TorchRunner:
             tensors = self.sampling_slots.gather(fwd.slots, step.sampling_slots) if fwd.logits is not None else None
             if tensors is not None and fwd.verifying is None and not tensors.plain_greedy:
                 self.sampling_slots.advance(fwd.advancing)
-        # structured output: the mask may wait for the step before (its boundary), so it is made outside the scope
-        bitmask = step.token_bitmask() if step.token_bitmask is not None else None
+        return Forwarded(step, fwd, tensors, drafted)
+
+    @torch.inference_mode()
+    def sample(self, forwarded: Forwarded, masks: torch.Tensor | None) -> LaunchedStep:
+        """Queue the sampling (or the verification of drafts) of a forwarded step, its tokens' way back to the host
+        and its read-outs; `masks`: the rows' [num_seqs, ceil(vocab / 32)] int32 bitmask of allowed tokens."""
+        step, fwd, tensors, drafted = forwarded
         with step_scope(self.device):
             if tensors is None:  # no row samples (prompt chunks short of their ends): no LM head, nothing drawn
                 token_ids = sent = torch.zeros(step.num_seqs, dtype=torch.int64, device=self.device)
                 first = None
             else:
-                first, token_ids, sent = self._draw(step, fwd, tensors, bitmask, drafted)
+                first, token_ids, sent = self._draw(step, fwd, tensors, masks, drafted)
             self._share_last_tokens(step.num_seqs)
             readback = self._readbacks[self._next_readback]
             self._next_readback ^= 1

@@ -52,8 +52,8 @@ class ProbedRunner(FakeRunner):
         super().__init__(block_size)
         self.probes = SimpleNamespace(layout=ProbeLayout(probes=(), columns={"a": 0, "b": 1}, version=1))
 
-    def launch(self, step):  # type: ignore[no-untyped-def]
-        done = super().launch(step)
+    def sample(self, step, masks):  # type: ignore[no-untyped-def]
+        done = super().sample(step, masks)
         result = done.result()
         if step.probes:
             rows = np.arange(len(result.token_ids), dtype=np.float32)[:, None] + 0.5

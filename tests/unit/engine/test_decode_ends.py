@@ -20,8 +20,8 @@ class ScriptedEosRunner(FakeRunner):
         super().__init__(block_size)
         self.eos_at = eos_at
 
-    def launch(self, step: StepInput):  # type: ignore[no-untyped-def]
-        done = super().launch(step)
+    def sample(self, step: StepInput, masks: object):  # type: ignore[no-untyped-def]
+        done = super().sample(step, masks)
         tokens = done.result().token_ids  # the same list the next step's previous-row inputs read
         for i, slot in enumerate(step.sampling_slots):
             seed, sampled = self.slots[slot]

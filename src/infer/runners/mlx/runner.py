@@ -11,6 +11,7 @@ raise (strict.py). The KV cache arrays exist only here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 
 from infer.runners.mlx.attention import StepLayout, step_layout
 from infer.runners.mlx.model import MlxModel, cache_arrays
-from infer.runners.mlx.sampler import MxLogprobs, column_words, logprobs, sample
+from infer.runners.mlx.sampler import MxLogprobs, MxSamplingRows, column_words, logprobs, sample
 from infer.runners.mlx.slots import MxSamplingSlots
 from infer.runners.mlx.strict import Phase, phase
 from infer.runners.step import StepInput, StepResult
@@ -55,6 +56,17 @@ class MlxLaunchedStep:
         return out
 
 
+class MlxForwarded(NamedTuple):
+    """A step between `MlxRunner.forward` and `sample`: its layout, input ids, hidden states, logits, sampling rows."""
+
+    step: StepInput
+    layout: StepLayout
+    ids: mx.array
+    hidden: mx.array
+    logits: mx.array
+    rows: MxSamplingRows
+
+
 class MlxRunner:
     """Owns the MLX weights, the paged KV cache and the sampling state; turns a StepInput into sampled tokens."""
 
@@ -79,11 +91,11 @@ class MlxRunner:
         """Release what outlives the runner's memory: nothing (the arrays go with it)."""
 
     def execute(self, step: StepInput) -> StepResult:
-        """Launch and wait: one step, synchronously."""
-        return self.launch(step).result()
+        """One step, synchronously and without a grammar mask (tests, benchmarks, warm-up)."""
+        return self.sample(self.forward(step), None).result()
 
-    def launch(self, step: StepInput) -> MlxLaunchedStep:
-        """Encode the step's whole graph and submit it; nothing here waits for the device."""
+    def forward(self, step: StepInput) -> MlxForwarded:
+        """Encode the step's forward and LM head (lazy: nothing runs or waits yet)."""
         if step.num_seqs > self.max_batch_size:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
         if step.drafts is not None or step.drafter_tokens is not None:
@@ -97,11 +109,16 @@ class MlxRunner:
             logits = self.model.logits(hidden[mx.array(np.asarray(layout.last_rows, dtype=np.int32))])
             rows = self.sampling_slots.rows(slots)
             self.sampling_slots.advance(slots, step.samples)
-        # structured output: the mask may read the step before (its boundary), so it is made outside the phase
-        bitmask = step.token_bitmask() if step.token_bitmask is not None else None
+        return MlxForwarded(step, layout, ids, hidden, logits, rows)
+
+    def sample(self, forwarded: MlxForwarded, masks: torch.Tensor | None) -> MlxLaunchedStep:
+        """Encode the sampling of a forwarded step (`masks`: the grammar bitmask of allowed tokens) and submit the
+        whole step with one async evaluation."""
+        step, layout, ids, hidden, logits, rows = forwarded
+        slots = step.sampling_slots
         with phase(Phase.ENCODE):
-            if bitmask is not None:
-                logits = apply_token_bitmask(logits, bitmask)
+            if masks is not None:
+                logits = apply_token_bitmask(logits, masks)
             tokens = sample(logits, rows, self.columns, self._seen(step))
             self.sampling_slots.record(slots, tokens, step.samples)
             self.last_tokens = tokens
