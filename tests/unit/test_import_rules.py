@@ -303,8 +303,8 @@ def test_the_checks_find_circles_and_broken_rules(tmp_path: Path) -> None:
 API_SERVER_ENTRIES = ("infer.server.launch", "infer.server.app")
 API_SERVER_FORBIDDEN = ("torch", "triton", "transformers", "layerzero", "omniscience", "infer.runners", "infer.models",
                         "infer.distributed", "infer.engine", "infer.build", "infer.llm", "infer.offline")
-API_SERVER_ALLOWED = ("infer.engine.config", "infer.build.core_process", "infer.build.core_env",
-                      "infer.build.dp_cores")  # the engine's settings; starting (not building) a core process
+API_SERVER_ALLOWED = ("infer.engine.config", "infer.engine.policy", "infer.build.core_process", "infer.build.core_env",
+                      "infer.build.dp_cores")  # the engine's settings (and its policies' names); starting a core
 
 
 def api_server_closure(imports: list[Import]) -> dict[str, Import | None]:

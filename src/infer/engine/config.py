@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infer.engine.policy import POLICIES
 from infer.families.chat_template import ChatTemplateError, load_template_file
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes: this module imports no torch (the API server reads it)
 KV_BACKENDS = ("paged", "contiguous")
 BATCHING_MODES = ("continuous", "static")
-SCHEDULER_POLICIES = ("fcfs", "prefill_first", "decode_round_robin")
+SCHEDULER_POLICIES = tuple(POLICIES)
 QUANTIZATIONS = ("auto", "none", "int4", "int8", "fp8")
 LOAD_FORMATS = ("auto", "dummy")
 SPECULATIVE_METHODS = (None, "ngram", "draft")

@@ -3,8 +3,8 @@
 A step is a list of rows (request, new tokens) within `max_num_batched_tokens`. With chunked prefill
 (continuous batching) every step carries each running decode first, then prefill chunks of at most
 `prefill_chunk_size` tokens fill what is left of the budget: a long prompt runs over many steps
-beside the decodes instead of stalling them. Without it a step is either whole prompts or decodes,
-as the policy picks. When the KV cache runs out of blocks (cached prefixes are evicted first) the
+beside the decodes instead of stalling them. Without it a step is either whole prompts or decodes.
+Which prompt work runs when decodes also wait is the policy's (policy.py). When the KV cache runs out of blocks (cached prefixes are evicted first) the
 most recently admitted request is preempted and later recomputed from its tokens. The decoding
 requests' rows live in persistent arrays (decode_table.py): a decode step reads them off with vector
 operations, and only the few requests that need a new block go through Python. The scheduler is the
@@ -21,6 +21,7 @@ import numpy as np
 
 from infer.engine.config import EngineConfig
 from infer.engine.decode_table import DecodeRows, DecodeTable
+from infer.engine.policy import POLICIES
 from infer.engine.request import Request, RequestState
 from infer.kv.kv_manager import KVCacheManager, blocks_needed
 from infer.speculative import DraftModelProposer, NgramProposer
@@ -87,6 +88,7 @@ class Scheduler:
         self.step_index = 0
         self.num_preemptions = 0
         self._chunked = config.use_chunked_prefill
+        self.policy = POLICIES[config.scheduler_policy](config.fairness_steps)
         self._last_had_prefill = False
         self._head_skips = 0  # times the head of the queue was overtaken (prefill_first)
         self._watermark = kv.allocator.num_blocks // 100  # free blocks kept back at admission
@@ -205,11 +207,11 @@ class Scheduler:
         if self._chunked:
             decode, rows = self._decodes()
             decoding = decode.requests if decode is not None else []
-            if self.config.scheduler_policy == "decode_round_robin" and (decoding or rows) and self._last_had_prefill:
-                return decode, rows  # prefill chunks every other step while requests decode
+            if (decoding or rows) and not self.policy.prefills(self._last_had_prefill):
+                return decode, rows
             budget = self.config.max_num_batched_tokens - len(decoding) - sum(r.num_new for r in rows)
             return decode, rows + self._chunks(decoding + [r.request for r in rows], budget)
-        if self.running and (self._overdue() or self._decode_turn()):
+        if self.running and (self._overdue() or not self.policy.prefills(self._last_had_prefill)):
             return self._decodes()
         admitted = self._admit(self.config.max_num_batched_tokens)
         return (None, admitted) if admitted else self._decodes()
@@ -218,9 +220,6 @@ class Scheduler:
         """The fairness rule: some decoding sequence has waited fairness_steps steps."""
         next_step = self.step_index + 1
         return any(next_step - r.last_step >= self.config.fairness_steps for r in self.running)
-
-    def _decode_turn(self) -> bool:
-        return self.config.scheduler_policy == "decode_round_robin" and self._last_had_prefill
 
     def _decodes(self) -> tuple[DecodeRows | None, list[ScheduledRow]]:
         """A row for every decoding request's next token; preempt from the back when blocks run out.
@@ -288,7 +287,7 @@ class Scheduler:
         """Admit waiting requests while batch size, token budget and free blocks allow."""
         rows: list[ScheduledRow] = []
         head = self.waiting[0] if self.waiting else None
-        overtake = self.config.scheduler_policy == "prefill_first" and self._head_skips < self.config.fairness_steps
+        overtake = self.policy.overtakes(self._head_skips)
         for request in list(self.waiting):
             if len(self.running) >= self.config.max_batch_size or budget <= 0 or len(rows) == (max_rows or -1):
                 break
