@@ -26,8 +26,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import model_shapes as ms
-from gpu_decode_engine import decode_once
-from gpu_decode_plan import prompt_ids
+from gpu_decode.engine import decode_once
+from gpu_decode.plan import prompt_ids
 from profile_generation import union_us
 from device_rates import copy_bandwidth
 from report_files import write_report

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 import model_shapes as ms
-from gpu_decode_baselines import gemm_rate
-from gpu_decode_engine import engine_options, prefill, prefill_once
-from gpu_decode_plan import Plan, prompt_ids
+from gpu_decode.baselines import gemm_rate
+from gpu_decode.engine import engine_options, prefill, prefill_once
+from gpu_decode.plan import Plan, prompt_ids
 from report_files import write_report
 from infer import LLM
 from infer.models.forward_batch import ForwardBatch

@@ -30,8 +30,8 @@ import torch
 
 import model_shapes as ms
 from device_rates import copy_bandwidth, host_loop_ms
-from gpu_decode_baselines import gemm_rate
-from gpu_decode_plan import Plan
+from gpu_decode.baselines import gemm_rate
+from gpu_decode.plan import Plan
 from infer import LLM, SamplingParams
 from layerzero.kernels.triton.compiles import Compiles
 

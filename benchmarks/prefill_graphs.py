@@ -27,9 +27,9 @@ import httpx
 import torch
 
 import model_shapes as ms
-from gpu_decode_baselines import gemm_rate
-from gpu_decode_engine import prefill_once
-from gpu_decode_plan import Plan, prompt_ids
+from gpu_decode.baselines import gemm_rate
+from gpu_decode.engine import prefill_once
+from gpu_decode.plan import Plan, prompt_ids
 from profile_generation import union_us
 from infer import LLM
 from report_files import write_report

@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 
 import model_shapes as ms
-from gpu_decode_baselines import copy_bandwidth, device_info, gpu_slug
+from gpu_decode.baselines import copy_bandwidth, device_info, gpu_slug
 from device_rates import graph_us
-from gpu_decode_engine import decode_batch1, decode_batched, kv_cache_gb, prefill
-from gpu_decode_plan import SMOKE, Plan
+from gpu_decode.engine import decode_batch1, decode_batched, kv_cache_gb, prefill
+from gpu_decode.plan import SMOKE, Plan
 from infer import LLM
 
 REPORTS = Path(__file__).parent / "reports"

@@ -7,7 +7,7 @@ source scripts/gpu_env.sh
 export INFER_STRICT_SYNC=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/unit/layerzero/dispatch tests/integration/test_bound_sites.py \
-  tests/unit/test_engine_overlap.py 2>&1 | tail -30 > "$out/gpu_tests.log"
+  tests/unit/engine/test_overlap.py 2>&1 | tail -30 > "$out/gpu_tests.log"
 unset INFER_STRICT_SYNC
 timeout 100 python3 benchmarks/layerzero_dispatch.py --out "$out/layerzero_dispatch_h100" > "$out/dispatch.log" 2>&1
 timeout 150 python3 benchmarks/layerzero_prefill.py --out "$out/layerzero_prefill_h100" > "$out/prefill.log" 2>&1

@@ -9,7 +9,7 @@ source scripts/gpu_env.sh
 log="$out/run.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$log" 2>&1
 # the script stops starting items after --budget-s; timeout is the backstop (partial reports are already written)
-timeout 450 python3 benchmarks/gpu_decode.py --out "$out" --budget-s 400 >> "$log" 2>&1
+timeout 450 python3 benchmarks/gpu_decode --out "$out" --budget-s 400 >> "$log" 2>&1
 for mode in graphs eager; do
   flag=$([ "$mode" = graphs ] && echo --graphs || echo --no-graphs)
   timeout 50 python3 benchmarks/profile_generation.py --model llama-3.2-1b --batch 1 --steps 20 "$flag" \

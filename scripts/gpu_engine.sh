@@ -7,7 +7,7 @@ set -uo pipefail
 source scripts/gpu_env.sh
 if [[ "${1:-all}" != bench ]]; then
   INFER_STRICT_SYNC=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu \
-    tests/unit/test_engine_overlap.py tests/integration/test_chunked_prefill.py tests/integration/test_structured_tiny.py \
+    tests/unit/engine/test_overlap.py tests/integration/test_chunked_prefill.py tests/integration/test_structured_tiny.py \
     2>&1 | tail -30 > "$out/gpu_tests.log"
   tail -5 "$out/gpu_tests.log"
   for batch in 64 256; do

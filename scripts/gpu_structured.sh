@@ -4,7 +4,7 @@
 # Usage (device tool, carrying .whl and .bench):  bash scripts/gpu_structured.sh
 set -uo pipefail
 source scripts/gpu_env.sh
-INFER_STRICT_SYNC=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/unit/test_engine_overlap.py \
+INFER_STRICT_SYNC=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/unit/engine/test_overlap.py \
   tests/integration/test_structured_tiny.py 2>&1 | tail -5 | tee "$out/gpu_tests.log"
 for model in llama1b-smollm2 llama8b-smollm2; do
   OUT_DIR="$out" timeout 250 python3 benchmarks/structured_output.py --model ".bench/$model" --load-format dummy \

@@ -13,7 +13,7 @@ make setup                                   # the venv, with the mlx extra and 
 .venv/bin/pip install --quiet mlx-lm==0.32.2  # the peer: mlx_lm.stream_generate on the same weights
 .venv/bin/python -c "import mlx.core as mx, platform; print('mlx', mx.__version__, mx.default_device(), 'metal', mx.metal.is_available(), platform.mac_ver()[0])" | tee "$out/env.txt"
 export INFER_STRICT_SYNC=1
-.venv/bin/python -m pytest -q -p no:cacheprovider tests/unit/mlx tests/integration/test_mlx_runner.py \
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/unit/runners/mlx tests/integration/test_mlx_runner.py \
   tests/integration/test_mlx_bundled.py tests/integration/test_mlx_serve.py 2>&1 | tee "$out/tests.log" | tail -5
 unset INFER_STRICT_SYNC
 for model in smollm2 gemma3; do

@@ -1,8 +1,8 @@
 """GPU decode, prefill and startup of infer on real model shapes (random bf16 weights), transformers as the peer.
 
-    python benchmarks/gpu_decode.py [--models llama-3.2-1b,qwen3-1.7b,...] [--out DIR] [--budget-s 450]
+    python benchmarks/gpu_decode [--models llama-3.2-1b,qwen3-1.7b,...] [--out DIR] [--budget-s 450]
     bash scripts/gpu_decode.sh                              # on the lent GPU: this, then decode profiles
-    python benchmarks/gpu_decode.py --smoke --out /tmp/gd   # the whole pipeline on CPU with a tiny shape
+    python benchmarks/gpu_decode --smoke --out /tmp/gd   # the whole pipeline on CPU with a tiny shape
 
 One run, one report: gpu_decode_<gpu>.{json,md} in DIR (default $OUT, else benchmarks/reports/), rewritten
 after every measurement so a timeout still leaves data. In order:
@@ -30,12 +30,14 @@ from typing import Any
 
 import torch
 
-import model_shapes as ms
-from gpu_decode_baselines import copy_bandwidth, device_info, gemm_rate, gpu_slug, hf_decode
-from gpu_decode_engine import engine_suite, kv_cache_gb, model_batches, ready_time
-from gpu_decode_plan import MODE_NAMES, SMOKE, Plan, batch_context
-from gpu_decode_recorder import Recorder
-from gpu_decode_report import markdown
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: model_shapes and this package
+
+import model_shapes as ms  # noqa: E402
+from gpu_decode.baselines import copy_bandwidth, device_info, gemm_rate, gpu_slug, hf_decode
+from gpu_decode.engine import engine_suite, kv_cache_gb, model_batches, ready_time
+from gpu_decode.plan import MODE_NAMES, SMOKE, Plan, batch_context
+from gpu_decode.recorder import Recorder
+from gpu_decode.report import markdown
 
 REPORTS = Path(__file__).parent / "reports"
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 import model_shapes as ms
-from gpu_decode_plan import BLOCK_SIZE, SLACK_TOKENS, Plan, batch_context, prompt_ids, sync, torch_dtype
-from gpu_decode_recorder import Recorder
+from gpu_decode.plan import BLOCK_SIZE, SLACK_TOKENS, Plan, batch_context, prompt_ids, sync, torch_dtype
+from gpu_decode.recorder import Recorder
 from infer import LLM, SamplingParams
 from infer.kv.sizing import kv_bytes_per_token
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import model_shapes as ms
-from gpu_decode_plan import MODE_NAMES
+from gpu_decode.plan import MODE_NAMES
 
 
 def num(d: Any, *keys: str) -> float | None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import model_shapes as ms
-from gpu_decode_plan import Plan, prompt_ids, sync, torch_dtype
+from gpu_decode.plan import Plan, prompt_ids, sync, torch_dtype
 
 
 def time_fn(fn: Callable[[], object], device: str, reps: int) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpu_decode_plan import MODE_NAMES
-from gpu_decode_summary import num
+from gpu_decode.plan import MODE_NAMES
+from gpu_decode.summary import num
 
 
 def _f(x: float | None, fmt: str = ".1f") -> str:
@@ -134,5 +134,5 @@ def markdown(report: dict[str, Any]) -> str:
     lines = _header(report) + _targets_md(report) + _graphs_table(report)
     for name, entry in report.get("models", {}).items():
         lines += _model_md(name, entry, report)
-    lines.append("Reproduce: `python benchmarks/gpu_decode.py` (or `bash scripts/gpu_decode.sh` on the lent GPU).")
+    lines.append("Reproduce: `python benchmarks/gpu_decode` (or `bash scripts/gpu_decode.sh` on the lent GPU).")
     return "\n".join(lines) + "\n"

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from gpu_decode_plan import Plan
-from gpu_decode_report import markdown
-from gpu_decode_summary import summarize
+from gpu_decode.plan import Plan
+from gpu_decode.report import markdown
+from gpu_decode.summary import summarize
 
 
 @dataclass

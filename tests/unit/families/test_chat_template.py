@@ -22,7 +22,7 @@ from infer.families.chat_template import (
     render_template,
 )
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
 LLAMA31 = "meta-llama-Llama-3.3-70B-Instruct.jinja"  # the Llama 3.1 template, shipped unchanged with 3.3
 LLAMA32 = "meta-llama-Llama-3.2-3B-Instruct.jinja"
 # our template -> (official template it must match, the family's bos token)
