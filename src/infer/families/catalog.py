@@ -1,32 +1,78 @@
-"""What each model family is, declared once: read by the config parser, the GGUF loader, the chat-template choice
-and the model registry (infer/models/registry.py maps each declared family to its torch class). Torch-free: the API
-server reads it to pick a chat template."""
+"""What each model family is, declared once: read by the config parser (families/config.py), the GGUF loader, the
+chat-template choice, the torch model (models/base.py builds every family's blocks from it) and the MLX model.
+Torch-free: the API server reads it to pick a chat template. A family that fits these switches is one entry here
+(docs/models.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+# llama.cpp's per-layer tensor names -> the HF checkpoint's (under model.layers.N.)
+LLAMA_TENSORS = MappingProxyType({
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+})
+QK_NORM_TENSORS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 
 
 @dataclass(frozen=True)
 class Family:
-    """One `model_type` of an HF config.json and how infer reads it."""
+    """One `model_type` of an HF config.json: its block structure, rope kinds, config defaults, GGUF names and chat
+    templates. The block is pre-norm attention then a gated MLP; the switches below are where families differ."""
 
     model_type: str
-    # (template name, a special token whose presence in the vocabulary selects it), in order
+    # (template name, a special token whose presence in the vocabulary selects it), in order; the template names
+    # the tool-call format too (server/tools/formats.py)
     chat_templates: tuple[tuple[str, str], ...]
-    gguf_architecture: str | None = None  # llama.cpp's `general.architecture`, where it writes this family
+    qk_norm: bool = False  # RMSNorm on each query and key head before rope
+    sandwich_norms: bool = False  # a norm on the attention's and on the MLP's output too, before each add
+    norm_offset: float = 0.0  # norms scale by (offset + weight)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size)
+    activation: str = "silu"  # the gated MLP's, when the config names none
+    fused_projections: bool = False  # the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj
+    # sliding layers (the config's layer_types or sliding_window_pattern) with their own rope (rope_local_base_freq),
+    # and the attention scale from query_pre_attn_scalar
+    local_rope: bool = False
     sliding_every_layer: bool = False  # the config's sliding_window, when set, covers every layer
+    tied_embeddings: bool = False  # tie_word_embeddings when the config does not say
+    gguf_architecture: str | None = None  # llama.cpp's `general.architecture`, where it writes this family
+    gguf_tensors: Mapping[str, str] = field(default_factory=lambda: LLAMA_TENSORS)  # per layer: llama.cpp -> HF
+    gguf_permuted_qk: bool = False  # llama.cpp's converter interleaves the rotary halves of q and k rows
 
 
 # Mistral's [INST] format where the vocabulary has the token, else Llama's; llama.cpp writes Mistral as "llama"
 LLAMA_TEMPLATES = (("mistral", "[INST]"), ("llama3", "<|eot_id|>"), ("chatml", "<|im_start|>"))
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("llama", LLAMA_TEMPLATES, gguf_architecture="llama"),
+    Family("llama", LLAMA_TEMPLATES, gguf_architecture="llama", gguf_permuted_qk=True),
     Family("mistral", LLAMA_TEMPLATES, sliding_every_layer=True),
-    Family("qwen3", (("qwen3", "<|im_start|>"),), gguf_architecture="qwen3"),
-    Family("gemma3_text", (("gemma3", "<start_of_turn>"),), gguf_architecture="gemma3"),
-    Family("phi3", (("phi3", "<|assistant|>"),), gguf_architecture="phi3", sliding_every_layer=True),
+    Family("qwen3", (("qwen3", "<|im_start|>"),), qk_norm=True, gguf_architecture="qwen3",
+           gguf_tensors=MappingProxyType(LLAMA_TENSORS | QK_NORM_TENSORS)),
+    Family("gemma3_text", (("gemma3", "<start_of_turn>"),), qk_norm=True, sandwich_norms=True, norm_offset=1.0,
+           embed_scale=True, activation="gelu_pytorch_tanh", local_rope=True, tied_embeddings=True,
+           gguf_architecture="gemma3", gguf_tensors=MappingProxyType(LLAMA_TENSORS | QK_NORM_TENSORS | {
+               "ffn_norm": "pre_feedforward_layernorm",
+               "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm",
+           })),
+    Family("phi3", (("phi3", "<|assistant|>"),), fused_projections=True, sliding_every_layer=True,
+           gguf_architecture="phi3", gguf_tensors=MappingProxyType({  # ffn_up holds gate and up, in that order
+               "attn_norm": "input_layernorm",
+               "attn_qkv": "self_attn.qkv_proj",
+               "attn_output": "self_attn.o_proj",
+               "ffn_norm": "post_attention_layernorm",
+               "ffn_up": "mlp.gate_up_proj",
+               "ffn_down": "mlp.down_proj",
+           })),
 )}
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 GGUF_ARCHITECTURES = {f.gguf_architecture: f.model_type for f in FAMILIES.values() if f.gguf_architecture}

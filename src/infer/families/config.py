@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infer.families.catalog import FAMILIES, SUPPORTED_MODEL_TYPES
+from infer.families.catalog import SUPPORTED_MODEL_TYPES, Family, family
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's early name for LongRoPE
@@ -124,11 +124,11 @@ def _longrope(base: RopeConfig, params: dict[str, Any], d: dict[str, Any]) -> Ro
     )
 
 
-def _parse_ropes(d: dict[str, Any], model_type: str) -> tuple[RopeConfig, RopeConfig | None]:
-    """Global (and, for Gemma 3, local) rope configs from either key style."""
+def _parse_ropes(d: dict[str, Any], fam: Family) -> tuple[RopeConfig, RopeConfig | None]:
+    """Global (and, for a family with a local rope, local) rope configs from either key style."""
     theta = float(d.get("rope_theta", 10000.0))
     params = d.get("rope_parameters")
-    if model_type == "gemma3_text":
+    if fam.local_rope:
         local_theta = float(d.get("rope_local_base_freq", 10000.0))
         if params and "full_attention" in params:
             glob = _rope_from_params(params["full_attention"], theta, "rope_parameters.full_attention", d)
@@ -140,7 +140,8 @@ def _parse_ropes(d: dict[str, Any], model_type: str) -> tuple[RopeConfig, RopeCo
     return _rope_from_params(params or d.get("rope_scaling"), theta, "rope_scaling", d), None
 
 
-def _gemma_layer_types(d: dict[str, Any], n_layers: int) -> tuple[str, ...]:
+def _layer_types(d: dict[str, Any], n_layers: int) -> tuple[str, ...]:
+    """Which layers slide: the config's layer_types, else every sliding_window_pattern-th layer is full."""
     if d.get("layer_types"):
         types = tuple(d["layer_types"])
         if len(types) != n_layers:
@@ -167,11 +168,11 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     hidden = int(_require(d, "hidden_size"))
     heads = int(_require(d, "num_attention_heads"))
     n_layers = int(_require(d, "num_hidden_layers"))
-    rope, rope_local = _parse_ropes(d, model_type)
-    gemma = model_type == "gemma3_text"
-    slides = gemma or FAMILIES[model_type].sliding_every_layer
-    window = int(d["sliding_window"]) if slides and d.get("sliding_window") else None
-    act = d.get("hidden_activation") or d.get("hidden_act") or "silu"
+    fam = family(model_type)
+    rope, rope_local = _parse_ropes(d, fam)
+    local = fam.local_rope
+    window = int(d["sliding_window"]) if (local or fam.sliding_every_layer) and d.get("sliding_window") else None
+    act = d.get("hidden_activation") or d.get("hidden_act") or fam.activation
     cfg = ModelConfig(
         model_type=model_type,
         vocab_size=int(_require(d, "vocab_size")),
@@ -184,12 +185,12 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         rope=rope,
         max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", fam.tied_embeddings)),
         attention_bias=bool(d.get("attention_bias", False)),
         hidden_act=act,
-        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)) if gemma else None,
+        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)) if local else None,
         sliding_window=window,
-        layer_types=_gemma_layer_types(d, n_layers) if gemma else ("sliding_attention",) * n_layers if window else (),
+        layer_types=_layer_types(d, n_layers) if local else ("sliding_attention",) * n_layers if window else (),
         rope_local=rope_local,
         final_logit_softcapping=d.get("final_logit_softcapping"),
     )

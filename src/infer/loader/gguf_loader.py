@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from infer.loader.cuts import CutFor, cut_gguf_raw, pad_value
-from infer.families.catalog import GGUF_ARCHITECTURES
+from infer.families.catalog import GGUF_ARCHITECTURES, Family, family
 from infer.loader.gguf_file import gguf_value, open_gguf
 from infer.loader.gguf_quant import GROUP, INT4_TYPES, Int4Groups, read_int4, read_q8_0
 from infer.loader.hf_quant import W8Tensor
@@ -21,37 +21,6 @@ from tqdm.auto import tqdm
 
 
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_LLAMA_LAYER = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-_LAYER_TENSORS = {
-    "llama": _LLAMA_LAYER,
-    "qwen3": _LLAMA_LAYER | _QK_NORMS,
-    "gemma3": _LLAMA_LAYER
-    | _QK_NORMS
-    | {
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_attention_norm": "post_attention_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
-    "phi3": {  # fused q/k/v, and ffn_up holds gate and up (in that order), as in the HF checkpoint
-        "attn_norm": "input_layernorm",
-        "attn_qkv": "self_attn.qkv_proj",
-        "attn_output": "self_attn.o_proj",
-        "ffn_norm": "post_attention_layernorm",
-        "ffn_up": "mlp.gate_up_proj",
-        "ffn_down": "mlp.down_proj",
-    },
-}
 # Tensors llama.cpp derives from the config (llama3 rope factors, LongRoPE's); read into the config, not yielded.
 _LONGROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 _CONFIG_TENSORS = frozenset({"rope_freqs.weight", *_LONGROPE_TENSORS})
@@ -193,11 +162,11 @@ def read_gguf_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def _hf_name(arch: str, gguf_name: str) -> str:
+def _hf_name(fam: Family, gguf_name: str) -> str:
     match = _TENSOR_NAME.fullmatch(gguf_name)
-    table = _GLOBAL_TENSORS if match is None or match["layer"] is None else _LAYER_TENSORS[arch]
+    table = _GLOBAL_TENSORS if match is None or match["layer"] is None else fam.gguf_tensors
     if match is None or match["base"] not in table:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no HF equivalent for architecture {arch!r}")
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no HF equivalent for architecture {fam.gguf_architecture!r}")
     base = table[match["base"]]
     prefix = "" if match["layer"] is None else f"model.layers.{match['layer']}."
     return f"{prefix}{base}.{match['kind']}"
@@ -215,19 +184,19 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
     int8 with their block scales (infer/loader/gguf_quant.py). With `cut` (tensor parallelism), a tensor it names
     is read as that slice of its stored blocks only (loader/cuts.py)."""
     reader = open_gguf(path)
-    arch = _architecture(reader)
+    fam = family(GGUF_ARCHITECTURES[_architecture(reader)])
     config = read_gguf_config(path)
     qk_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for tensor in tqdm(reader.tensors, desc=f"Loading {Path(path).name}", unit="tensor"):
         if tensor.name in _CONFIG_TENSORS:
             continue
-        name = _hf_name(arch, tensor.name)
+        name = _hf_name(fam, tensor.name)
         base = tensor.name.split(".")[-2]
         part = cut(name) if cut is not None else None
         data = tensor.data if part is None else cut_gguf_raw(name, tensor.data, tensor.tensor_type, part)
         # a cut of q / k holds whole heads: llama.cpp's permutation is undone per head
         heads = qk_heads.get(base, 0) * data.shape[0] // max(tensor.data.shape[0], 1)
-        unpermute = arch == "llama" and base in qk_heads
+        unpermute = fam.gguf_permuted_qk and base in qk_heads
         value: torch.Tensor | Int4Groups | W8Tensor
         if keep_int4 and tensor.tensor_type in INT4_TYPES:
             groups = read_int4(data, tensor.tensor_type)
@@ -243,8 +212,8 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
             w = dequantize(data, tensor.tensor_type)
             if unpermute:
                 w = _unpermute(w, heads)
-            if arch == "gemma3" and tensor.name.endswith("norm.weight"):
-                w = w - 1  # llama.cpp stores Gemma's (1 + weight) RMSNorm scale; HF stores weight
+            if fam.norm_offset and tensor.name.endswith("norm.weight"):
+                w = w - fam.norm_offset  # llama.cpp stores the (offset + weight) RMSNorm scale; HF stores weight
             value = torch.from_numpy(np.require(w, dtype=np.float32, requirements=["C", "W"]))
         yield name, value if part is None else pad_value(name, value, part)
 

@@ -22,7 +22,7 @@ from infer.models.base import CausalLM
 from infer.families.config import ModelConfig, config_from_hf
 from infer.models.layers import params_on_meta
 from infer.models.quant import W8Weight, quantize_linears, replace_weight
-from infer.models.registry import model_class
+
 from infer.models.shard import Shard
 
 AT_LOAD = ("int4", "int8", "fp8")  # quantization values that quantize a float checkpoint's linear weights at load
@@ -88,15 +88,13 @@ def _kept_kernel(fmt: str, device: torch.device, dtype: torch.dtype) -> bool:
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int,
                 deferred: bool = False, shard: Shard = Shard()) -> CausalLM:
-    """An uninitialised model of the registered class for cfg.model_type (one tensor-parallel rank's part with
-    `shard`); `deferred`: its parameters on the meta device until a checkpoint fills them (load_weights allocates each
-    on `device` then)."""
-    cls = model_class(cfg.model_type)
+    """An uninitialised model of cfg.model_type's family (one tensor-parallel rank's part with `shard`); `deferred`:
+    its parameters on the meta device until a checkpoint fills them (load_weights allocates each on `device` then)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device), params_on_meta() if deferred else nullcontext():
-            model = cls(cfg, max_positions, shard)
+            model = CausalLM(cfg, max_positions, shard)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

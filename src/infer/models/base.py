@@ -1,4 +1,5 @@
-"""The decoder-only skeleton every family shares: embed, blocks, final norm, tied or separate LM head."""
+"""The decoder-only model of every family: embed, blocks, final norm, tied or separate LM head, built from the
+family's declaration (families/catalog.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import torch
 from torch import nn
 
 import layerzero as lz
+from infer.families.catalog import Family, family
 from infer.families.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
-from infer.models.layers import HookPoint, RMSNorm, RotaryEmbedding, WeightMap, WeightSlot, empty_param, prefixed
+from infer.models.layers import (Attention, GatedMLP, HookPoint, RMSNorm, RotaryEmbedding, WeightMap, WeightSlot,
+                                 empty_param, prefixed)
 from infer.models.quant import LinearSite, QuantWeight
 from infer.models.shard import Shard
 
@@ -16,23 +19,56 @@ LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block'
 
 
 class Block(nn.Module):
-    """A transformer block; families define the norm arrangement. `rope_kind` picks global or local rope.
+    """A transformer block as its family declares it (families/catalog.py): pre-norm attention (with QK-norm where
+    declared), then a gated MLP, each output normed again before its add where the family has sandwich norms.
+    `rope_kind` picks the global or the local rope.
 
     The residual stream travels as (x, pending): the stream is x + pending, the block's closing add left undone so
     the next block's input norm does it in the same kernel (fused add + RMSNorm); pending is None when the stream
     is x itself. A block whose `resid_post` is observed (a probe tap, a forward hook) does its add and passes the
     sum through `resid_post`, so whatever reads the residual stream reads it whole."""
 
-    rope_kind: str = "global"
-    input_norm: RMSNorm
-    resid_post: HookPoint
+    def __init__(self, cfg: ModelConfig, layer: int, fam: Family) -> None:
+        super().__init__()
+        eps, offset, hidden = cfg.rms_norm_eps, fam.norm_offset, cfg.hidden_size
+        self.fused_projections = fam.fused_projections
+        self.rope_kind = "local" if fam.local_rope and cfg.is_sliding(layer) else "global"
+        self.input_norm = RMSNorm(hidden, eps, offset)
+        self.attn = Attention(cfg, layer, qk_norm=fam.qk_norm, norm_offset=offset)
+        self.post_attn_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
+        self.mlp_norm = RMSNorm(hidden, eps, offset)
+        self.mlp = GatedMLP(cfg)
+        self.post_mlp_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
+        self.resid_post = HookPoint()
 
     def weight_map(self) -> WeightMap:
-        raise NotImplementedError
+        """The checkpoint's names (under model.layers.N.) -> this block's."""
+        if self.post_attn_norm is not None:
+            norms = {"input_layernorm.weight": WeightSlot("input_norm.weight"),
+                     "post_attention_layernorm.weight": WeightSlot("post_attn_norm.weight"),
+                     "pre_feedforward_layernorm.weight": WeightSlot("mlp_norm.weight"),
+                     "post_feedforward_layernorm.weight": WeightSlot("post_mlp_norm.weight")}
+        else:
+            norms = {"input_layernorm.weight": WeightSlot("input_norm.weight"),
+                     "post_attention_layernorm.weight": WeightSlot("mlp_norm.weight")}
+        if self.fused_projections:  # the fused checkpoint tensors straight onto the fused parameters (same row order)
+            return norms | {"self_attn.qkv_proj.weight": WeightSlot("attn.qkv_proj"),
+                            "self_attn.o_proj.weight": WeightSlot("attn.o_proj"),
+                            "mlp.gate_up_proj.weight": WeightSlot("mlp.gate_up_proj"),
+                            "mlp.down_proj.weight": WeightSlot("mlp.down_proj")}
+        return norms | prefixed(self.attn.weight_map(), "self_attn.", "attn.") | prefixed(self.mlp.weight_map(), "mlp.", "mlp.")
 
     def forward(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError
+        h, x = self.enter(x, pending)
+        out = self.attn(h, cos, sin, batch)
+        if self.post_attn_norm is not None:
+            out = self.post_attn_norm(out)
+        h, x = self.mlp_norm.add_and_norm(out, x)
+        out = self.mlp(h)
+        if self.post_mlp_norm is not None:
+            out = self.post_mlp_norm(out)
+        return self.leave(x, out)
 
     def enter(self, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_norm(stream), stream): the previous block's add done inside the norm's kernel."""
@@ -57,15 +93,14 @@ class CausalLM(nn.Module):
     the logits in an all-gather); `config` stays the whole model's, `local` is what this rank's blocks are built with.
     """
 
-    block_cls: type[Block]
-    norm_offset: float = 0.0
-
     def __init__(self, cfg: ModelConfig, max_positions: int, shard: Shard = Shard()) -> None:
         super().__init__()
         self.config, self.shard, self.local = cfg, shard, shard.local_config(cfg)
+        self.family = fam = family(cfg.model_type)
+        self.norm_offset = fam.norm_offset
         vocab_rows = shard.vocab_rows(cfg.vocab_size)
         self.embed = empty_param(vocab_rows, cfg.hidden_size)
-        self.blocks = nn.ModuleList(self.block_cls(self.local, i) for i in range(cfg.num_hidden_layers))
+        self.blocks = nn.ModuleList(Block(self.local, i, fam) for i in range(cfg.num_hidden_layers))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.norm_offset)
         self.lm_head = self.embed if cfg.tie_word_embeddings else empty_param(vocab_rows, cfg.hidden_size)
         self.embed_site, self.head_site = lz.bind("embedding"), LinearSite()
@@ -97,6 +132,12 @@ class CausalLM(nn.Module):
         return names + ([] if self.config.tie_word_embeddings else ["lm_head"])
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self._lookup(input_ids)
+        if self.family.embed_scale:
+            x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+        return x
+
+    def _lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.shard.parallel:
             return self.embed_site(input_ids, self.embed)
         # this rank's vocabulary rows: ids outside them look up row 0 and are zeroed; the sum over ranks is the lookup

@@ -26,6 +26,7 @@ from infer.sampling.adjust import LogitAdjustments
 from infer.sampling.params import SamplingParams
 from infer.sampling.random import uniform
 from infer.transfer import upload
+from infer.sampling.transforms import BEFORE_GREEDY, SAMPLED_ONLY, check_table, run
 from layerzero import mask_top_k_top_p
 
 
@@ -133,23 +134,35 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return _ARGMAX(logits)
 
 
+def _repetition_penalty(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None) -> torch.Tensor:
+    if not t.any_penalty:
+        return logits
+    if seen is None:
+        raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
+    return apply_repetition_penalty(logits, seen, t.repetition_penalty)
+
+
+def _temperature(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None) -> torch.Tensor:
+    return logits / t.temperature.masked_fill(t.temperature == 0, 1.0)[:, None]  # greedy rows / 1
+
+
+TRANSFORMS = check_table({
+    "repetition_penalty": _repetition_penalty,
+    "adjustments": lambda x, t, seen: x if t.adjust is None else t.adjust.apply(x, t.steps),
+    "temperature": _temperature,
+    "min_p": lambda x, t, seen: x if t.min_p is None else filter_min_p(x, t.min_p),
+    "top_k_top_p": lambda x, t, seen: filter_top_k_top_p(x, t.top_k, t.top_p) if t.any_top_k_or_p else x,
+})
+
+
 def penalized(logits: torch.Tensor, t: SamplingTensors, seen: torch.Tensor | None) -> torch.Tensor:
-    """The logits with the rows' repetition penalties, then their logit adjustments applied (unchanged when
-    no row has either)."""
-    if t.any_penalty:
-        if seen is None:
-            raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
-        logits = apply_repetition_penalty(logits, seen, t.repetition_penalty)
-    return logits if t.adjust is None else t.adjust.apply(logits, t.steps)
+    """The logits every row reads, greedy ones included (sampling/transforms.py: BEFORE_GREEDY)."""
+    return run(BEFORE_GREEDY, TRANSFORMS, logits, t, seen)
 
 
 def scaled_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """What sampled rows draw from: logits over the temperature, outside min-p, then top-k / top-p at -inf
-    (greedy rows / 1)."""
-    scaled = logits / t.temperature.masked_fill(t.temperature == 0, 1.0)[:, None]
-    if t.min_p is not None:
-        scaled = filter_min_p(scaled, t.min_p)
-    return filter_top_k_top_p(scaled, t.top_k, t.top_p) if t.any_top_k_or_p else scaled
+    """What sampled rows draw from (sampling/transforms.py: SAMPLED_ONLY)."""
+    return run(SAMPLED_ONLY, TRANSFORMS, logits, t)
 
 
 def gumbel_log_e(t: SamplingTensors, vocab: int) -> torch.Tensor:

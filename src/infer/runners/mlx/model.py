@@ -1,5 +1,6 @@
 """Llama 3, Mistral, Qwen 3, Gemma 3 and Phi-3 in MLX, built from the torch model infer's loaders filled (the same
-ModelConfig and weight-name maps; the families differ exactly where the torch modules do).
+ModelConfig and weight-name maps) and the family's declaration (families/catalog.py): the families differ exactly
+where the torch blocks do.
 
 Llama 3: pre-norm blocks, SwiGLU, rope with the checkpoint's scaling. Mistral: the same, every layer sliding when the
 config sets a window. Phi-3: the same, with LongRoPE and partial rope. Qwen 3: the Llama block plus RMSNorm on each
@@ -19,17 +20,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from infer.loader.model_loader import LoadedModel
+from infer.families.catalog import family
 from infer.families.config import ModelConfig, RopeConfig
 from infer.models.layers import rope_inv_freq
 from infer.runners.mlx.attention import StepLayout, paged_attention
 from infer.runners.mlx.weights import Linear, linear, lm_head, to_mx
 
-GEMMA = "gemma3_text"
-
-
 @dataclass
 class Layer:
-    """One block's weights (norm weights with Gemma's + 1 folded in)."""
+    """One block's weights (norm weights with the family's offset folded in)."""
 
     input_norm: mx.array
     qkv: Linear
@@ -39,7 +38,7 @@ class Layer:
     down: Linear
     q_norm: mx.array | None = None
     k_norm: mx.array | None = None
-    post_attn_norm: mx.array | None = None  # Gemma's sandwich norms
+    post_attn_norm: mx.array | None = None  # sandwich norms, where the family has them
     post_mlp_norm: mx.array | None = None
     window: int | None = None
     rope: str = "global"
@@ -52,7 +51,8 @@ class MlxModel:
         cfg = self.config = loaded.config
         torch_model = loaded.model
         self.dtype = dtype
-        offset = 1.0 if cfg.model_type == GEMMA else 0.0
+        fam = family(cfg.model_type)
+        offset = fam.norm_offset
 
         def norm(weight) -> mx.array:  # noqa: ANN001 - a torch parameter
             return to_mx(weight.detach().float() + offset, dtype)
@@ -72,20 +72,19 @@ class MlxModel:
         gain = [cfg.rope.attention_factor] * self.rotary_dim + [1.0] * (self.head_dim - self.rotary_dim)
         self.rope_gain = mx.array(gain, dtype=dtype) if longrope else None
         self.scale = cfg.attn_scale
-        self.embed_scale = math.sqrt(cfg.hidden_size) if cfg.model_type == GEMMA else None
+        self.embed_scale = math.sqrt(cfg.hidden_size) if fam.embed_scale else None
 
     def _layer(self, block, i: int, norm) -> Layer:  # noqa: ANN001 - torch modules
         cfg, dtype = self.config, self.dtype
         attn, mlp = block.attn, block.mlp
-        gemma = cfg.model_type == GEMMA
         return Layer(
             input_norm=norm(block.input_norm.weight), qkv=linear(attn.qkv_proj, dtype, attn.qkv_bias),
             o=linear(attn.o_proj, dtype), mlp_norm=norm(block.mlp_norm.weight),
             gate_up=linear(mlp.gate_up_proj, dtype), down=linear(mlp.down_proj, dtype),
             q_norm=None if attn.q_norm is None else norm(attn.q_norm.weight),
             k_norm=None if attn.k_norm is None else norm(attn.k_norm.weight),
-            post_attn_norm=norm(block.post_attn_norm.weight) if gemma else None,
-            post_mlp_norm=norm(block.post_mlp_norm.weight) if gemma else None,
+            post_attn_norm=None if block.post_attn_norm is None else norm(block.post_attn_norm.weight),
+            post_mlp_norm=None if block.post_mlp_norm is None else norm(block.post_mlp_norm.weight),
             window=cfg.window(i), rope=block.rope_kind,
         )
 

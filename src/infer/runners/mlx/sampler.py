@@ -1,7 +1,7 @@
 """The seeded sampler of infer/sampling/sampler.py in MLX, built lazily inside the step and evaluated with it.
 
-Same order of operations (repetition penalty, logit adjustments, then temperature, min-p, top-k, top-p and a
-Gumbel-max draw), the same min-p and top-k / top-p cuts (layerzero's `mask_top_k_top_p`, ties kept), and the same
+The same ordered logit transforms (sampling/transforms.py: repetition penalty, logit adjustments, then temperature,
+min-p, top-k, top-p) and a Gumbel-max draw, the same min-p and top-k / top-p cuts (layerzero's `mask_top_k_top_p`, ties kept), and the same
 counter-based noise (sampling/random.py): the row key is hashed on the host from (seed, step) with the torch code's
 constants, the column words once per vocabulary, and the per-token mix runs in uint32 on the device (MLX's uint32
 products wrap mod 2**32, which is the torch code's `& 0xFFFFFFFF`). A request's tokens under a seed are the torch
@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from infer.sampling.logprobs import LogprobTensors, TokenLogprob
+from infer.sampling.transforms import BEFORE_GREEDY, SAMPLED_ONLY, check_table, run
 from infer.sampling.random import _MUL_A, _MUL_B, _SALT_COL, _SALT_KEY, _SALT_STEP, _TWO_POW_M24, _TWO_POW_M25
 
 _MASK32 = 0xFFFFFFFF
@@ -96,13 +97,17 @@ def mask_min_p(logits: mx.array, min_p: mx.array) -> mx.array:
     return mx.where(gap < mx.log(min_p)[:, None], NEG_INF, logits)
 
 
-def adjusted(logits: mx.array, t: MxSamplingRows, seen: mx.array | None) -> mx.array:
-    """Repetition penalty (transformers' rule), then logit_bias / presence / frequency offsets and min_tokens."""
-    if t.any_penalty:
-        if seen is None:
-            raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
-        factor = t.repetition_penalty[:, None]
-        logits = mx.where(seen, mx.where(logits < 0, logits * factor, logits / factor), logits)
+def _repetition_penalty(logits: mx.array, t: MxSamplingRows, seen: mx.array | None) -> mx.array:
+    if not t.any_penalty:
+        return logits
+    if seen is None:
+        raise ValueError("a row has repetition_penalty != 1 but no seen-token mask was given")
+    factor = t.repetition_penalty[:, None]
+    return mx.where(seen, mx.where(logits < 0, logits * factor, logits / factor), logits)
+
+
+def _adjustments(logits: mx.array, t: MxSamplingRows, seen: mx.array | None) -> mx.array:
+    """logit_bias minus the presence / frequency penalties so far, then the ids min_tokens holds back at -inf."""
     if t.offset is not None:
         logits = logits + t.offset
     if t.held is not None and t.holding is not None:
@@ -111,17 +116,22 @@ def adjusted(logits: mx.array, t: MxSamplingRows, seen: mx.array | None) -> mx.a
     return logits
 
 
+TRANSFORMS = check_table({  # sampling/transforms.py's list, in MLX
+    "repetition_penalty": _repetition_penalty,
+    "adjustments": _adjustments,
+    "temperature": lambda x, t, seen: x / mx.where(t.temperature == 0, 1.0, t.temperature)[:, None],
+    "min_p": lambda x, t, seen: x if t.min_p is None else mask_min_p(x, t.min_p),
+    "top_k_top_p": lambda x, t, seen: mask_top_k_top_p(x, t.top_k, t.top_p) if t.any_top_k_or_p else x,
+})
+
+
 def sample(logits: mx.array, t: MxSamplingRows, cols: mx.array, seen: mx.array | None = None) -> mx.array:
     """Next token per row (int32 [B]) from float32 logits [B, V]; lazy, nothing is evaluated here."""
-    logits = adjusted(logits, t, seen)
+    logits = run(BEFORE_GREEDY, TRANSFORMS, logits, t, seen)
     greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
     if t.all_greedy:
         return greedy
-    scaled = logits / mx.where(t.temperature == 0, 1.0, t.temperature)[:, None]
-    if t.min_p is not None:
-        scaled = mask_min_p(scaled, t.min_p)
-    if t.any_top_k_or_p:
-        scaled = mask_top_k_top_p(scaled, t.top_k, t.top_p)
+    scaled = run(SAMPLED_ONLY, TRANSFORMS, logits, t)
     log_e = mx.log(-mx.log(uniform(t.keys, cols)))
     drawn = mx.argmax(scaled - log_e, axis=-1).astype(mx.int32)
     return mx.where(t.temperature == 0, greedy, drawn)
