@@ -171,7 +171,7 @@ def main() -> None:
     api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
     server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
-              "engine": ENGINE_FLAGS, "api_server_count": api_servers, "new_tokens": NEW_TOKENS,
+              "engine": ENGINE_FLAGS, "api_server_count": api_servers, "repeats": args.repeats, "new_tokens": NEW_TOKENS,
               "fresh_connections": args.fresh_connections,
               "startup_s": server.pop("startup_s"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
@@ -188,7 +188,7 @@ def write(r: dict) -> None:
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "
              f"token-id prompts of 128-512 tokens, {r['new_tokens']} new tokens each, greedy, EOS ignored; the server "
              f"with {r['api_server_count']} API server process(es), every SSE chunk read by httpx clients in up to 8 "
-             f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}. Medians of 3 runs after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
+             f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}. Medians of {r.get('repeats', 3)} runs (the upper one of an even count) after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "
              "| server ITL p50 / p99 | server TTFT p50 | TTFT p50 from release: offline / server | first run offline / server |",
