@@ -305,6 +305,31 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return _call("argmax", x)
 
 
+def moe_route(logits: torch.Tensor, top_k: int, *, renormalize: bool, scoring: str = "softmax"
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixture of experts' routing: (weights float32 [T, k], expert ids int64 [T, k]) of router logits [T, E], the
+    k best experts by softmax (or sigmoid) score, their weights divided by their sum when `renormalize`."""
+    if logits.dim() != 2 or not 0 < top_k <= logits.shape[-1]:
+        raise ValueError(f"moe_route expects logits [T, E] and 0 < top_k <= E, got {tuple(logits.shape)}, top_k={top_k}")
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"moe_route: scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    return _call("moe_route", logits, int(top_k), renormalize=bool(renormalize), scoring=scoring)
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *,
+              activation: str = "silu") -> torch.Tensor:
+    """x [T, H] through each token's routed experts: sum_j weights[t, j] * w2[e] @ (act(gate) * up), gate and up the
+    halves of w13[e] @ x_t, e = ids[t, j]; w13 [E, 2I, H] (gate rows first), w2 [E, H, I]. Returns [T, H]."""
+    experts, inner2, hidden = w13.shape
+    if x.dim() != 2 or x.shape[1] != hidden or w2.shape != (experts, hidden, inner2 // 2) or ids.shape != weights.shape:
+        raise ValueError(f"fused_moe expects x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights and ids [T, k]; got "
+                         f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}, {tuple(weights.shape)}, "
+                         f"{tuple(ids.shape)}")
+    if activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"fused_moe: activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+    return _call("fused_moe", x, w13, w2, weights, ids, activation=activation)
+
+
 def quantize(
     x: torch.Tensor, *, dtype: str = "int8", scale: torch.Tensor | None = None, axis: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
 """PyTorch-native kernels: SDPA (GQA via enable_gqa, windows via a mask), FlexAttention for windowed
-attention on CUDA, and torch's fused rms_norm / layer_norm."""
+attention on CUDA, torch's fused rms_norm / layer_norm, and mixture-of-experts layers of few tokens as two batched
+matmuls over the gathered experts' weights."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from layerzero.kernels.reference.attention import _mask
+from layerzero.kernels.reference.moe import fused_moe_gathered
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import CONSTRAINT_FAILED, Reason
+from layerzero.select.signatures import MOE_GATHER_PAIRS
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
 FLEX_MIN_SEQ = 128  # FlexAttention asserts on shorter sequences in some torch releases
@@ -113,6 +116,13 @@ def layer_norm(x, normalized_shape, weight, bias, *, eps: float) -> torch.Tensor
     return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
 
 
+def _gathered_moe_check(ctx: SelectionContext) -> list[Reason]:
+    if not ctx.param("few_pairs"):
+        return [Reason(CONSTRAINT_FAILED, f"more than {MOE_GATHER_PAIRS} (token, expert) pairs: gathering each pair's "
+                                          "weights would copy more than the experts hold")]
+    return []
+
+
 def kernel_specs() -> list[KernelSpec]:
     version = torch.__version__
     return [
@@ -123,4 +133,6 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("torch.rms_norm", "rms_norm", "torch", rms_norm, version, dtypes=FLOATS, graph_safe=True, priority=40),
         KernelSpec("torch.layer_norm", "layer_norm", "torch", layer_norm, version, dtypes=FLOATS, graph_safe=True,
                    priority=40),
+        KernelSpec("torch.fused_moe_gathered", "fused_moe", "torch", fused_moe_gathered, version, dtypes=FLOATS,
+                   graph_safe=True, priority=40, check=_gathered_moe_check),
     ]

@@ -148,6 +148,23 @@ def _argmax(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     return dict(tokens=x.shape[0] if x.dim() else 1, hidden=x.shape[-1] if x.dim() else 1, params=(("ndim", x.dim()),))
 
 
+MOE_GATHER_PAIRS = 64  # most (token, expert) pairs the gathered MoE path takes: beyond, the copies outgrow the reads
+
+
+def _moe_route(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    logits = args[0]
+    return dict(tokens=_rows(logits), hidden=logits.shape[-1], params=(
+        ("top_k", int(args[1])), ("renormalize", bool(kw["renormalize"])), ("scoring", kw.get("scoring", "softmax"))))
+
+
+def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, w13, _, _, ids = args[:5]
+    pairs = ids.numel()
+    return dict(tokens=_rows(x), hidden=x.shape[-1], params=(
+        ("experts", w13.shape[0]), ("top_k", ids.shape[-1]), ("activation", kw.get("activation", "silu")),
+        ("few_pairs", pairs <= MOE_GATHER_PAIRS)))
+
+
 def _generic(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if x is None:
@@ -210,6 +227,8 @@ SIGNATURES: dict[str, OpSignature] = {
     "linear_w8": OpSignature(_linear_w8, (0, 1, 2, 3), ("block_size",)),
     "embedding": OpSignature(_embedding, (0, 1), ()),
     "argmax": OpSignature(_argmax, (0,), ()),
+    "moe_route": OpSignature(_moe_route, (0,), ("renormalize", "scoring")),
+    "fused_moe": OpSignature(_fused_moe, (0, 1, 2, 3, 4), ("activation",)),
     "sample_topk": OpSignature(_topk, (0, 1), ()),
     "sample_topp": OpSignature(_sampling, (0,), ()),
     "quantize": OpSignature(_quantize, (0,), ("dtype", "axis", "scale")),

@@ -108,6 +108,8 @@ _EXTRA = {
     "all_reduce": ("collectives", "all_reduce"),
     "all_gather": ("collectives", "all_gather"),
     "broadcast": ("collectives", "broadcast"),
+    "moe_route": ("moe", "moe_route"),
+    "fused_moe": ("moe", "fused_moe"),
 }
 
 
@@ -136,5 +138,6 @@ def kernel_specs() -> list[KernelSpec]:
             specs.append(_unimportable(op, module, exc))
             continue
         specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4",
-                                                               "linear_w8", "all_reduce", "all_gather", "broadcast")))
+                                                               "linear_w8", "all_reduce", "all_gather", "broadcast",
+                                                               "moe_route")))
     return specs

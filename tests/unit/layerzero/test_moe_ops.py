@@ -1,0 +1,92 @@
+"""lz.moe_route and lz.fused_moe against their definitions in float64 on fresh random inputs: experts that receive no
+token, a batch whose every token picks the same experts, both scorings, renormalized or not, and each CPU path (the
+gathered batched matmuls for few pairs, the reference's loop over the experts that received tokens)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import layerzero as lz
+from layerzero.select.signatures import MOE_GATHER_PAIRS
+
+
+def route_definition(logits: torch.Tensor, k: int, renormalize: bool, scoring: str) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = logits.double().softmax(-1) if scoring == "softmax" else logits.double().sigmoid()
+    weights, ids = scores.sort(dim=-1, descending=True, stable=True)
+    weights, ids = weights[:, :k], ids[:, :k]
+    return (weights / weights.sum(-1, keepdim=True) if renormalize else weights), ids
+
+
+def moe_definition(x, w13, w2, weights, ids, activation: str) -> torch.Tensor:
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gate, up = (w13[e].double() @ x[t].double()).chunk(2)
+            act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+            out[t] += weights[t, j].double() * (w2[e].double() @ (act * up))
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(tokens=st.integers(1, 40), experts=st.integers(2, 16), k=st.integers(1, 4), renormalize=st.booleans(),
+       scoring=st.sampled_from(["softmax", "sigmoid"]), seed=st.integers(0, 2**31))
+def test_route_picks_the_best_experts_with_their_weights(tokens, experts, k, renormalize, scoring, seed):
+    k = min(k, experts)
+    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(seed)) * 3
+    weights, ids = lz.moe_route(logits, k, renormalize=renormalize, scoring=scoring)
+    want_w, want_ids = route_definition(logits, k, renormalize, scoring)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int64
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights.double(), want_w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, MOE_GATHER_PAIRS // 2, MOE_GATHER_PAIRS, 100])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_fused_moe_equals_its_definition(tokens: int, activation: str):
+    gen = torch.Generator().manual_seed(tokens)
+    experts, hidden, inner, k = 8, 24, 20, 2
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inner, hidden, generator=gen) * 0.2
+    w2 = torch.randn(experts, hidden, inner, generator=gen) * 0.2
+    logits = torch.randn(tokens, experts, generator=gen)
+    logits[:, 5:] -= 100  # experts 5, 6 and 7 receive no token
+    weights, ids = lz.moe_route(logits, k, renormalize=True)
+    got = lz.fused_moe(x, w13, w2, weights, ids, activation=activation)
+    kernel = lz.which("fused_moe", x, w13, w2, weights, ids, activation=activation)["kernel_id"]
+    assert kernel == ("torch.fused_moe_gathered" if tokens * k <= MOE_GATHER_PAIRS else "reference.fused_moe")
+    torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, activation), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tokens", [4, 200])
+def test_every_token_picking_the_same_experts(tokens: int):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(tokens, 16, generator=gen)
+    w13, w2 = torch.randn(6, 24, 16, generator=gen) * 0.2, torch.randn(6, 16, 12, generator=gen) * 0.2
+    logits = torch.zeros(tokens, 6)
+    logits[:, 3], logits[:, 1] = 5.0, 4.0  # every token: experts 3 then 1
+    weights, ids = lz.moe_route(logits, 2, renormalize=False)
+    assert (ids == torch.tensor([3, 1])).all()
+    got = lz.fused_moe(x, w13, w2, weights, ids)
+    torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, "silu"), atol=1e-4, rtol=1e-4)
+
+
+def test_bad_shapes_are_refused_naming_them():
+    x, w13, w2 = torch.randn(2, 8), torch.randn(4, 10, 8), torch.randn(4, 8, 5)
+    weights, ids = lz.moe_route(torch.randn(2, 4), 2, renormalize=True)
+    with pytest.raises(ValueError, match="fused_moe expects"):
+        lz.fused_moe(x, w13, torch.randn(4, 8, 4), weights, ids)
+    with pytest.raises(ValueError, match="top_k"):
+        lz.moe_route(torch.randn(2, 4), 5, renormalize=True)
+    with pytest.raises(ValueError, match="activation"):
+        lz.fused_moe(x, w13, w2, weights, ids, activation="relu")
+
+
+def test_explain_says_why_the_gathered_path_is_declined():
+    x, w13, w2 = torch.randn(100, 8), torch.randn(4, 10, 8), torch.randn(4, 8, 5)
+    weights, ids = lz.moe_route(torch.randn(100, 4), 2, renormalize=True)
+    text = str(lz.explain("fused_moe", x, w13, w2, weights, ids))
+    assert "torch.fused_moe_gathered" in text and f"more than {MOE_GATHER_PAIRS}" in text
