@@ -1,4 +1,4 @@
-"""Tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral / Phi-3 checkpoints built with transformers' own config classes,
+"""Tiny random Llama 3 / Qwen 3 / Gemma 3 / Mistral / Phi-3 / Qwen 3 MoE / Mixtral checkpoints built with transformers' own config classes,
 and the same written as 8-bit HF checkpoints or as a GGUF (quantized, or float32 as llama.cpp converts them)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen3Config
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config,
+                          Qwen3Config, Qwen3MoeConfig)
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 PHI3_ORIGINAL_CONTEXT = 32  # the tiny Phi-3's original_max_position_embeddings: LongRoPE's long factors start past it
@@ -64,6 +65,13 @@ def tiny_config(family: str, **overrides):
         cfg = Phi3Config(**common | {"max_position_embeddings": 4 * PHI3_ORIGINAL_CONTEXT}, num_key_value_heads=2,
                          original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT, rope_parameters=longrope(16),
                          pad_token_id=None, eos_token_id=None)
+    elif family == "qwen3_moe":  # 6 experts, top 2; layer 1 dense (mlp_only_layers), the others sparse
+        cfg = Qwen3MoeConfig(**common, num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
+                             moe_intermediate_size=24, decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True,
+                             tie_word_embeddings=False)
+    elif family == "mixtral":  # 4 experts, top 2, every layer sparse, a window shorter than the long prompts
+        cfg = MixtralConfig(**common | {"intermediate_size": 48}, num_key_value_heads=2, num_local_experts=4,
+                            num_experts_per_tok=2, sliding_window=5, tie_word_embeddings=False)
     else:
         raise ValueError(family)
     for key, value in overrides.items():

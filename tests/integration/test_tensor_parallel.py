@@ -41,9 +41,10 @@ def _run(llm: LLM, params: SamplingParams) -> list[tuple[list[int], list[float],
     return out
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3", "qwen3_moe", "mixtral"])
 def family_runs(request, tmp_path_factory):
-    """(TP=1 results, {graphs: TP=2 results}) for one family (gemma3 replicates its single KV head)."""
+    """(TP=1 results, {graphs: TP=2 results}) for one family (gemma3 replicates its single KV head; the MoE families
+    shard every expert's intermediate dimension)."""
     path = save_tiny_with_tokenizer(request.param, tmp_path_factory.mktemp(request.param))
     with LLM(str(path)) as one:
         reference = [_run(one, GREEDY), _run(one, SEEDED)]

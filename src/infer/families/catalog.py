@@ -25,6 +25,18 @@ QK_NORM_TENSORS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.
 
 
 @dataclass(frozen=True)
+class MoE:
+    """How a mixture-of-experts family's config and checkpoint name its sparse MLP layers (which layers are sparse:
+    every one, but those in the config's mlp_only_layers and those off its decoder_sparse_step)."""
+
+    experts_keys: tuple[str, ...]  # the config's number of experts, under the first of these keys it has
+    inner_key: str  # the config's intermediate size of one expert
+    renormalize_key: str | None  # the config's switch for dividing the top-k weights by their sum (None: always)
+    prefix: str  # the sparse MLP's module under model.layers.N. (router `gate`, experts under `experts.{e}.`)
+    projections: tuple[str, str, str]  # the experts' gate, up and down projections under experts.{e}.
+
+
+@dataclass(frozen=True)
 class Family:
     """One `model_type` of an HF config.json: its block structure, rope kinds, config defaults, GGUF names and chat
     templates. The block is pre-norm attention then a gated MLP; the switches below are where families differ."""
@@ -47,6 +59,7 @@ class Family:
     gguf_architecture: str | None = None  # llama.cpp's `general.architecture`, where it writes this family
     gguf_tensors: Mapping[str, str] = field(default_factory=lambda: LLAMA_TENSORS)  # per layer: llama.cpp -> HF
     gguf_permuted_qk: bool = False  # llama.cpp's converter interleaves the rotary halves of q and k rows
+    moe: MoE | None = None  # a mixture of experts: its sparse layers replace the gated MLP
 
 
 # Mistral's [INST] format where the vocabulary has the token, else Llama's; llama.cpp writes Mistral as "llama"
@@ -64,6 +77,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                "post_attention_norm": "post_attention_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm",
            })),
+    Family("qwen3_moe", (("qwen3", "<|im_start|>"),), qk_norm=True,
+           moe=MoE(("num_experts", "num_local_experts"), "moe_intermediate_size", "norm_topk_prob", "mlp.",
+                   ("gate_proj", "up_proj", "down_proj"))),
+    Family("mixtral", LLAMA_TEMPLATES, sliding_every_layer=True,
+           moe=MoE(("num_local_experts",), "intermediate_size", None, "block_sparse_moe.", ("w1", "w3", "w2"))),
     Family("phi3", (("phi3", "<|assistant|>"),), fused_projections=True, sliding_every_layer=True,
            gguf_architecture="phi3", gguf_tensors=MappingProxyType({  # ffn_up holds gate and up, in that order
                "attn_norm": "input_layernorm",

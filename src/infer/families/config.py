@@ -40,7 +40,7 @@ class RopeConfig:
 class ModelConfig:
     """Everything the model code needs; family-specific fields have neutral defaults."""
 
-    model_type: str  # "llama" | "mistral" | "qwen3" | "gemma3_text" | "phi3"
+    model_type: str  # a family declared in families/catalog.py
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -59,6 +59,13 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     rope_local: RopeConfig | None = None
     final_logit_softcapping: float | None = None
+    # a mixture of experts (0 experts: none): which layers are sparse, each token's k experts of num_experts, their
+    # intermediate size, and whether the k weights are divided by their sum
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[bool, ...] = ()
 
     @property
     def attn_scale(self) -> float:
@@ -70,6 +77,9 @@ class ModelConfig:
 
     def window(self, layer: int) -> int | None:
         return self.sliding_window if self.is_sliding(layer) else None
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
 
 def _require(d: dict[str, Any], key: str) -> Any:
@@ -153,6 +163,21 @@ def _layer_types(d: dict[str, Any], n_layers: int) -> tuple[str, ...]:
     )
 
 
+def _moe_fields(d: dict[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:
+    """A mixture of experts' fields, read under the family's config keys."""
+    assert fam.moe is not None
+    moe = fam.moe
+    key = next((key for key in moe.experts_keys if d.get(key)), moe.experts_keys[0])
+    experts, k = int(_require(d, key)), int(_require(d, "num_experts_per_tok"))
+    if not 0 < k <= experts:
+        raise ConfigError(f"config.json: num_experts_per_tok={k} must be between 1 and {key}={experts}")
+    step = int(d.get("decoder_sparse_step") or 1)
+    dense = set(d.get("mlp_only_layers") or ())
+    return dict(num_experts=experts, num_experts_per_tok=k, moe_intermediate_size=int(_require(d, moe.inner_key)),
+                norm_topk_prob=True if moe.renormalize_key is None else bool(d.get(moe.renormalize_key, False)),
+                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers)))
+
+
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """Build a ModelConfig from an HF config.json dict; errors name the field."""
     model_type = _require(d, "model_type")
@@ -193,6 +218,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         layer_types=_layer_types(d, n_layers) if local else ("sliding_attention",) * n_layers if window else (),
         rope_local=rope_local,
         final_logit_softcapping=d.get("final_logit_softcapping"),
+        **(_moe_fields(d, fam, n_layers) if fam.moe is not None else {}),
     )
     _validate(cfg)
     return cfg

@@ -25,8 +25,10 @@ class WeightLoadError(ValueError):
 
 
 def _target(param: torch.Tensor, slot: WeightSlot) -> torch.Tensor:
-    """The part of `param` a checkpoint tensor fills: all of it, or its row range in a fused parameter."""
-    return param.data if slot.rows is None else param.data.narrow(0, slot.start, slot.rows)
+    """The part of `param` a checkpoint tensor fills: all of it, or its entry of a stacked parameter, and there its
+    row range in a fused one."""
+    data = param.data if slot.index is None else param.data[slot.index]
+    return data if slot.rows is None else data.narrow(0, slot.start, slot.rows)
 
 
 def _combine(parts: list[tuple[WeightSlot, str, Packed]], device: torch.device) -> QuantWeight | None:

@@ -12,6 +12,7 @@ from infer.families.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import (Attention, GatedMLP, HookPoint, RMSNorm, RotaryEmbedding, WeightMap, WeightSlot,
                                  empty_param, prefixed)
+from infer.models.moe import SparseMLP
 from infer.models.quant import LinearSite, QuantWeight
 from infer.models.shard import Shard
 
@@ -20,7 +21,8 @@ LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block'
 
 class Block(nn.Module):
     """A transformer block as its family declares it (families/catalog.py): pre-norm attention (with QK-norm where
-    declared), then a gated MLP, each output normed again before its add where the family has sandwich norms.
+    declared), then a gated MLP (a mixture of experts' sparse one in its sparse layers), each output normed again
+    before its add where the family has sandwich norms.
     `rope_kind` picks the global or the local rope.
 
     The residual stream travels as (x, pending): the stream is x + pending, the block's closing add left undone so
@@ -37,7 +39,8 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer, qk_norm=fam.qk_norm, norm_offset=offset)
         self.post_attn_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
         self.mlp_norm = RMSNorm(hidden, eps, offset)
-        self.mlp = GatedMLP(cfg)
+        self.mlp = SparseMLP(cfg, fam.moe) if fam.moe is not None and cfg.is_moe(layer) else GatedMLP(cfg)
+        self.mlp_prefix = fam.moe.prefix if isinstance(self.mlp, SparseMLP) and fam.moe is not None else "mlp."
         self.post_mlp_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
         self.resid_post = HookPoint()
 
@@ -56,7 +59,8 @@ class Block(nn.Module):
                             "self_attn.o_proj.weight": WeightSlot("attn.o_proj"),
                             "mlp.gate_up_proj.weight": WeightSlot("mlp.gate_up_proj"),
                             "mlp.down_proj.weight": WeightSlot("mlp.down_proj")}
-        return norms | prefixed(self.attn.weight_map(), "self_attn.", "attn.") | prefixed(self.mlp.weight_map(), "mlp.", "mlp.")
+        return (norms | prefixed(self.attn.weight_map(), "self_attn.", "attn.")
+                | prefixed(self.mlp.weight_map(), self.mlp_prefix, "mlp."))
 
     def forward(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -18,11 +18,13 @@ from infer.models.quant import LinearSite
 
 
 class WeightSlot(NamedTuple):
-    """Where one checkpoint tensor lands: a parameter, optionally a row range of a fused one."""
+    """Where one checkpoint tensor lands: a parameter, optionally one entry of a stacked one (`index`: an expert's)
+    and a row range of a fused one."""
 
     param: str
     start: int = 0
     rows: int | None = None
+    index: int | None = None
 
 
 WeightMap = dict[str, WeightSlot]
@@ -48,7 +50,7 @@ def empty_param(*shape: int) -> nn.Parameter:
 
 
 def prefixed(weights: WeightMap, hf_prefix: str, our_prefix: str) -> WeightMap:
-    return {hf_prefix + k: WeightSlot(our_prefix + s.param, s.start, s.rows) for k, s in weights.items()}
+    return {hf_prefix + k: s._replace(param=our_prefix + s.param) for k, s in weights.items()}
 
 
 class HookPoint(nn.Module):

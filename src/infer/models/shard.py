@@ -32,6 +32,8 @@ class Cut(NamedTuple):
 _HEAD_ROWS = re.compile(r"\.self_attn\.(q|k|v)_proj\.(weight|bias)$")
 _MLP_ROWS = re.compile(r"\.mlp\.(gate|up)_proj\.weight$")
 _VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
+# an expert's projection, as Qwen 3 MoE (gate_proj, up_proj, down_proj) and Mixtral (w1, w3, w2) name them
+_EXPERT = re.compile(r"\.experts\.\d+\.(?:gate_proj|up_proj|(?P<down>down_proj)|w1|w3|(?P<w2>w2))\.weight$")
 
 
 class Shard(NamedTuple):
@@ -54,6 +56,9 @@ class Shard(NamedTuple):
         if kv % tp and tp % kv:
             raise ShardError(f"{field}: the model's {kv} KV heads neither split over {tp} ranks nor replicate evenly "
                              f"({tp} is not a multiple of {kv})")
+        if cfg.moe_intermediate_size % tp:
+            raise ShardError(f"{field}: the experts' intermediate size {cfg.moe_intermediate_size} does not split "
+                             f"evenly over {tp} ranks")
         if cfg.intermediate_size % tp:
             raise ShardError(f"{field}: the model's intermediate_size={cfg.intermediate_size} does not split evenly "
                              f"over {tp} ranks")
@@ -70,7 +75,8 @@ class Shard(NamedTuple):
         if not self.parallel:
             return cfg
         return replace(cfg, num_attention_heads=cfg.num_attention_heads // self.size,
-                       num_key_value_heads=self.kv_heads(cfg)[1], intermediate_size=cfg.intermediate_size // self.size)
+                       num_key_value_heads=self.kv_heads(cfg)[1], intermediate_size=cfg.intermediate_size // self.size,
+                       moe_intermediate_size=cfg.moe_intermediate_size // self.size)
 
     def vocab_rows(self, vocab_size: int) -> int:
         """Rows of the embedding / LM head each rank holds (the vocabulary padded to a multiple of `size`)."""
@@ -89,6 +95,10 @@ class Shard(NamedTuple):
             return Cut(0, first * d, (first + count) * d, count * d)
         if name.endswith(".self_attn.o_proj.weight"):
             return Cut(1, self.rank * q_rows, (self.rank + 1) * q_rows, q_rows)
+        if (m := _EXPERT.search(name)) is not None:  # every expert's slice of its intermediate dimension
+            inner = cfg.moe_intermediate_size // self.size
+            columns = m["down"] is not None or m["w2"] is not None  # the down projection is cut along its input
+            return Cut(int(columns), self.rank * inner, (self.rank + 1) * inner, inner)
         inter = cfg.intermediate_size // self.size
         if _MLP_ROWS.search(name):
             return Cut(0, self.rank * inter, (self.rank + 1) * inter, inter)

@@ -1,0 +1,86 @@
+"""Mixtures of experts against transformers: tiny random Qwen 3 MoE (sparse and dense layers mixed, top-k weights
+renormalized or not) and Mixtral (top 2, with and without its sliding window) checkpoints in float32, their logits
+and greedy tokens, including a batch where experts receive no token and one where every token picks the same experts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from checkpoints import save_tiny, save_tiny_with_tokenizer
+from infer import LLM, SamplingParams
+from infer.loader.model_loader import load_model
+from infer.models.forward_batch import ForwardBatch
+from infer.models.moe import SparseMLP
+
+FP32_ATOL = 1e-4
+CHECKPOINTS = {
+    "qwen3_moe": ("qwen3_moe", {}),
+    "qwen3_moe-unnormalized-step2": ("qwen3_moe", {"norm_topk_prob": False, "decoder_sparse_step": 2,
+                                                   "mlp_only_layers": []}),
+    "mixtral-window": ("mixtral", {}),
+    "mixtral-full": ("mixtral", {"sliding_window": None}),
+}
+
+
+@pytest.fixture(scope="module", params=list(CHECKPOINTS))
+def checkpoint(request, tmp_path_factory):
+    family, overrides = CHECKPOINTS[request.param]
+    return request.param, save_tiny(family, tmp_path_factory.mktemp(request.param), **overrides)
+
+
+def _prompts(vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (3, 40, 9, 1)]
+
+
+def _compare(ours, hf, prompts: list[list[int]]) -> tuple[float, float]:
+    ids = torch.tensor([t for p in prompts for t in p])
+    with torch.no_grad():
+        logits = ours.compute_logits(ours(ids, ForwardBatch.for_prompts([len(p) for p in prompts])))
+        worst = largest = 0.0
+        for got, prompt in zip(logits.split([len(p) for p in prompts]), prompts):
+            ref = hf(torch.tensor([prompt])).logits[0].float()
+            worst, largest = max(worst, (got - ref).abs().max().item()), max(largest, ref.abs().max().item())
+    return worst, largest
+
+
+def test_moe_logits_fp32(checkpoint):
+    name, path = checkpoint
+    ours = load_model(path, torch.float32).model
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    sparse = [isinstance(b.mlp, SparseMLP) for b in ours.blocks]
+    want = {"qwen3_moe": [True, False, True], "qwen3_moe-unnormalized-step2": [False, True, False]}
+    assert sparse == want.get(name, [True] * 3)
+    diff, largest = _compare(ours, hf, _prompts(ours.config.vocab_size, seed=1))
+    assert largest > 1.0 and diff <= FP32_ATOL, diff
+
+
+def test_every_token_routed_to_the_same_experts(checkpoint):
+    """A router that prefers experts 0 and 1 for every token: the others receive nothing; logits still match."""
+    _, path = checkpoint
+    ours = load_model(path, torch.float32).model
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for i, block in enumerate(ours.blocks):
+            if isinstance(block.mlp, SparseMLP):
+                block.mlp.router[:2] += 50.0 * block.mlp.router[:2].sign()
+                layer = hf.model.layers[i].mlp
+                (layer.gate if hasattr(layer, "gate") else layer.router).weight.copy_(block.mlp.router)
+    diff, largest = _compare(ours, hf, _prompts(ours.config.vocab_size, seed=2))
+    assert largest > 1.0 and diff <= FP32_ATOL, diff
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_greedy_tokens_through_the_engine_equal_transformers(family, tmp_path):
+    path = save_tiny_with_tokenizer(family, tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(str(path), dtype="float32", max_seq_len=128)
+    prompts = _prompts(hf.config.vocab_size, seed=3)[:3]
+    outs = llm.generate_ids(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
+        assert out.token_ids == want
