@@ -26,6 +26,7 @@ from infer.runners.step import StepInput, StepKind  # noqa: E402
 from infer.structured import Constraint  # noqa: E402
 from test_chunked_prefill import GREEDY, _prompts, _staggered  # noqa: E402
 from test_model_parity import CHECKPOINTS, greedy_prompts, transformers_greedy  # noqa: E402
+from test_moe_parity import CHECKPOINTS as MOE_CHECKPOINTS  # noqa: E402
 from test_model_parity import GREEDY as GREEDY_16  # noqa: E402
 
 CONFIGS = {
@@ -59,11 +60,11 @@ def expected(checkpoint) -> list[list[int]]:
     return [llm.generate_ids([p], GREEDY)[0].token_ids for p in _prompts()]
 
 
-@pytest.mark.parametrize("name", CHECKPOINTS)
+@pytest.mark.parametrize("name", [*CHECKPOINTS, *MOE_CHECKPOINTS])
 def test_logits_match_torch_and_transformers(name, tmp_path) -> None:
     """Whole prompts through the paged cache (blocks out of order): every position's logits within 1e-4; the 40-token
-    prompt outgrows Mistral's and Phi-3's windows and Phi-3's original context."""
-    family, overrides = CHECKPOINTS[name]
+    prompt outgrows Mistral's, Mixtral's and Phi-3's windows and Phi-3's original context."""
+    family, overrides = {**CHECKPOINTS, **MOE_CHECKPOINTS}[name]
     path = save_tiny(family, tmp_path, **overrides)
     loaded = load_torch_model(path, "auto", "auto", 512)
     model = MlxModel(loaded, mx.float32, "auto")
@@ -84,10 +85,10 @@ def test_logits_match_torch_and_transformers(name, tmp_path) -> None:
         assert np.abs(ours - ref_hf.numpy()).max() < 1e-4
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_mistral_and_phi3_greedy_tokens_equal_transformers(name, tmp_path) -> None:
+@pytest.mark.parametrize("name", [*VARIANTS, "qwen3_moe", "mixtral-window"])
+def test_mistral_phi3_and_moe_greedy_tokens_equal_transformers(name, tmp_path) -> None:
     """Both prompts in one batch (Phi-3: one sequence on LongRoPE's short factors, one on its long ones)."""
-    family, overrides = VARIANTS[name]
+    family, overrides = {**VARIANTS, **MOE_CHECKPOINTS}[name]
     path = save_tiny_with_tokenizer(family, tmp_path, seed=3, **overrides)
     llm = LLM(str(path), runner="mlx", dtype="float32", max_seq_len=96, max_batch_size=4, block_size=4)
     assert isinstance(llm.runner, MlxRunner)

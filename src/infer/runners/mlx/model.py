@@ -23,8 +23,20 @@ from infer.loader.model_loader import LoadedModel
 from infer.families.catalog import family
 from infer.families.config import ModelConfig, RopeConfig
 from infer.models.layers import rope_inv_freq
+from infer.models.moe import SparseMLP
 from infer.runners.mlx.attention import StepLayout, paged_attention
 from infer.runners.mlx.weights import Linear, linear, lm_head, to_mx
+
+@dataclass
+class Experts:
+    """A sparse layer's router [E, H] and stacked experts (w13 [E, 2I, H], w2 [E, H, I]), as the torch model holds them."""
+
+    router: mx.array
+    w13: mx.array
+    w2: mx.array
+    top_k: int
+    renormalize: bool
+
 
 @dataclass
 class Layer:
@@ -34,8 +46,9 @@ class Layer:
     qkv: Linear
     o: Linear
     mlp_norm: mx.array
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None  # None in a sparse layer, which has `experts`
+    down: Linear | None
+    experts: Experts | None = None
     q_norm: mx.array | None = None
     k_norm: mx.array | None = None
     post_attn_norm: mx.array | None = None  # sandwich norms, where the family has them
@@ -77,10 +90,14 @@ class MlxModel:
     def _layer(self, block, i: int, norm) -> Layer:  # noqa: ANN001 - torch modules
         cfg, dtype = self.config, self.dtype
         attn, mlp = block.attn, block.mlp
+        sparse = isinstance(mlp, SparseMLP)
         return Layer(
             input_norm=norm(block.input_norm.weight), qkv=linear(attn.qkv_proj, dtype, attn.qkv_bias),
             o=linear(attn.o_proj, dtype), mlp_norm=norm(block.mlp_norm.weight),
-            gate_up=linear(mlp.gate_up_proj, dtype), down=linear(mlp.down_proj, dtype),
+            gate_up=None if sparse else linear(mlp.gate_up_proj, dtype),
+            down=None if sparse else linear(mlp.down_proj, dtype),
+            experts=Experts(to_mx(mlp.router, dtype), to_mx(mlp.w13, dtype), to_mx(mlp.w2, dtype), mlp.top_k,
+                            mlp.renormalize) if sparse else None,
             q_norm=None if attn.q_norm is None else norm(attn.q_norm.weight),
             k_norm=None if attn.k_norm is None else norm(attn.k_norm.weight),
             post_attn_norm=None if block.post_attn_norm is None else norm(block.post_attn_norm.weight),
@@ -101,11 +118,14 @@ class MlxModel:
         for layer in self.layers:
             for value in vars(layer).values():
                 out += value.arrays() if isinstance(value, Linear) else [value] if isinstance(value, mx.array) else []
+            if layer.experts is not None:
+                out += [layer.experts.router, layer.experts.w13, layer.experts.w2]
         return out
 
     @property
     def quantized_linears(self) -> int:
-        return sum(lin.quantized for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        return sum(lin.quantized for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                   if lin is not None)
 
     def __call__(self, ids: mx.array, layout: StepLayout, caches: list[list[mx.array]]) -> mx.array:
         """ids [T] -> hidden [T, hidden]; writes the step's keys and values into `caches` on the way."""
@@ -160,13 +180,30 @@ class MlxModel:
             return turn(periods[0])
         return mx.where(long[:, None, None], turn(periods[1]), turn(periods[0])) * self.rope_gain
 
-    def _mlp(self, x: mx.array, layer: Layer) -> mx.array:
-        gate, up = mx.split(layer.gate_up(x), 2, axis=-1)
+    def _act(self, gate: mx.array) -> mx.array:
         if self.config.hidden_act == "silu":
-            act = gate * mx.sigmoid(gate)
-        else:  # gelu_pytorch_tanh
-            act = 0.5 * gate * (1 + mx.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate * gate * gate)))
-        return layer.down(act * up)
+            return gate * mx.sigmoid(gate)
+        return 0.5 * gate * (1 + mx.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate * gate * gate)))  # tanh GELU
+
+    def _mlp(self, x: mx.array, layer: Layer) -> mx.array:
+        if layer.experts is not None:
+            return self._experts(x, layer.experts)
+        assert layer.gate_up is not None and layer.down is not None
+        gate, up = mx.split(layer.gate_up(x), 2, axis=-1)
+        return layer.down(self._act(gate) * up)
+
+    def _experts(self, x: mx.array, e: Experts) -> mx.array:
+        """layerzero's moe_route then fused_moe: softmax scores in float32, the top k (renormalized where the config
+        says), each token's experts applied with `mx.gather_mm` (only the routed experts' weights are read)."""
+        scores = mx.softmax((x @ e.router.T).astype(mx.float32), axis=-1)
+        ids = mx.argsort(-scores, axis=-1)[:, : e.top_k]
+        weights = mx.take_along_axis(scores, ids, axis=-1)
+        if e.renormalize:
+            weights = weights / mx.sum(weights, axis=-1, keepdims=True)
+        ids = ids.astype(mx.uint32)
+        gate, up = mx.split(mx.gather_mm(x[:, None, None, :], e.w13.swapaxes(-1, -2), rhs_indices=ids), 2, axis=-1)
+        out = mx.gather_mm(self._act(gate) * up, e.w2.swapaxes(-1, -2), rhs_indices=ids)[:, :, 0, :]  # [T, k, H]
+        return mx.sum(out.astype(mx.float32) * weights[..., None], axis=1).astype(x.dtype)
 
     def logits(self, hidden: mx.array) -> mx.array:
         """float32 logits of the given rows, softcapped where the model says."""
