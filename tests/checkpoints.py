@@ -290,6 +290,42 @@ PHI3_GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_q
                    "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
+def write_moe_gguf(model, path: Path) -> Path:
+    """A tiny transformers Qwen 3 MoE ("qwen3moe") or Mixtral ("llama" with experts, q/k rows permuted) in float32 as
+    llama.cpp's converter writes it: the router as ffn_gate_inp, each projection's experts stacked [E, rows, cols]."""
+    cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+    qwen = cfg.model_type == "qwen3_moe"
+    experts = cfg.num_experts if qwen else cfg.num_local_experts
+    inner = cfg.moe_intermediate_size if qwen else cfg.intermediate_size
+    writer = _gguf_writer(path, "qwen3moe" if qwen else "llama", cfg, cfg.rope_parameters["rope_theta"],
+                          cfg.head_dim if qwen else cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    if qwen:
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_expert_feed_forward_length(inner)
+    _gguf_outer_tensors(writer, state)
+    layer_names = GGUF_LAYER | ({"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"} if qwen else {})
+    for i in range(cfg.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        for hf, ours in layer_names.items():
+            if f"{prefix}{hf}.weight" not in state:
+                continue  # the dense MLP's projections, in a sparse layer
+            w = state[f"{prefix}{hf}.weight"]
+            if not qwen and ours in ("attn_q", "attn_k"):
+                w = _permute(w, cfg.num_attention_heads if ours == "attn_q" else cfg.num_key_value_heads)
+            writer.add_tensor(f"blk.{i}.{ours}.weight", np.ascontiguousarray(w))
+        if f"{prefix}mlp.experts.gate_up_proj" in state:  # transformers holds the experts stacked, gate rows first
+            gate_up, down = state[f"{prefix}mlp.experts.gate_up_proj"], state[f"{prefix}mlp.experts.down_proj"]
+            writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", state[f"{prefix}mlp.gate.weight"])
+            writer.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :inner]))
+            writer.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, inner:]))
+            writer.add_tensor(f"blk.{i}.ffn_down_exps.weight", np.ascontiguousarray(down))
+    _gguf_finish(writer)
+    return path
+
+
 def write_f32_gguf(model, path: Path) -> Path:
     """A tiny transformers Mistral or Phi-3 in float32 as llama.cpp's converter writes it: Mistral as architecture
     "llama" (q/k rows permuted, no sliding window kept), Phi-3 as "phi3" (fused attn_qkv, ffn_up holding gate and up,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from checkpoints import save_tiny, save_tiny_with_tokenizer
+from checkpoints import save_tiny, save_tiny_with_tokenizer, tiny_hf_model, write_moe_gguf
 from infer import LLM, SamplingParams
 from infer.loader.model_loader import load_model
 from infer.models.forward_batch import ForwardBatch
@@ -84,3 +84,16 @@ def test_greedy_tokens_through_the_engine_equal_transformers(family, tmp_path):
             want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
         assert out.token_ids == want
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_gguf_as_llama_cpp_writes_it_equals_transformers(family, tmp_path):
+    """A float32 GGUF with the experts stacked per projection (Mixtral as "llama" with experts, its q/k permuted and no
+    window, which llama.cpp's file does not keep; every Qwen 3 MoE layer sparse, as llama.cpp's qwen3moe has them):
+    the same logits as the transformers model."""
+    hf = tiny_hf_model(family, **({"mlp_only_layers": []} if family == "qwen3_moe" else {"sliding_window": None}))
+    path = write_moe_gguf(hf, tmp_path / f"{family}.gguf")
+    ours = load_model(path, torch.float32).model
+    assert ours.config.model_type == family and all(isinstance(b.mlp, SparseMLP) for b in ours.blocks)
+    diff, largest = _compare(ours, hf, _prompts(ours.config.vocab_size, seed=4))
+    assert largest > 1.0 and diff <= FP32_ATOL, diff

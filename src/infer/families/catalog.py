@@ -24,6 +24,13 @@ LLAMA_TENSORS = MappingProxyType({
 QK_NORM_TENSORS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 
 
+def expert_tensors(prefix: str, gate: str, up: str, down: str) -> dict[str, str]:
+    """llama.cpp's router and stacked experts (one [E, rows, cols] tensor per projection) -> the HF names, `{e}` where
+    the loader splits a stacked tensor into its experts."""
+    return {"ffn_gate_inp": f"{prefix}gate", "ffn_gate_exps": f"{prefix}experts.{{e}}.{gate}",
+            "ffn_up_exps": f"{prefix}experts.{{e}}.{up}", "ffn_down_exps": f"{prefix}experts.{{e}}.{down}"}
+
+
 @dataclass(frozen=True)
 class MoE:
     """How a mixture-of-experts family's config and checkpoint name its sparse MLP layers (which layers are sparse:
@@ -60,13 +67,14 @@ class Family:
     gguf_tensors: Mapping[str, str] = field(default_factory=lambda: LLAMA_TENSORS)  # per layer: llama.cpp -> HF
     gguf_permuted_qk: bool = False  # llama.cpp's converter interleaves the rotary halves of q and k rows
     moe: MoE | None = None  # a mixture of experts: its sparse layers replace the gated MLP
+    gguf_experts_family: str | None = None  # the family llama.cpp writes under this architecture when it has experts
 
 
 # Mistral's [INST] format where the vocabulary has the token, else Llama's; llama.cpp writes Mistral as "llama"
 LLAMA_TEMPLATES = (("mistral", "[INST]"), ("llama3", "<|eot_id|>"), ("chatml", "<|im_start|>"))
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("llama", LLAMA_TEMPLATES, gguf_architecture="llama", gguf_permuted_qk=True),
+    Family("llama", LLAMA_TEMPLATES, gguf_architecture="llama", gguf_permuted_qk=True, gguf_experts_family="mixtral"),
     Family("mistral", LLAMA_TEMPLATES, sliding_every_layer=True),
     Family("qwen3", (("qwen3", "<|im_start|>"),), qk_norm=True, gguf_architecture="qwen3",
            gguf_tensors=MappingProxyType(LLAMA_TENSORS | QK_NORM_TENSORS)),
@@ -79,9 +87,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            })),
     Family("qwen3_moe", (("qwen3", "<|im_start|>"),), qk_norm=True,
            moe=MoE(("num_experts", "num_local_experts"), "moe_intermediate_size", "norm_topk_prob", "mlp.",
-                   ("gate_proj", "up_proj", "down_proj"))),
-    Family("mixtral", LLAMA_TEMPLATES, sliding_every_layer=True,
-           moe=MoE(("num_local_experts",), "intermediate_size", None, "block_sparse_moe.", ("w1", "w3", "w2"))),
+                   ("gate_proj", "up_proj", "down_proj")),
+           gguf_architecture="qwen3moe", gguf_tensors=MappingProxyType(
+               LLAMA_TENSORS | QK_NORM_TENSORS | expert_tensors("mlp.", "gate_proj", "up_proj", "down_proj"))),
+    Family("mixtral", LLAMA_TEMPLATES, sliding_every_layer=True,  # llama.cpp writes it as "llama" with experts
+           moe=MoE(("num_local_experts",), "intermediate_size", None, "block_sparse_moe.", ("w1", "w3", "w2")),
+           gguf_tensors=MappingProxyType(LLAMA_TENSORS | expert_tensors("block_sparse_moe.", "w1", "w3", "w2")),
+           gguf_permuted_qk=True),
     Family("phi3", (("phi3", "<|assistant|>"),), fused_projections=True, sliding_every_layer=True,
            gguf_architecture="phi3", gguf_tensors=MappingProxyType({  # ffn_up holds gate and up, in that order
                "attn_norm": "input_layernorm",

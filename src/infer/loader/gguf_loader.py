@@ -12,7 +12,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from infer.loader.cuts import CutFor, cut_gguf_raw, pad_value
+from infer.loader.cuts import CutFor, cut_gguf_raw, cut_tensor, pad_value
 from infer.families.catalog import GGUF_ARCHITECTURES, Family, family
 from infer.loader.gguf_file import gguf_value, open_gguf
 from infer.loader.gguf_quant import GROUP, INT4_TYPES, Int4Groups, read_int4, read_q8_0
@@ -134,8 +134,11 @@ def read_gguf_config(path: str | Path) -> dict[str, Any]:
     rope_dim = int(meta("rope.dimension_count") or head_dim)
     theta = float(meta("rope.freq_base", 10000.0))
     window = meta("attention.sliding_window")
+    model_type = GGUF_ARCHITECTURES[arch]
+    if meta("expert_count") and family(model_type).moe is None:  # llama.cpp's "llama" holds Mixtral too
+        model_type = family(model_type).gguf_experts_family or model_type
     config: dict[str, Any] = {
-        "model_type": GGUF_ARCHITECTURES[arch],
+        "model_type": model_type,
         "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
         "hidden_size": hidden,
         "intermediate_size": int(meta("feed_forward_length")),
@@ -155,6 +158,12 @@ def read_gguf_config(path: str | Path) -> dict[str, Any]:
         config["rope_scaling"] = scaling
     if rope_dim != head_dim:
         config["partial_rotary_factor"] = rope_dim / head_dim
+    moe = family(model_type).moe
+    if moe is not None:
+        config |= {moe.experts_keys[0]: int(meta("expert_count")), "num_experts_per_tok": int(meta("expert_used_count")),
+                   moe.inner_key: int(meta("expert_feed_forward_length") or meta("feed_forward_length"))}
+        if moe.renormalize_key is not None:  # llama.cpp renormalizes unless the file says otherwise
+            config[moe.renormalize_key] = bool(meta("expert_weights_norm", True))
     if arch == "gemma3":
         config |= _gemma3_fields(hidden, heads, head_dim, n_layers, int(window))
     elif window:  # 0: none (llama.cpp's Phi-3 converter writes it so)
@@ -184,13 +193,16 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
     int8 with their block scales (infer/loader/gguf_quant.py). With `cut` (tensor parallelism), a tensor it names
     is read as that slice of its stored blocks only (loader/cuts.py)."""
     reader = open_gguf(path)
-    fam = family(GGUF_ARCHITECTURES[_architecture(reader)])
     config = read_gguf_config(path)
+    fam = family(config["model_type"])
     qk_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for tensor in tqdm(reader.tensors, desc=f"Loading {Path(path).name}", unit="tensor"):
         if tensor.name in _CONFIG_TENSORS:
             continue
         name = _hf_name(fam, tensor.name)
+        if "{e}" in name:  # an [E, rows, cols] stack of experts: one HF tensor per expert
+            yield from _experts(name, tensor, cut)
+            continue
         base = tensor.name.split(".")[-2]
         part = cut(name) if cut is not None else None
         data = tensor.data if part is None else cut_gguf_raw(name, tensor.data, tensor.tensor_type, part)
@@ -216,6 +228,15 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
                 w = w - fam.norm_offset  # llama.cpp stores the (offset + weight) RMSNorm scale; HF stores weight
             value = torch.from_numpy(np.require(w, dtype=np.float32, requirements=["C", "W"]))
         yield name, value if part is None else pad_value(name, value, part)
+
+
+def _experts(name: str, tensor: Any, cut: CutFor | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """A stacked expert tensor, dequantized, as each expert's HF tensor (its tensor-parallel slice with `cut`)."""
+    stack = dequantize(tensor.data, tensor.tensor_type)
+    for e in range(stack.shape[0]):
+        expert, w = name.format(e=e), torch.from_numpy(np.require(stack[e], dtype=np.float32, requirements=["C", "W"]))
+        part = cut(expert) if cut is not None else None
+        yield expert, w if part is None else cut_tensor(w, part)
 
 
 def gguf_head_q8_0(path: str | Path) -> W8Tensor | None:
