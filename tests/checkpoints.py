@@ -3,12 +3,13 @@ and the same written as 8-bit HF checkpoints or as a GGUF (quantized, or float32
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config,
                           Qwen3Config, Qwen3MoeConfig)
@@ -181,7 +182,6 @@ def quantize_checkpoint(src: Path, dst: Path, fmt: str, block: tuple[int, int] =
     with the quantization_config and tensor names the real formats use (Qwen3-8B-FP8: `quant_method: fp8` and
     `weight_scale_inv`; compressed-tensors w8a8 / FP8-dynamic: `weight_scale` [N, 1]). Norms, embeddings and the LM
     head stay as they were."""
-    import json
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -290,9 +290,24 @@ PHI3_GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_q
                    "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def write_moe_gguf(model, path: Path) -> Path:
+def _gguf_tokenizer(writer: GGUFWriter, tokenizer_dir: Path) -> None:
+    """A byte-level BPE tokenizer.json (save_tiny_with_tokenizer's) as llama.cpp's "gpt2" vocabulary in the GGUF."""
+    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"] | {t["content"]: t["id"] for t in spec["added_tokens"]}
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in spec["added_tokens"] if t.get("special")}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([TokenType.CONTROL if t in special else TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
+    writer.add_eos_token_id(vocab["</s>"])
+
+
+def write_moe_gguf(model, path: Path, tokenizer_dir: Path | None = None) -> Path:
     """A tiny transformers Qwen 3 MoE ("qwen3moe") or Mixtral ("llama" with experts, q/k rows permuted) in float32 as
-    llama.cpp's converter writes it: the router as ffn_gate_inp, each projection's experts stacked [E, rows, cols]."""
+    llama.cpp's converter writes it: the router as ffn_gate_inp, each projection's experts stacked [E, rows, cols];
+    with `tokenizer_dir`, that directory's byte-level vocabulary embedded (so `infer serve` can serve the file)."""
     cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
     qwen = cfg.model_type == "qwen3_moe"
     experts = cfg.num_experts if qwen else cfg.num_local_experts
@@ -305,6 +320,8 @@ def write_moe_gguf(model, path: Path) -> Path:
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
         writer.add_expert_feed_forward_length(inner)
+    if tokenizer_dir is not None:
+        _gguf_tokenizer(writer, tokenizer_dir)
     _gguf_outer_tensors(writer, state)
     layer_names = GGUF_LAYER | ({"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"} if qwen else {})
     for i in range(cfg.num_hidden_layers):

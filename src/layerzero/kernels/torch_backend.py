@@ -133,6 +133,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("torch.rms_norm", "rms_norm", "torch", rms_norm, version, dtypes=FLOATS, graph_safe=True, priority=40),
         KernelSpec("torch.layer_norm", "layer_norm", "torch", layer_norm, version, dtypes=FLOATS, graph_safe=True,
                    priority=40),
-        KernelSpec("torch.fused_moe_gathered", "fused_moe", "torch", fused_moe_gathered, version, dtypes=FLOATS,
-                   graph_safe=True, priority=40, check=_gathered_moe_check),
+        # graph-safe decode on CUDA until a grouped kernel exists; on the CPU the gathered copies cost more than the
+        # reference's loop over the routed experts saves (benchmarks/reports/moe_cpu.md)
+        KernelSpec("torch.fused_moe_gathered", "fused_moe", "torch", fused_moe_gathered, version,
+                   platforms=frozenset({"cuda"}), dtypes=FLOATS, graph_safe=True, priority=40,
+                   check=_gathered_moe_check),
     ]

@@ -1,6 +1,6 @@
 """lz.moe_route and lz.fused_moe against their definitions in float64 on fresh random inputs: experts that receive no
-token, a batch whose every token picks the same experts, both scorings, renormalized or not, and each CPU path (the
-gathered batched matmuls for few pairs, the reference's loop over the experts that received tokens)."""
+token, a batch whose every token picks the same experts, both scorings, renormalized or not, and each path (the
+reference's loop over the experts that received tokens; the gathered batched matmuls CUDA graphs use for few pairs)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import layerzero as lz
+from layerzero.kernels.reference.moe import fused_moe_gathered
 from layerzero.select.signatures import MOE_GATHER_PAIRS
 
 
@@ -55,10 +56,12 @@ def test_fused_moe_equals_its_definition(tokens: int, activation: str):
     logits = torch.randn(tokens, experts, generator=gen)
     logits[:, 5:] -= 100  # experts 5, 6 and 7 receive no token
     weights, ids = lz.moe_route(logits, k, renormalize=True)
+    want = moe_definition(x, w13, w2, weights, ids, activation)
     got = lz.fused_moe(x, w13, w2, weights, ids, activation=activation)
-    kernel = lz.which("fused_moe", x, w13, w2, weights, ids, activation=activation)["kernel_id"]
-    assert kernel == ("torch.fused_moe_gathered" if tokens * k <= MOE_GATHER_PAIRS else "reference.fused_moe")
-    torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, activation), atol=1e-4, rtol=1e-4)
+    assert lz.which("fused_moe", x, w13, w2, weights, ids, activation=activation)["kernel_id"] == "reference.fused_moe"
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    gathered = fused_moe_gathered(x, w13, w2, weights, ids, activation=activation)  # CUDA's graph-safe path
+    torch.testing.assert_close(gathered.double(), want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("tokens", [4, 200])
@@ -85,8 +88,11 @@ def test_bad_shapes_are_refused_naming_them():
         lz.fused_moe(x, w13, w2, weights, ids, activation="relu")
 
 
-def test_explain_says_why_the_gathered_path_is_declined():
+def test_the_gathered_path_is_declined_past_its_pairs_and_off_cuda():
     x, w13, w2 = torch.randn(100, 8), torch.randn(4, 10, 8), torch.randn(4, 8, 5)
     weights, ids = lz.moe_route(torch.randn(100, 4), 2, renormalize=True)
-    text = str(lz.explain("fused_moe", x, w13, w2, weights, ids))
-    assert "torch.fused_moe_gathered" in text and f"more than {MOE_GATHER_PAIRS}" in text
+    ctx = lz.SelectionContext.from_tensors("fused_moe", x, w13, w2, weights, ids, activation="silu")
+    assert ctx.param("few_pairs") is False
+    [spec] = [s for s in lz.get_registry().kernels("fused_moe") if s.kernel_id == "torch.fused_moe_gathered"]
+    assert any(f"more than {MOE_GATHER_PAIRS}" in r.message for r in spec.check(ctx))
+    assert "torch.fused_moe_gathered" in str(lz.explain("fused_moe", x, w13, w2, weights, ids))

@@ -7,8 +7,9 @@ with `renormalize` their weights are divided by their sum (Mixtral always; Qwen 
 `fused_moe` computes sum_j weight[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)) with e = ids[t, j], the experts'
 weights stacked: gate and up as w13 [E, 2I, H] (gate rows first), down as w2 [E, H, I]. `fused_moe` here is the
 reference: every routed (token, expert) pair as its own row, the rows of each expert gathered and multiplied with
-that expert's weights in one matmul, then scattered back weighted. `fused_moe_gathered` is the small-batch path of the
-CPU: each pair's expert weights gathered and applied in one batched matmul, no host sync and no loop.
+that expert's weights in one matmul, then scattered back weighted (on the CPU this reads each routed expert once, at the
+memory bound: benchmarks/reports/moe_cpu.md). `fused_moe_gathered` is the graph-safe path for few tokens on CUDA: each
+pair's expert weights gathered and applied in one batched matmul, no host sync and no loop.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
 def fused_moe_gathered(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
                        ids: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
     """The same sum with every (token, expert) pair's weights gathered ([T * k, 2I, H] and [T * k, H, I]) and applied
-    in two batched matmuls: no host sync, no Python loop; for few tokens (decode), where the gathered copies are the
-    routed experts' weights that have to be read anyway."""
+    in two batched matmuls: no host sync, no Python loop, so a CUDA graph can hold it; for few tokens (decode) only,
+    since the gathered copies double the bytes the routed experts' weights cost."""
     tokens, k = ids.shape
     flat = ids.reshape(-1)
     xs = x.repeat_interleave(k, dim=0)[:, None, :]  # [T * k, 1, H]
