@@ -158,6 +158,7 @@ def kernel_specs() -> list[KernelSpec]:
                    check=_int4_groups, **common),
         KernelSpec("triton.argmax", "argmax", impl=_lazy("argmax", "argmax"), priority=PRIORITY,
                    requires_last_dim_contiguous=True, check=_argmax_shape, **common),
+        KernelSpec("triton.fused_moe", "fused_moe", impl=_lazy("moe", "fused_moe"), priority=PRIORITY, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.rope_store_kv", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv"),

@@ -13,7 +13,7 @@ from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache", "rope_store_kv",
        "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4", "linear",
-       "argmax"}
+       "argmax", "fused_moe"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):

@@ -1,0 +1,60 @@
+"""Triton fused MoE (interpreted) against the float64 definition: experts receiving no token, every token on the same
+experts, a partial row block, both activations; and the pair alignment's invariants."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import layerzero as lz
+from test_moe_ops import moe_definition
+
+
+@pytest.fixture(scope="module")
+def kernels(triton_interpreted):
+    return triton_interpreted("moe")
+
+
+def _inputs(tokens: int, experts: int, k: int, seed: int, same: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    hidden, inner = 96, 80  # partial column and K blocks (64)
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inner, hidden, generator=gen) * 0.1
+    w2 = torch.randn(experts, hidden, inner, generator=gen) * 0.1
+    logits = torch.randn(tokens, experts, generator=gen)
+    logits[:, experts // 2 :] -= 100  # the upper half of the experts receives nothing
+    if same:
+        logits[:] = 0.0
+        logits[:, 1], logits[:, 0] = 5.0, 4.0
+    weights, ids = lz.moe_route(logits, k, renormalize=True)
+    return x, w13, w2, weights, ids
+
+
+@pytest.mark.parametrize("tokens, same", [(1, False), (5, False), (37, False), (20, True)])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_fused_moe_matches_the_definition(kernels, tokens, same, activation):
+    x, w13, w2, weights, ids = _inputs(tokens, 8, 2, seed=tokens, same=same)
+    got = kernels.fused_moe(x, w13, w2, weights, ids, activation=activation)
+    torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, activation), atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_within_its_rounding(kernels):
+    x, w13, w2, weights, ids = _inputs(6, 8, 2, seed=3)
+    got = kernels.fused_moe(x.bfloat16(), w13.bfloat16(), w2.bfloat16(), weights, ids)
+    want = moe_definition(x.bfloat16().float(), w13.bfloat16().float(), w2.bfloat16().float(), weights, ids, "silu")
+    torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("tokens, experts, k", [(1, 4, 2), (9, 6, 3), (50, 16, 4)])
+def test_align_pairs_groups_every_pair_once_by_expert(kernels, tokens, experts, k):
+    ids = torch.randint(0, experts, (tokens, k), generator=torch.Generator().manual_seed(tokens))
+    rows, block_expert = kernels.align_pairs(ids, experts)
+    pairs = tokens * k
+    assert sorted(rows[rows < pairs].tolist()) == list(range(pairs))
+    for b, e in enumerate(block_expert.tolist()):
+        block = rows[b * kernels.BLOCK_M : (b + 1) * kernels.BLOCK_M]
+        used = block[block < pairs]
+        if e >= experts:
+            assert used.numel() == 0
+        else:
+            assert (ids.reshape(-1)[used] == e).all()
