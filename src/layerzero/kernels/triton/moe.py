@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting
+from layerzero.kernels.triton.launch import Launcher, await_inputs, dot_precision, interpreting
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -36,7 +36,7 @@ def _act(g, ACT: tl.constexpr):
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, h_ptr, pairs_ptr, block_expert_ptr, num_pairs, inner, hidden, num_experts,
                     K: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     """h[row] = act(x[token] @ gate_e.T) * (x[token] @ up_e.T) for a block of one expert's pair rows."""
     await_inputs(PDL)
     block = tl.program_id(0)
@@ -60,8 +60,8 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, pairs_ptr, block_expert_ptr, num_pairs,
                      mask=col_ok[None, :] & k_ok[:, None], other=0.0)
         wu = tl.load(w_expert + (inner + cols[None, :]).to(tl.int64) * hidden + ks[:, None],
                      mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-        gate += tl.dot(a, wg)
-        up += tl.dot(a, wu)
+        gate = tl.dot(a, wg, gate, input_precision=PRECISION)
+        up = tl.dot(a, wu, up, input_precision=PRECISION)
     h = _act(gate, ACT) * up
     tl.store(h_ptr + rows[:, None].to(tl.int64) * inner + cols[None, :], h.to(h_ptr.dtype.element_ty),
              mask=valid[:, None] & col_ok[None, :])
@@ -70,7 +70,7 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, pairs_ptr, block_expert_ptr, num_pairs,
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, block_expert_ptr, weights_ptr, num_pairs, inner, hidden,
                  num_experts, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PRECISION: tl.constexpr, PDL: tl.constexpr):
     """out[pair] = weight[pair] * (h[row] @ down_e.T) for a block of one expert's pair rows."""
     await_inputs(PDL)
     block = tl.program_id(0)
@@ -91,7 +91,7 @@ def _down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, block_expert_ptr, weights_ptr
                     other=0.0)
         w = tl.load(w_expert + cols[None, :].to(tl.int64) * inner + ks[:, None], mask=col_ok[None, :] & k_ok[:, None],
                     other=0.0)
-        acc += tl.dot(a, w)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
     weight = tl.load(weights_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
     out_rows = tl.where(valid, pair, 0).to(tl.int64)
     tl.store(out_ptr + out_rows[:, None] * hidden + cols[None, :], acc * weight[:, None],
@@ -140,8 +140,9 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     act = "silu" if activation == "silu" else "gelu_tanh"
     block_n = 64
     _GATE_UP((blocks, triton.cdiv(inner, block_n)), x, w13, h, row_pairs, block_expert, tokens * k, inner, hidden,
-             experts, K=k, ACT=act, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=4)
+             experts, K=k, ACT=act, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+             PRECISION=dot_precision(x.dtype), num_warps=4)
     _DOWN((blocks, triton.cdiv(hidden, block_n)), h, w2, out, row_pairs, block_expert,
           weights.reshape(-1).float().contiguous(), tokens * k, inner, hidden, experts, BLOCK_M=BLOCK_M,
-          BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=4)
+          BLOCK_N=block_n, BLOCK_K=BLOCK_K, PRECISION=dot_precision(x.dtype), num_warps=4)
     return out.view(tokens, k, hidden).sum(1).to(x.dtype)

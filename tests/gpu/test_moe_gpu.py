@@ -1,0 +1,65 @@
+"""Mixtures of experts on CUDA: triton.fused_moe compiled against the float64 definition (an expert with no token, every
+token on the same experts, bf16), and the tiny Qwen 3 MoE and Mixtral through the engine with decode and prefill graphs
+under INFER_STRICT_SYNC: greedy tokens equal the CPU runner's, logits equal transformers' in fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import layerzero as lz
+from checkpoints import save_tiny_with_tokenizer
+from infer import LLM, SamplingParams
+from infer.loader.model_loader import load_model
+from infer.models.forward_batch import ForwardBatch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _definition(x, w13, w2, weights, ids):
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for j in range(ids.shape[1]):
+        gate, up = torch.einsum("th,tnh->tn", x.double(), w13[ids[:, j]].double()).chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+        out += weights[:, j, None].double() * torch.einsum("ti,thi->th", h, w2[ids[:, j]].double())
+    return out
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_fused_moe_matches_the_definition(tokens, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, hidden, inner, k = 16, 256, 192, 4
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).to(dtype)
+    w13 = (torch.randn(experts, 2 * inner, hidden, device="cuda", generator=gen) * 0.05).to(dtype)
+    w2 = (torch.randn(experts, hidden, inner, device="cuda", generator=gen) * 0.05).to(dtype)
+    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+    logits[:, -3:] -= 100  # three experts receive nothing
+    if tokens == 300:
+        logits[:, 2] += 100  # every token picks expert 2
+    weights, ids = lz.moe_route(logits, k, renormalize=True)
+    assert lz.which("fused_moe", x, w13, w2, weights, ids)["kernel_id"] == "triton.fused_moe"
+    got = lz.fused_moe(x, w13, w2, weights, ids)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.double(), _definition(x, w13, w2, weights, ids), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_engine_with_graphs_equals_the_cpu_runner_and_transformers(family, tmp_path, monkeypatch):
+    path = save_tiny_with_tokenizer(family, tmp_path, seed=4)
+    prompts = [[5, 9, 33, 2], list(range(40, 77)), [7]]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    cpu = [o.token_ids for o in LLM(str(path), device="cpu", dtype="float32", max_seq_len=128).generate_ids(prompts, greedy)]
+    monkeypatch.setenv("INFER_STRICT_SYNC", "1")
+    llm = LLM(str(path), device="cuda", dtype="float32", max_seq_len=128, max_batch_size=8)
+    assert llm.runner.graph_stats.batch_sizes
+    assert [o.token_ids for o in llm.generate_ids(prompts, greedy)] == cpu
+    monkeypatch.delenv("INFER_STRICT_SYNC")
+    ours = load_model(path, torch.float32, "cuda").model
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    ids = torch.tensor(prompts[1], device="cuda")
+    with torch.no_grad():
+        got = ours.compute_logits(ours(ids, ForwardBatch.for_prompts([ids.numel()], "cuda")))
+        want = hf(ids[None]).logits[0].float()
+    assert (got - want).abs().max().item() <= 1e-3
