@@ -99,6 +99,7 @@ async def _collect(stream: RequestStream, prompt_ids: list[int]) -> tuple[Reques
         error = out.error or error
         if out.finished:
             result.finish_reason, result.cached_tokens = out.finish_reason, out.cached_tokens
+            result.embedding = out.embedding
     return result, error
 
 

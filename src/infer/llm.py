@@ -76,6 +76,7 @@ class LLM(OfflineLLM):
                     if out.finished:
                         result.finish_reason = out.finish_reason
                         result.cached_tokens = out.cached_tokens
+                        result.embedding = out.embedding
         if errors:
             raise RuntimeError(f"generation failed: {errors}")
         for request_id, result in results.items():

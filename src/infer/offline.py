@@ -7,6 +7,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from infer.engine.config import EngineConfig
+from infer.frontend.outputs import truncate_embedding
 from infer.frontend.served import Messages, ServedModel
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
@@ -23,6 +25,7 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens read from the prefix cache
     probes: dict[str, list[float | None]] = field(default_factory=dict)  # per probe: a score per token_ids entry
     prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: per prompt token
+    embedding: list[float] | None = None  # with SamplingParams.pooling: the prompt's normalized embedding
 
 
 class OfflineLLM(ABC):
@@ -31,6 +34,7 @@ class OfflineLLM(ABC):
 
     built: ServedModel
     tokenizer: Tokenizer
+    config: EngineConfig
 
     @abstractmethod
     def close(self) -> None:
@@ -66,6 +70,15 @@ class OfflineLLM(ABC):
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         return self.generate_ids([self.encode(p) for p in prompts], params or SamplingParams())  # type: ignore[union-attr]
+
+    def embed(self, prompts: Prompt | list[Prompt], dimensions: int | None = None) -> list[list[float]]:
+        """One L2-normalized embedding per prompt (text or token ids): the final hidden states pooled as the engine's
+        `pooling` says, cut to the first `dimensions` and normalized again when given."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = SamplingParams(max_tokens=0, pooling=self.config.pooling)
+        outputs = self.generate_ids([self.encode(p) for p in prompts], params)  # type: ignore[union-attr]
+        return [truncate_embedding(o.embedding or [], dimensions) for o in outputs]
 
     def chat(self, conversations: Messages | list[Messages], params: SamplingParams | None = None) -> list[RequestOutput]:
         """Generate a reply for one conversation or many, rendered through our chat template."""

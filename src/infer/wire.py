@@ -151,6 +151,7 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output, when asked
     probes: list[float | None] | None = None  # the token's score per asked probe (None: a reload removed it)
     prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, with probe_prompt
+    embedding: list[float] | None = None  # an embedding request's pooled, normalized final hidden state
 
     @property
     def finished(self) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infer.engine.policy import POLICIES
+from infer.sampling.params import POOLINGS
 from infer.families.chat_template import ChatTemplateError, load_template_file
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class EngineConfig:
     batching_mode: str = "continuous"  # static: admit a new batch only once the running one has finished
     scheduler_policy: str = "fcfs"  # which kind of step runs next: see infer/engine/policy.py
     fairness_steps: int = 4  # every decoding sequence gets a token at least once every N steps
+    pooling: str = "last"  # embeddings: the final hidden states' pooling, "last" (decoder embedders), "mean" or "cls"
     max_waiting_requests: int = 256  # the server answers 503 beyond this many queued requests
     use_chunked_prefill: bool | None = None  # None = on for continuous batching: prompts split over steps
     prefill_chunk_size: int = 512  # most prompt tokens of one request in one step
@@ -97,6 +99,7 @@ class EngineConfig:
         self._check("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, "must be >= 1 or None")
         self._check("kv_cache_memory_gb", self.kv_cache_memory_gb is None or self.kv_cache_memory_gb > 0, "must be > 0")
         self._check("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "must be in (0, 1]")
+        self._check("pooling", self.pooling in POOLINGS, f"must be one of {', '.join(POOLINGS)}")
         self._check("batching_mode", self.batching_mode in BATCHING_MODES, f"must be one of {', '.join(BATCHING_MODES)}")
         self._check(
             "scheduler_policy", self.scheduler_policy in SCHEDULER_POLICIES, f"must be one of {', '.join(SCHEDULER_POLICIES)}"

@@ -131,7 +131,8 @@ class EngineCore:
     def step_core(self) -> CoreStep:
         """One step, top to bottom: resolve the step in flight (unless this one may launch ahead of it), apply aborts,
         schedule, forward, the grammar masks, sample, then read the step before (the overlap: overlap.py)."""
-        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history, self.scheduler.proposer is not None)
+        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history or self.scheduler.wants_pooling,
+                                          self.scheduler.proposer is not None)
         outputs = [] if ahead else self._resolve()
         outputs += self.apply_aborts()
         batch = self.scheduler.schedule()
@@ -178,6 +179,8 @@ class EngineCore:
             self.outputs.collect_prompt_probes(batch.rows, result.probe_layout, result.prompt_probe_scores[first:])
         if result.prompt_logprobs:
             self.outputs.collect_prompt_logprobs(batch.rows, result.prompt_logprobs[first:])
+        if result.pooled is not None:
+            self.outputs.collect_pooled(batch.rows, result.pooled[first:])
         # a request ended while this step was in flight (stop found in the step before, abort) drops its token
         rows = [(first + i, row.request) for i, row in enumerate(batch.rows) if row.samples and not row.request.finished]
         d = batch.decode  # its rows are checked as arrays (process_decode); of them only a non-plain one has a grammar

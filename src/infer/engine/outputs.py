@@ -89,9 +89,12 @@ class OutputProcessor:
         params = request.sampling_params
         prompt_logprobs = request.prompt_logprobs if params.prompt_logprobs is not None and not request.outputs_sent \
             else None
-        if params.max_tokens == 0:  # prompt scoring only (echo with logprobs): nothing is generated
+        if params.max_tokens == 0:  # prompt scoring (echo with logprobs) or an embedding: nothing is generated
             self.scheduler.finish(request, "length")
-            return self.output(request, None, "length", prompt_logprobs=prompt_logprobs)
+            out = self.output(request, None, "length", prompt_logprobs=prompt_logprobs)
+            if params.pooling is not None:
+                out.embedding = _embedding(request)
+            return out
         request.append_output(token)
         probes, stopped = self._probe_scores(request, result, row)
         if request.grammar is not None and request.grammar.error is not None:
@@ -171,6 +174,16 @@ class OutputProcessor:
             request.prompt_probe_positions = row.start + len(chunk)
 
     @staticmethod
+    def collect_pooled(rows: list[ScheduledRow], chunks: list[np.ndarray | None]) -> None:
+        """Add what a step pooled of each embedding row's chunk to its request (a sum, for "mean")."""
+        for row, pooled in zip(rows, chunks):
+            request = row.request
+            if pooled is None or request.finished:
+                continue
+            request.pooled = pooled if request.pooled is None or row.pooling != "mean" else request.pooled + pooled
+            request.pooled_positions = row.start + row.num_new
+
+    @staticmethod
     def collect_prompt_logprobs(rows: list[ScheduledRow], chunks: list[list[TokenLogprob] | None]) -> None:
         """Keep the prompt logprobs a step computed for `rows`: a row's values are those of the prompt tokens at
         positions start + 1, start + 2, ...; positions a recomputation repeats are skipped."""
@@ -234,3 +247,15 @@ class OutputProcessor:
 
 
 _ENDS = (None, "stop", "length")  # process_decode's end codes: none, EOS, a length limit
+
+
+def _embedding(request: Request) -> list[float]:
+    """The request's pooled hidden state (a mean for "mean"), L2-normalized."""
+    mean = request.sampling_params.pooling == "mean"
+    if request.pooled is None or (mean and request.pooled_positions < len(request.prompt_token_ids)):
+        raise RuntimeError(f"{request.request_id!r}: pooled {request.pooled_positions} of "
+                           f"{len(request.prompt_token_ids)} prompt positions")
+    vector = request.pooled.astype(np.float64)
+    if mean:
+        vector = vector / len(request.prompt_token_ids)
+    return (vector / max(float(np.linalg.norm(vector)), 1e-12)).astype(np.float32).tolist()

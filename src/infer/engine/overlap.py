@@ -27,8 +27,9 @@ class InFlight:
     @staticmethod
     def may_launch_ahead(aborts_queued: bool, needs_history: bool, speculating: bool) -> bool:
         """Whether the next step may launch before the in-flight one is read: not with an abort to apply
-        first, nor while a running request's repetition penalty needs every one of its tokens on the host,
-        nor with speculation (drafts are looked up in every known token, and rejected ones are rolled back)."""
+        first, nor while a running request's repetition penalty needs every one of its tokens on the host (or an
+        embedding request its pooled positions), nor with speculation (drafts are looked up in every known token,
+        and rejected ones are rolled back)."""
         return not aborts_queued and not needs_history and not speculating
 
     def prev_rows(self, batch: ScheduledBatch) -> list[int] | None:

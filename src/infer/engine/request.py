@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 
@@ -50,6 +52,9 @@ class Request:
     num_drafted: int = 0  # speculation: draft tokens verified for this request
     num_accepted: int = 0  # of which accepted
     num_drafter_tokens: int = 0  # draft model: leading positions whose KV the drafter holds (runners/drafter.py)
+    # with pooling: the prompt positions pooled so far and their pooled hidden state (a sum for "mean")
+    pooled_positions: int = 0
+    pooled: np.ndarray | None = None
     token_ids: list[int] = field(init=False)  # prompt and output ids known on the host (pending ones excluded)
 
     def __post_init__(self) -> None:
@@ -85,6 +90,11 @@ class Request:
     def needs_prompt_probes(self) -> bool:
         """It asked for prompt scores and some prompt positions have none yet (so none may come from the prefix cache)."""
         return self.sampling_params.probe_prompt and self.prompt_probe_positions < len(self.prompt_token_ids)
+
+    @property
+    def pools_every_position(self) -> bool:
+        """Its embedding pools positions before the last (mean, cls), so none may come from the prefix cache."""
+        return self.sampling_params.pooling in ("mean", "cls")
 
     @property
     def num_scheduled_tokens(self) -> int:

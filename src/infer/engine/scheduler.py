@@ -38,6 +38,7 @@ class ScheduledRow(NamedTuple):  # a tuple: built for every request in every ste
     samples: bool  # the row reaches the request's last known token: its sampled token is kept
     prompt_logprobs: int | None = None  # top-k for the logprobs of the prompt tokens after each of its positions
     drafts: tuple[int, ...] = ()  # speculation: proposed tokens after the last known one, its last num_new - 1 inputs
+    pooling: str | None = None  # an embedding request's pooling: its chunks' final hidden states are read back
 
 
 @dataclass
@@ -57,7 +58,8 @@ class ScheduledBatch:
         self.requests = decoding + [row.request for row in self.rows]
         self.has_drafts = any(row.drafts for row in self.rows)
         # a one-token prompt chunk that asks for prompt logprobs needs the prefill path's hidden states
-        self.is_decode = all(row.num_new == 1 + len(row.drafts) and row.prompt_logprobs is None for row in self.rows)
+        self.is_decode = all(row.num_new == 1 + len(row.drafts) and row.prompt_logprobs is None and row.pooling is None
+                             for row in self.rows)
 
     @property
     def num_decode(self) -> int:
@@ -98,6 +100,7 @@ class Scheduler:
         self._with_history = 0  # running requests whose sampling needs all their tokens (repetition penalty)
         self._with_logprobs = 0  # running requests that ask for logprobs
         self._with_probes = 0  # running requests whose outputs carry probe scores (or stop on one)
+        self._with_pooling = 0  # running embedding requests
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -117,6 +120,12 @@ class Scheduler:
     @property
     def wants_probes(self) -> bool:
         return self._with_probes > 0
+
+    @property
+    def wants_pooling(self) -> bool:
+        """Some running request embeds its prompt: its chunks' hidden states come back, each step read before the
+        next is built (a recomputed chunk then knows which positions are already pooled)."""
+        return self._with_pooling > 0
 
     def schedule(self) -> ScheduledBatch | None:
         """Pick the next step's rows, or None when there is nothing to run."""
@@ -309,7 +318,7 @@ class Scheduler:
         if request.pending_tokens:  # preempted with a token still on the device: admit once it is read
             return None
         # a full hit still computes the last token (its logits); prompt logprobs and probes need every position computed
-        lookup = not request.needs_prompt_logprobs and not request.needs_prompt_probes
+        lookup = not request.needs_prompt_logprobs and not request.needs_prompt_probes and not request.pools_every_position
         cached = self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1) if lookup else 0
         if self._caching and lookup and self._prefix_in_progress(request, cached):
             self.kv.free(request.request_id)
@@ -366,7 +375,7 @@ class Scheduler:
             self.kv.block_table(request.request_id),
             samples=start + num_new - len(drafts) == request.num_scheduled_tokens,
             prompt_logprobs=request.sampling_params.prompt_logprobs if request.needs_prompt_logprobs else None,
-            drafts=drafts,
+            drafts=drafts, pooling=request.sampling_params.pooling,
         )
 
     def _join(self, request: Request) -> None:
@@ -378,6 +387,7 @@ class Scheduler:
         self._with_history += params.needs_history
         self._with_logprobs += params.logprobs is not None
         self._with_probes += bool(request.probe_names) or params.probe_stop is not None
+        self._with_pooling += params.pooling is not None
 
     def _leave(self, request: Request) -> None:
         self.running.remove(request)
@@ -390,6 +400,7 @@ class Scheduler:
         self._with_history -= params.needs_history
         self._with_logprobs -= params.logprobs is not None
         self._with_probes -= bool(request.probe_names) or params.probe_stop is not None
+        self._with_pooling -= params.pooling is not None
 
     def _preempt(self, request: Request) -> None:
         """Recompute later: free the blocks, keep the tokens, go back to the front of the queue."""

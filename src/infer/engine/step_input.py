@@ -71,6 +71,8 @@ def _add_rows(step: StepInput, batch: ScheduledBatch, probes: bool, drafter: boo
             step.prompt_next = [-1] * n + [_prompt_next(r) for r in rows]
         if probes:
             step.probe_prompt = [0] * n + [_prompt_rows(r) for r in rows]
+        if any(r.pooling for r in rows):
+            step.pool = [None] * n + [_pool(r) for r in rows]
     samples = [r.samples for r in rows]  # a chunk short of its prompt's end samples a token nobody keeps
     step.samples = None if all(samples) else [True] * n + samples
     step.token_ids = step.token_ids + token_ids
@@ -102,6 +104,20 @@ def _prompt_next(row: ScheduledRow) -> int:
     """The prompt token after a row's chunk, the target of its last position's prompt logprob; -1 at the prompt's end."""
     end, prompt = row.start + row.num_new, row.request.prompt_token_ids
     return prompt[end] if row.prompt_logprobs is not None and end < len(prompt) else -1
+
+
+def _pool(row: ScheduledRow) -> tuple[str, int] | None:
+    """What of the row's chunk its embedding pools: (kind, the first chunk row not pooled yet), None for nothing
+    (a "last" pooling's chunks before the prompt's end, a "cls" pooling's after its start)."""
+    if row.pooling is None:
+        return None
+    request, end = row.request, row.start + row.num_new
+    skip = max(0, request.pooled_positions - row.start)
+    if skip >= row.num_new or (row.pooling == "last" and end < len(request.prompt_token_ids)):
+        return None
+    if row.pooling == "cls" and row.start + skip > 0:
+        return None
+    return row.pooling, skip
 
 
 def _prompt_rows(row: ScheduledRow) -> int:

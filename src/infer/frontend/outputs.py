@@ -3,6 +3,7 @@ core's `CoreOutput` by the text processor (text.py), in the API server and besid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -59,7 +60,20 @@ class StepOutput:
     client_error: bool = False  # the error comes from the request itself (a constraint the tokenizer cannot meet)
     probes: ProbeScores | None = None  # the token's score per asked probe
     prompt_probes: dict[str, list[float | None]] | None = None  # on the first output, when asked: per prompt token
+    embedding: list[float] | None = None  # an embedding request's, on its final output
 
     def probe_dict(self) -> dict[str, float | None] | None:
         """The token's score per asked probe (None for one a reload removed) as a dict, or None without probes."""
         return None if self.probes is None else dict(zip(self.probes.index, self.probes.row))
+
+
+def truncate_embedding(vector: list[float], dimensions: int | None) -> list[float]:
+    """An embedding cut to its first `dimensions` values and L2-normalized again (OpenAI's `dimensions`); ValueError
+    naming the field when it asks for more than the model has."""
+    if dimensions is None:
+        return vector
+    if not 0 < dimensions <= len(vector):
+        raise ValueError(f"dimensions must be between 1 and the model's {len(vector)}, got {dimensions}")
+    head = vector[:dimensions]
+    norm = math.sqrt(sum(v * v for v in head)) or 1.0
+    return [v / norm for v in head]

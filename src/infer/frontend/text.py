@@ -107,7 +107,8 @@ class TextProcessor:
         probes = None if out.probes is None else ProbeScores(state.probe_index, out.probes)
         return StepOutput(out.request_id, out.token_id, delta, reason is not None, reason, out.error,
                           out.prompt_tokens, out.completion_tokens, out.logprob, out.prompt_logprobs,
-                          out.queue_seconds, out.cached_tokens, out.client_error, probes, out.prompt_probes)
+                          out.queue_seconds, out.cached_tokens, out.client_error, probes, out.prompt_probes,
+                          out.embedding)
 
     def _advance(self, state: TextState, request_id: str, token: int | None, reason: str | None
                  ) -> tuple[str, str | None]:

@@ -49,6 +49,8 @@ class StepInput:
     # draft model: per sequence with drafts, the tokens its drafter has no KV for, ending with its input token (the
     # drafts above are then placeholders the drafter overwrites on the device); None with n-gram drafts
     drafter_tokens: list[list[int]] | None = None
+    # per sequence (prefill): an embedding's pooling of this chunk, (kind, the first row to pool), or None
+    pool: list[tuple[str, int] | None] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -79,3 +81,6 @@ class StepResult:
     probe_scores: np.ndarray | None = None  # [num_seqs, columns]: the scores of the row each token was sampled at
     prompt_probe_scores: list[np.ndarray] | None = None  # per sequence: [probe_prompt[i], columns]
     extra_tokens: list[list[int]] | None = None  # speculation: per sequence, the tokens emitted after token_ids[i]
+    # per sequence that pools (StepInput.pool): its chunk's pooled final hidden state, float32 [hidden] ("mean": the
+    # sum of the pooled rows)
+    pooled: list[np.ndarray | None] | None = None

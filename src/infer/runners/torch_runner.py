@@ -53,6 +53,7 @@ class LaunchedStep:
     probe_layout: ProbeLayout | None = None  # set when probe scores were read back with the ids
     probe_prompt: list[int] | None = None  # per sequence: prompt score rows following the num_seqs sampled ones
     verify_width: int | None = None  # speculation: K + 1 (the readback holds packed tokens and counts)
+    pooled: tuple[list[int], torch.Tensor] | None = None  # (sequences, their pooled rows [n, hidden] float32)
 
     def result(self) -> StepResult:
         token_ids = self.readback.read()
@@ -71,6 +72,11 @@ class LaunchedStep:
             out.logprobs = by_sequence(self.num_seqs, rows, tensors.to_host())
         if self.prompt_logprobs is not None:
             out.prompt_logprobs = [None if t is None else t.to_host() for t in self.prompt_logprobs]
+        if self.pooled is not None:
+            rows, values = self.pooled
+            out.pooled = [None] * self.num_seqs
+            for i, row in zip(rows, values.cpu().numpy()):
+                out.pooled[i] = row
         return out
 
 
@@ -201,6 +207,7 @@ class TorchRunner:
             launched.logprobs = self._sampled_logprobs(step, first, token_ids) if first is not None else None
             if fwd.hidden is not None and fwd.batch is not None and fwd.ids is not None:
                 launched.prompt_logprobs = self._prompt_logprobs(step, fwd.batch, fwd.hidden, fwd.ids)
+                launched.pooled = pooled_rows(step, fwd.batch.cu_seqlens_q_host, fwd.hidden)
         return launched
 
     def _draw(self, step: StepInput, fwd: Forward, tensors: SamplingTensors, bitmask: torch.Tensor | None,
@@ -404,3 +411,22 @@ class TorchRunner:
                 logits = self.model.compute_logits(hidden[start : start + len(targets)])
                 out[i] = logprob_tensors(logits, targets, [step.prompt_logprobs[i]] * len(targets))
         return out
+
+
+def pooled_rows(step: StepInput, cu: list[int], hidden: torch.Tensor) -> tuple[list[int], torch.Tensor] | None:
+    """Each embedding row's pooling of its chunk (StepInput.pool) from the final hidden states [T, hidden]: the last
+    row ("last"), the first ("cls") or the sum of the rows not pooled yet ("mean"), float32 [n, hidden]."""
+    if step.pool is None:
+        return None
+    rows, values = [], []
+    for i, pool in enumerate(step.pool):
+        if pool is None:
+            continue
+        kind, skip = pool
+        start, end = cu[i], cu[i + 1]
+        if kind == "mean":
+            values.append(hidden[start + skip : end].float().sum(dim=0))
+        else:
+            values.append(hidden[end - 1 if kind == "last" else start].float())
+        rows.append(i)
+    return (rows, torch.stack(values)) if rows else None

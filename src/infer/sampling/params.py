@@ -38,6 +38,8 @@ class ProbeStop:
         return (self.above is not None and score > self.above) or (self.below is not None and score < self.below)
 
 
+POOLINGS = ("last", "mean", "cls")  # how an embedding request pools the prompt's final hidden states
+
 @dataclass
 class SamplingParams:
     """How one request picks tokens; invalid values raise ValueError naming the field."""
@@ -66,6 +68,9 @@ class SamplingParams:
     # Output text (vLLM's): special tokens left out of the text, and a stop string kept at its end
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Embedding instead of generating (max_tokens must be 0): the prompt's final hidden states pooled ("last": the
+    # last token's, "mean": all positions', "cls": the first's) and L2-normalized, returned on the final output
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)
@@ -98,6 +103,10 @@ class SamplingParams:
         for name in ("skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if self.pooling is not None and self.max_tokens != 0:
+            raise ValueError(f"pooling embeds the prompt and generates nothing: max_tokens must be 0, got {self.max_tokens}")
         if self.structured is not None and not isinstance(self.structured, Constraint):
             raise ValueError(f"structured must be an infer.structured.Constraint, got {type(self.structured).__name__}")
 

@@ -44,6 +44,7 @@ class MlxLaunchedStep:
     num_seqs: int
     logprobs: tuple[list[int], MxLogprobs] | None = None
     prompt_logprobs: list[MxLogprobs | None] | None = None
+    pooled: tuple[list[int], mx.array] | None = None  # (sequences, their pooled rows [n, hidden] float32)
 
     def result(self) -> StepResult:
         with phase(Phase.READBACK):
@@ -53,6 +54,11 @@ class MlxLaunchedStep:
                 out.logprobs = by_sequence(self.num_seqs, rows, lp.to_host())
             if self.prompt_logprobs is not None:
                 out.prompt_logprobs = [None if p is None else p.to_host() for p in self.prompt_logprobs]
+            if self.pooled is not None:
+                rows, values = self.pooled
+                out.pooled = [None] * self.num_seqs
+                for i, row in zip(rows, np.array(values)):
+                    out.pooled[i] = row
         return out
 
 
@@ -123,7 +129,7 @@ class MlxRunner:
             self.sampling_slots.record(slots, tokens, step.samples)
             self.last_tokens = tokens
             launched = MlxLaunchedStep(tokens, step.num_seqs, self._sampled_logprobs(step, logits, tokens),
-                                       self._prompt_logprobs(step, layout, hidden, ids))
+                                       self._prompt_logprobs(step, layout, hidden, ids), _pooled(step, layout, hidden))
         with phase(Phase.SUBMIT):
             mx.async_eval(self._outputs(launched))
         return launched
@@ -131,6 +137,7 @@ class MlxRunner:
     def _outputs(self, launched: MlxLaunchedStep) -> list[mx.array]:
         """Everything the step computes or updates: its read-outs, the cache and the sampling state."""
         out = [launched.token_ids, *(a for pair in self.kv_caches for a in pair)]
+        out += [launched.pooled[1]] if launched.pooled is not None else []
         for lp in ([launched.logprobs[1]] if launched.logprobs else []) + [p for p in launched.prompt_logprobs or [] if p]:
             out += [lp.chosen, lp.top_values, lp.top_ids]
         out += [a for a in (self.sampling_slots.offset, self.sampling_slots.counts) if a is not None]
@@ -182,6 +189,23 @@ class MlxRunner:
             if k is not None and targets.size:
                 out[i] = logprobs(self.model.logits(hidden[start : start + targets.size]), targets, [k] * targets.size)
         return out
+
+
+def _pooled(step: StepInput, layout: StepLayout, hidden: mx.array) -> tuple[list[int], mx.array] | None:
+    """The torch runner's `pooled_rows` in MLX: each embedding row's last, first or summed chunk rows, float32."""
+    if step.pool is None:
+        return None
+    starts = [0, *(r + 1 for r in layout.last_rows)]
+    rows, values = [], []
+    for i, pool in enumerate(step.pool):
+        if pool is not None:
+            kind, skip = pool
+            start, end = starts[i], starts[i + 1]
+            rows.append(i)
+            chunk = hidden[start + skip : end] if kind == "mean" else hidden[end - 1 : end] if kind == "last" \
+                else hidden[start : start + 1]
+            values.append(mx.sum(chunk.astype(mx.float32), axis=0))
+    return (rows, mx.stack(values)) if rows else None
 
 
 def apply_token_bitmask(logits: mx.array, bitmask: torch.Tensor) -> mx.array:
