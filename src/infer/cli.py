@@ -176,6 +176,7 @@ def _add_access_flags(g: argparse._ArgumentGroup) -> None:
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     from infer.engine.config import BATCHING_MODES, KV_BACKENDS, LOAD_FORMATS, SCHEDULER_POLICIES, EngineConfig
+    from infer.sampling.params import POOLINGS
 
     d = EngineConfig()
     g = p.add_argument_group("engine")
@@ -198,6 +199,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fairness-steps", type=int, default=d.fairness_steps, metavar="N",
                    help="every decoding request gets a token at least once every N steps")
     g.add_argument("--kv-cache-backend", default=d.kv_cache_backend, choices=KV_BACKENDS, help="KV cache layout")
+    g.add_argument("--pooling", default=d.pooling, choices=POOLINGS,
+                   help="embeddings (/v1/embeddings, LLM.embed): pool the final hidden states of the last token "
+                        "(decoder embedders such as Qwen3-Embedding), their mean, or the first token's")
     g.add_argument("--block-size", type=int, default=d.block_size, metavar="N", help="tokens per KV block (paged)")
     g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
                    help="KV blocks to allocate (default: as many as --kv-cache-memory-gb holds)")
@@ -322,7 +326,7 @@ DISTRIBUTED_FLAGS = ("tensor_parallel_size", "data_parallel_size", "load_balance
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
                 "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes",
-                "structured_compile_timeout_s", "runner", "chat_template", "generation_config", *PREFILL_FLAGS,
+                "structured_compile_timeout_s", "runner", "chat_template", "generation_config", "pooling", *PREFILL_FLAGS,
                 *SPECULATIVE_FLAGS, *DISTRIBUTED_FLAGS)
 
 

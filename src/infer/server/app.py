@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from infer.server import chat, completions, openapi, probes, prometheus, responses_api, tokenizer_routes
+from infer.server import chat, completions, embeddings, openapi, probes, prometheus, responses_api, tokenizer_routes
 from infer.server.access_middleware import install_access
 from infer.server.body_guard import BodyGuardMiddleware
 from infer.server.errors import (
@@ -41,7 +41,7 @@ def create_app(state: ServerState) -> FastAPI:
                        body_timeout_s=state.limits.body_timeout_s,
                        body_deadline_s=state.limits.body_deadline_s)  # before anything reads the body
     install_access(app, state.limits.access)  # outermost: who may call is known before the body is read
-    for module in (completions, chat, responses_api, tokenizer_routes, prometheus, probes):
+    for module in (completions, chat, responses_api, embeddings, tokenizer_routes, prometheus, probes):
         app.include_router(module.router)
 
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})

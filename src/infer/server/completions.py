@@ -22,15 +22,17 @@ router = APIRouter()
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
-async def prompt_ids(state: ServerState, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
-    """Every prompt as token ids (each id checked against the vocabulary), plus its text when it came as text."""
+async def prompt_ids(state: ServerState, prompt: str | list, field: str = "prompt"
+                     ) -> tuple[list[list[int]], list[str | None]]:
+    """Every prompt as token ids (each id checked against the vocabulary), plus its text when it came as text;
+    errors name `field` (and the prompt's index)."""
     if isinstance(prompt, str):
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):
         prompt = [prompt]
     if not prompt:
-        raise APIError(422, "prompt must not be empty", "prompt")
-    params = ["prompt" if len(prompt) == 1 else f"prompt.{i}" for i in range(len(prompt))]
+        raise APIError(422, f"{field} must not be empty", field)
+    params = [field if len(prompt) == 1 else f"{field}.{i}" for i in range(len(prompt))]
     texts = [(p, param) for p, param in zip(prompt, params) if isinstance(p, str)]
     # the batch's text is tokenized in one go, on a worker thread once it is large in all (not prompt by prompt)
     encoded = iter(await state.encode_many_async(texts))

@@ -47,6 +47,7 @@ class Choice:
     cached_tokens: int = 0
     probe_rows: list[ProbeScores] = field(default_factory=list)  # a token's scores per entry of token_ids
     prompt_probes: dict[str, list[float | None]] | None = None
+    embedding: list[float] | None = None  # an embedding request's
 
     @property
     def probes(self) -> dict[str, list[float | None]]:
@@ -65,6 +66,8 @@ class Choice:
             self.probe_rows.append(out.probes)
         if out.prompt_probes is not None:
             self.prompt_probes = out.prompt_probes
+        if out.embedding is not None:
+            self.embedding = out.embedding
         self.finish_reason = out.finish_reason or self.finish_reason
         self.error = out.error or self.error
         self.client_error = self.client_error or out.client_error

@@ -233,3 +233,14 @@ class TokenizeRequest(_Body):
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[StrictInt]
+
+
+class EmbeddingRequest(_Body):
+    """OpenAI's embeddings request; `user` is accepted and ignored."""
+
+    model: str | None = None
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
+        description="a string, a list of strings, a list of token ids, or a list of token-id lists")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="keep the first N values, normalized again")
+    user: str | None = None
