@@ -48,7 +48,7 @@ from probe_overhead import probe_file
 
 class Clock:
     """Wraps `cls.name` to add up the time spent in it: Readback.read, blocked on the device;
-    TextProcessor.process_step, the text side; TorchRunner.launch, queueing a step's device work (CudaGraphs.replay,
+    TextProcessor.process_step, the text side; TorchRunner.forward and .sample, queueing a step's device work (CudaGraphs.replay,
     launching its graph, part of it)."""
 
     def __init__(self, cls: type, name: str) -> None:
@@ -115,7 +115,8 @@ def main() -> None:
     forward_before = device_ms(llm, args.batch)
     first = [r.num_tokens for r in requests]
     with Clock(Readback, "read") as wait, Clock(TextProcessor, "process_step") as text, \
-            Clock(TorchRunner, "launch") as launch, Clock(CudaGraphs, "replay") as replay:
+            Clock(TorchRunner, "forward") as forward, Clock(TorchRunner, "sample") as sample, \
+            Clock(CudaGraphs, "replay") as replay:
         started = lap = time.perf_counter()
         laps = []
         for _ in range(args.steps):
@@ -126,7 +127,7 @@ def main() -> None:
         seconds = time.perf_counter() - started
     p50, p90, p99 = (1e3 * float(np.percentile(laps, q)) for q in (50, 90, 99))
     step_ms, wait_ms, text_ms, launch_ms, replay_ms = (1e3 * s / args.steps for s in (
-        seconds, wait.seconds, text.seconds, launch.seconds, replay.seconds))
+        seconds, wait.seconds, text.seconds, forward.seconds + sample.seconds, replay.seconds))
     contexts = [(a + r.num_tokens) // 2 for a, r in zip(first, requests)]  # a sequence's mean over the timed steps
     step_bytes = ms.weight_bytes(cfg) + sum(ms.kv_read_bytes(cfg, c) for c in contexts)
     bound_ms = 1e3 * step_bytes / copy_bandwidth()
@@ -136,7 +137,8 @@ def main() -> None:
               "host_ms": step_ms - wait_ms, "wait_ms": wait_ms, "text_ms": text_ms, "launch_ms": launch_ms,
               "graph_replay_ms": replay_ms,
               "longest_ms": {c: 1e3 * clock.longest for c, clock in
-                             (("read", wait), ("text", text), ("launch", launch), ("replay", replay))},
+                             (("read", wait), ("text", text), ("forward", forward), ("sample", sample),
+                              ("replay", replay))},
               "step_p50_p90_p99_ms": [p50, p90, p99], "device_forward_ms": forward_ms,
               "memory_bound_ms": bound_ms, "fraction_of_bound": bound_ms / step_ms,
               "mean_context": statistics.mean(contexts), "tok_s": args.batch / seconds * args.steps,

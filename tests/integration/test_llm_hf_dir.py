@@ -96,7 +96,7 @@ def test_closing_a_stream_early_frees_its_blocks(tiny_llm):
 def test_a_failing_step_fails_its_batch_and_the_engine_keeps_serving(tiny_llm, monkeypatch):
     engine = tiny_llm.engine
     request = engine.add_request([5, 6, 7], GREEDY8)
-    monkeypatch.setattr(tiny_llm.runner, "launch", lambda step: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(tiny_llm.runner, "forward", lambda step: (_ for _ in ()).throw(RuntimeError("boom")))
     (out,) = engine.step()
     assert out.finished and out.finish_reason == "error" and "boom" in out.error
     assert request.state.value == "failed" and engine.kv.audit_blocks() == {}
