@@ -131,8 +131,8 @@ class EngineCore:
     def step_core(self) -> CoreStep:
         """One step, top to bottom: resolve the step in flight (unless this one may launch ahead of it), apply aborts,
         schedule, forward, the grammar masks, sample, then read the step before (the overlap: overlap.py)."""
-        ahead = InFlight.may_launch_ahead(bool(self._aborts), self.scheduler.needs_history or self.scheduler.wants_pooling,
-                                          self.scheduler.proposer is not None)
+        s = self.scheduler
+        ahead = InFlight.may_launch_ahead(bool(self._aborts), s.needs_history, s.wants_pooling, s.proposer is not None)
         outputs = [] if ahead else self._resolve()
         outputs += self.apply_aborts()
         batch = self.scheduler.schedule()

@@ -25,12 +25,13 @@ class InFlight:
         self.step: tuple[ScheduledBatch, LaunchedStep] | None = None
 
     @staticmethod
-    def may_launch_ahead(aborts_queued: bool, needs_history: bool, speculating: bool) -> bool:
+    def may_launch_ahead(aborts_queued: bool, needs_history: bool, pooling: bool, speculating: bool) -> bool:
         """Whether the next step may launch before the in-flight one is read: not with an abort to apply
-        first, nor while a running request's repetition penalty needs every one of its tokens on the host (or an
-        embedding request its pooled positions), nor with speculation (drafts are looked up in every known token,
-        and rejected ones are rolled back)."""
-        return not aborts_queued and not needs_history and not speculating
+        first, nor while a running request's repetition penalty needs every one of its tokens on the host, nor
+        while an embedding request runs (a chunk recomputed after a preemption must know which positions are
+        pooled), nor with speculation (drafts are looked up in every known token, and rejected ones are rolled
+        back)."""
+        return not aborts_queued and not needs_history and not pooling and not speculating
 
     def prev_rows(self, batch: ScheduledBatch) -> list[int] | None:
         """Per row of `batch`: the in-flight row whose sampled token is this row's last input, or -1."""
