@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import struct
 import sys
 import traceback
 from collections.abc import Callable
@@ -49,7 +51,8 @@ def main() -> None:
     def _() -> str:
         first = client.responses.create(model=model, input="My name is Ada.", temperature=0, max_output_tokens=16)
         events = [e.type for e in client.responses.create(model=model, input="Hi", max_output_tokens=8, stream=True)]
-        assert events[0] == "response.created" and events[-1] == "response.completed", events
+        # 8 tokens may end the answer early: OpenAI then ends the stream with response.incomplete
+        assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete"), events
         second = client.responses.create(model=model, input="What is my name?", previous_response_id=first.id,
                                          max_output_tokens=16, temperature=0)
         return f"{first.output_text!r} / {len(events)} events / {second.output_text!r}"
@@ -68,8 +71,9 @@ def main() -> None:
     @check("embeddings: floats and base64")
     def _() -> str:
         floats = client.embeddings.create(model=model, input=["a cat", "a dog"])
-        packed = client.embeddings.create(model=model, input="a cat", encoding_format="base64")
-        assert len(floats.data) == 2 and len(packed.data[0].embedding) == len(floats.data[0].embedding)
+        packed = client.embeddings.create(model=model, input="a cat", encoding_format="base64")  # left encoded when asked
+        values = struct.unpack(f"<{len(floats.data[0].embedding)}f", base64.b64decode(packed.data[0].embedding))
+        assert len(floats.data) == 2 and max(abs(a - b) for a, b in zip(values, floats.data[0].embedding)) < 1e-6
         return f"{len(floats.data[0].embedding)} dims, usage {floats.usage.prompt_tokens} tokens"
 
     @check("store: false and metadata are accepted")
