@@ -41,7 +41,11 @@ def _run(llm: LLM, params: SamplingParams) -> list[tuple[list[int], list[float],
     return out
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3", "qwen3_moe", "mixtral"])
+# the CPU's MoE layer reads its routing on the host (reference.fused_moe), so its decode steps are not recorded
+MOE = ("qwen3_moe", "mixtral")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3", *MOE])
 def family_runs(request, tmp_path_factory):
     """(TP=1 results, {graphs: TP=2 results}) for one family (gemma3 replicates its single KV head; the MoE families
     shard every expert's intermediate dimension)."""
@@ -52,7 +56,7 @@ def family_runs(request, tmp_path_factory):
     for graphs in (None, False):  # None: the CPU's recorded decode graphs (the default); False: eager
         with LLM(str(path), tensor_parallel_size=2, use_cuda_graphs=graphs) as two:
             sharded[graphs] = [_run(two, GREEDY), _run(two, SEEDED)]
-            if graphs is None:
+            if graphs is None and request.param not in MOE:
                 assert two.runner.graph_stats.batch_sizes, "no decode graph was recorded"
                 assert not two.runner.graphs.eager
     return reference, sharded
