@@ -24,7 +24,7 @@ class SparseMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, moe: MoE) -> None:
         super().__init__()
         experts, inner, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        self.names, self.inner = moe, inner
+        self.projections, self.inner = moe.projections, inner  # the checkpoint's gate, up, down names
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.activation = ACTIVATIONS[cfg.hidden_act]
         self.router = empty_param(experts, hidden)
@@ -37,7 +37,7 @@ class SparseMLP(nn.Module):
 
     def weight_map(self) -> WeightMap:
         """The checkpoint's names under the layer's MLP prefix -> the router and each expert's slices."""
-        gate, up, down = self.names.projections
+        gate, up, down = self.projections
         out = {"gate.weight": WeightSlot("router")}
         for e in range(self.router.shape[0]):
             out |= {f"experts.{e}.{gate}.weight": WeightSlot("w13", 0, self.inner, index=e),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -14,7 +15,7 @@ from infer.sampling.params import SamplingParams
 from infer.server.completions import prompt_ids
 from infer.server.errors import APIError
 from infer.server.generation import Generation, Job, client_gone
-from infer.server.openapi import GENERATION_RESPONSES
+from infer.server.openapi import ERROR_RESPONSES
 from infer.server.protocol import EmbeddingRequest
 from infer.server.state import ServerState
 
@@ -22,12 +23,13 @@ router = APIRouter()
 
 
 def _encoded(vector: list[float], encoding: str) -> list[float] | str:
+    """The vector as OpenAI sends it: a list of floats, or base64 of its little-endian float32 bytes."""
     if encoding == "float":
         return vector
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
-@router.post("/v1/embeddings", responses=GENERATION_RESPONSES)
+@router.post("/v1/embeddings", responses=ERROR_RESPONSES)
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
     state: ServerState = request.app.state.infer
     state.check_model(body.model)

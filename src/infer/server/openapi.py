@@ -50,7 +50,7 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
 }
 MODEL_BODIES = ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest", "TokenizeRequest",
-                "DetokenizeRequest")
+                "DetokenizeRequest", "EmbeddingRequest")
 
 
 def install(app: FastAPI, model_name: str, max_seq_len: int, vocab_size: int) -> None:
