@@ -4,6 +4,8 @@ and greedy tokens, including a batch where experts receive no token and one wher
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -97,3 +99,25 @@ def test_gguf_as_llama_cpp_writes_it_equals_transformers(family, tmp_path):
     assert ours.config.model_type == family and all(isinstance(b.mlp, SparseMLP) for b in ours.blocks)
     diff, largest = _compare(ours, hf, _prompts(ours.config.vocab_size, seed=4))
     assert largest > 1.0 and diff <= FP32_ATOL, diff
+
+
+def test_speculation_prefix_caching_and_structured_output_on_moe(tmp_path):
+    """The engine's features on a sparse model: n-gram speculation and prefix caching give the plain greedy tokens,
+    and an output grammar holds."""
+    from infer.structured import Constraint
+
+    path = str(save_tiny_with_tokenizer("qwen3_moe", tmp_path, seed=6))
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    repeating = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [9, 10, 9, 10, 9, 10], [3, 4, 5]]
+    plain = LLM(path, dtype="float32", max_seq_len=128, use_prefix_caching=False)
+    want = [o.token_ids for o in plain.generate_ids(repeating, greedy)]
+    speculative = LLM(path, dtype="float32", max_seq_len=128, speculative_method="ngram", num_speculative_tokens=3,
+                      prompt_lookup_max=3)
+    assert [o.token_ids for o in speculative.generate_ids(repeating, greedy)] == want
+    cached = LLM(path, dtype="float32", max_seq_len=128, block_size=4)
+    first = [o.token_ids for o in cached.generate_ids(repeating, greedy)]
+    again = cached.generate_ids(repeating, greedy)
+    assert first == [o.token_ids for o in again] == want and again[0].cached_tokens > 0
+    out = plain.generate("The cat", SamplingParams(temperature=1.0, seed=1, max_tokens=12,
+                                                   structured=Constraint("regex", r"[0-9]{3}-[a-z]{2}")))[0]
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", out.text)

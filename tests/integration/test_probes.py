@@ -26,7 +26,7 @@ SPECS = [Spec("lin", 0), Spec("sig", 1, "sigmoid"), Spec("bank", 1, "tanh", coun
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, probe_prompt=True)
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=[*FAMILIES, "qwen3_moe"])  # probes on resid_post of sparse blocks too
 def tiny(request, tmp_path_factory) -> tuple[str, str]:
     folder = tmp_path_factory.mktemp(request.param)
     path = save_tiny_with_tokenizer(request.param, folder / "model", seed=3)
