@@ -57,6 +57,12 @@ class OfflineLLM(ABC):
     def encode(self, prompt: Prompt) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
+    def encode_all(self, prompts: Prompt | list[Prompt]) -> list[list[int]]:
+        """One prompt or many (text or token ids) as token-id lists."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        return [self.encode(p) for p in prompts]  # type: ignore[union-attr]
+
     # generation --------------------------------------------------------------------------------
 
     @abstractmethod
@@ -67,17 +73,13 @@ class OfflineLLM(ABC):
         self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[RequestOutput]:
         """Generate for one prompt or many (text or token ids), all batched together."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        return self.generate_ids([self.encode(p) for p in prompts], params or SamplingParams())  # type: ignore[union-attr]
+        return self.generate_ids(self.encode_all(prompts), params or SamplingParams())
 
     def embed(self, prompts: Prompt | list[Prompt], dimensions: int | None = None) -> list[list[float]]:
         """One L2-normalized embedding per prompt (text or token ids): the final hidden states pooled as the engine's
         `pooling` says, cut to the first `dimensions` and normalized again when given."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
         params = SamplingParams(max_tokens=0, pooling=self.config.pooling)
-        outputs = self.generate_ids([self.encode(p) for p in prompts], params)  # type: ignore[union-attr]
+        outputs = self.generate_ids(self.encode_all(prompts), params)
         return [truncate_embedding(o.embedding or [], dimensions) for o in outputs]
 
     def chat(self, conversations: Messages | list[Messages], params: SamplingParams | None = None) -> list[RequestOutput]:
