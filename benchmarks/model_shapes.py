@@ -5,7 +5,8 @@
     LLM(str(path), load_format="dummy", dtype="bfloat16")
 
 The tokenizer has exactly vocab_size tokens "t0".."t{N-1}" (whitespace-split words), so any id is valid
-and nothing needs the hub. `weight_bytes` and `flops_per_token` give the batch-1 roofline inputs.
+and nothing needs the hub. `weight_bytes` and `flops_per_token` give the batch-1 roofline inputs; for a mixture of
+experts `weight_bytes` counts every expert and `active_weight_bytes` only the experts a decode step reads.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infer.families.catalog import family
 from infer.families.config import ModelConfig, config_from_hf
 
 if TYPE_CHECKING:
@@ -123,6 +125,62 @@ GEMMA_3_1B: dict[str, Any] = {  # google/gemma-3-1b-it; ties embeddings by the c
     "vocab_size": 262144,
 }
 
+QWEN3_30B_A3B: dict[str, Any] = {  # Qwen/Qwen3-30B-A3B: 48 sparse layers, 128 experts, top 8 (30.5B weights, 3.3B used)
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+TINY_QWEN3_MOE: dict[str, Any] = QWEN3_30B_A3B | {  # CPU smoke only: 8 experts, top 2, layer 1 dense, q 2x hidden
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "head_dim": 32,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "max_position_embeddings": 4096,
+    "max_window_layers": 3,
+    "mlp_only_layers": [1],
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 2,
+    "torch_dtype": "float32",
+    "vocab_size": 512,
+}
+
 TINY_LLAMA: dict[str, Any] = LLAMA_3_2_1B | {  # CPU smoke runs only
     "bos_token_id": 0,
     "eos_token_id": 1,
@@ -144,6 +202,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     "gemma-3-1b": GEMMA_3_1B,
     "llama-3.1-8b": LLAMA_3_1_8B,
     "tiny-llama": TINY_LLAMA,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,  # not in GPU_SHAPES: ~61 GB of bf16 weights, benchmarks/moe_decode.py alone
+    "tiny-qwen3-moe": TINY_QWEN3_MOE,
 }
 GPU_SHAPES = ("llama-3.2-1b", "llama-3.1-8b", "qwen3-1.7b", "gemma-3-1b")  # the issue's target shapes first
 
@@ -197,21 +257,56 @@ def hf_config(name: str) -> PretrainedConfig:
     return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
-def _layer_params(cfg: ModelConfig) -> int:
-    """Weights of one transformer block (matrices, bias, norms)."""
+def _layer_params(cfg: ModelConfig, layer: int = 0, experts: int | None = None) -> int:
+    """Weights of one transformer block (matrices, bias, norms); a sparse block counts its router and `experts` experts
+    (None: all of them)."""
+    fam = family(cfg.model_type)
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     attn = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + (q + 2 * kv if cfg.attention_bias else 0)
-    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
-    qk_norm = 2 * cfg.head_dim if cfg.model_type in ("qwen3", "gemma3_text") else 0
-    norms = (4 if cfg.model_type == "gemma3_text" else 2) * cfg.hidden_size
+    if cfg.is_moe(layer):
+        n = cfg.num_experts if experts is None else experts
+        mlp = cfg.num_experts * cfg.hidden_size + n * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    else:
+        mlp = 3 * cfg.hidden_size * cfg.intermediate_size
+    qk_norm = 2 * cfg.head_dim if fam.qk_norm else 0
+    norms = (4 if fam.sandwich_norms else 2) * cfg.hidden_size
     return attn + mlp + qk_norm + norms
 
 
+def _blocks_params(cfg: ModelConfig, experts: float | None = None) -> int:
+    """Weights of every block, each sparse one counting `experts` of its experts (None: all; may be fractional, an
+    expected count)."""
+    if experts is None or not cfg.num_experts:
+        return sum(_layer_params(cfg, i) for i in range(cfg.num_hidden_layers))
+    expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    return round(sum(_layer_params(cfg, i, 0) + (experts * expert if cfg.is_moe(i) else 0)
+                     for i in range(cfg.num_hidden_layers)))
+
+
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
-    """Bytes read per decode token at batch 1: every block once, final norm, LM head, one embedding row."""
-    params = cfg.num_hidden_layers * _layer_params(cfg) + cfg.hidden_size  # blocks + final norm
+    """Bytes read per decode token at batch 1 of a dense model: every block once (every expert of a sparse one),
+    final norm, LM head, one embedding row."""
+    return _read_bytes(cfg, None, dtype_bytes)
+
+
+def active_weight_bytes(cfg: ModelConfig, experts_read: float, dtype_bytes: int = 2) -> int:
+    """Bytes of weights one decode step reads when `experts_read` distinct experts of each sparse layer are read:
+    attention, router and norms of every block, those experts' three projections, final norm, LM head and one
+    embedding row (batch 1: experts_read = num_experts_per_tok; a dense model: weight_bytes)."""
+    return _read_bytes(cfg, experts_read, dtype_bytes)
+
+
+def _read_bytes(cfg: ModelConfig, experts: float | None, dtype_bytes: int) -> int:
+    params = _blocks_params(cfg, experts) + cfg.hidden_size  # blocks + final norm
     params += cfg.vocab_size * cfg.hidden_size + cfg.hidden_size  # LM head + the looked-up row (tied or not)
     return params * dtype_bytes
+
+
+def expected_experts(cfg: ModelConfig, batch: int) -> float:
+    """Distinct experts a sparse layer reads in one decode step of `batch` tokens under uniform routing:
+    E * (1 - (1 - k/E)^batch) (each expert is missed by one token with probability 1 - k/E)."""
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    return e * (1 - (1 - k / e) ** batch) if e else 0.0
 
 
 def visible_tokens(cfg: ModelConfig, context_len: int) -> int:
@@ -225,8 +320,9 @@ def kv_read_bytes(cfg: ModelConfig, context_len: int, dtype_bytes: int = 2) -> i
 
 
 def flops_per_token(cfg: ModelConfig, context_len: int) -> int:
-    """Matmul FLOPs of one token: 2 per weight of every projection and the LM head, plus QK^T and PV."""
-    matmul = cfg.num_hidden_layers * _layer_params(cfg) + cfg.vocab_size * cfg.hidden_size
+    """Matmul FLOPs of one token: 2 per weight of every projection it uses (its k experts of a sparse layer, and the
+    router) and the LM head, plus QK^T and PV."""
+    matmul = _blocks_params(cfg, cfg.num_experts_per_tok) + cfg.vocab_size * cfg.hidden_size
     attention = 4 * visible_tokens(cfg, context_len) * cfg.num_attention_heads * cfg.head_dim
     return 2 * matmul + attention
 
@@ -238,8 +334,9 @@ def _causal_pairs(tokens: int, window: int | None) -> int:
 
 
 def prefill_flops(cfg: ModelConfig, tokens: int) -> int:
-    """Matmul FLOPs of a one-sequence prefill: every token's projections, causal attention, one LM-head row."""
-    blocks = cfg.num_hidden_layers * _layer_params(cfg)
+    """Matmul FLOPs of a one-sequence prefill: every token's projections (its k experts of a sparse layer), causal
+    attention, one LM-head row."""
+    blocks = _blocks_params(cfg, cfg.num_experts_per_tok)
     pairs = sum(_causal_pairs(tokens, cfg.window(i)) for i in range(cfg.num_hidden_layers))
     attention = 4 * pairs * cfg.num_attention_heads * cfg.head_dim
     return 2 * tokens * blocks + attention + 2 * cfg.vocab_size * cfg.hidden_size

@@ -1,8 +1,10 @@
-"""One mixture-of-experts layer of the Qwen3-30B-A3B shape on the GPU: lz.fused_moe (triton.fused_moe) at batch 1 to
-256 against the bytes it must read (the routed experts' weights, each once) at the device's copy bandwidth, and against
-the gathered batched-matmul path and a per-expert loop over the same weights; the kernel replayed from a CUDA graph.
+"""One mixture-of-experts layer of the Qwen3-30B-A3B shape on the GPU: lz.fused_moe (the kernel layerzero picks) at
+batch 1 to 256 against the bytes it must read (the routed experts' weights, each once) at the device's copy
+bandwidth; beside it both Triton paths (the grouped GEMM and the sort-free decode path, which sets where
+layerzero's MOE_DECODE_PAIRS switches), the gathered batched-matmul path and a per-expert loop over the same weights;
+the kernels replayed from a CUDA graph.
 
-    python benchmarks/moe_gpu.py [--batches 1,16,64,256]
+    python benchmarks/moe_gpu.py [--batches 1,2,4,8,16,64,256]
 
 Random bf16 weights: hidden 2048, 128 experts, top 8, expert intermediate 768 (routing from a random router).
 Median of 50 CUDA-event-timed calls after warm-up. Writes moe_gpu_<gpu>.{json,md} under OUT_DIR (default
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 import layerzero as lz
 from layerzero.kernels.reference.moe import fused_moe_gathered
+from layerzero.kernels.triton import moe as triton_moe
 
 HIDDEN, EXPERTS, TOP_K, INNER = 2048, 128, 8, 768
 
@@ -65,7 +68,7 @@ def copy_bandwidth() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--batches", default="1,2,4,8,16,64,256")
     args = parser.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -80,12 +83,14 @@ def main() -> None:
         kernel = lz.which("fused_moe", x, w13, w2, weights, ids)["kernel_id"]
         t = timed(lambda: lz.fused_moe(x, w13, w2, weights, ids), graph=True)
         t_eager = timed(lambda: lz.fused_moe(x, w13, w2, weights, ids))
+        t_grouped = timed(lambda: triton_moe.fused_moe(x, w13, w2, weights, ids), graph=True)
+        t_decode = timed(lambda: triton_moe.fused_moe_decode(x, w13, w2, weights, ids), graph=True)
         t_loop = timed(lambda: loop_hit(x, w13, w2, weights, ids))
         t_gather = timed(lambda: fused_moe_gathered(x, w13, w2, weights, ids)) if batch * TOP_K <= 128 else float("nan")
         routed = ids.unique().numel()
         bound = routed * expert_bytes / bw
         rows.append({"batch": batch, "kernel": kernel, "experts_routed": routed, "fused_us": t * 1e6,
-                     "fused_eager_us": t_eager * 1e6,
+                     "fused_eager_us": t_eager * 1e6, "grouped_us": t_grouped * 1e6, "decode_path_us": t_decode * 1e6,
                      "bound_us": bound * 1e6, "fraction_of_bound": bound / t, "loop_us": t_loop * 1e6,
                      "gathered_us": t_gather * 1e6})
         print(rows[-1])
@@ -101,11 +106,13 @@ def main() -> None:
              f"median of 50 CUDA-event-timed calls; lz.fused_moe replayed from a CUDA graph as a decode step runs it (eager: "
              f"with the host's launches). torch {torch.__version__}.", "",
              "| batch | kernel | experts routed | lz.fused_moe µs (graph) | eager µs | bound µs | fraction of bound | "
-             "per-expert loop µs | gathered bmm µs |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "grouped GEMM µs | decode path µs | per-expert loop µs | gathered bmm µs |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['batch']} | `{r['kernel']}` | {r['experts_routed']} | {r['fused_us']:.1f} | "
                      f"{r['fused_eager_us']:.1f} | "
-                     f"{r['bound_us']:.1f} | {r['fraction_of_bound']:.2f} | {r['loop_us']:.1f} | {r['gathered_us']:.1f} |")
+                     f"{r['bound_us']:.1f} | {r['fraction_of_bound']:.2f} | {r['grouped_us']:.1f} | "
+                     f"{r['decode_path_us']:.1f} | {r['loop_us']:.1f} | {r['gathered_us']:.1f} |")
     lines += ["", "Reproduce: `bash scripts/gpu_moe.sh` (device tool), or `python benchmarks/moe_gpu.py`."]
     (out / f"moe_gpu_{slug}.md").write_text("\n".join(lines) + "\n")
 

@@ -4,6 +4,6 @@
 set -uo pipefail
 source scripts/gpu_env.sh
 model=$(python3 -c "from pathlib import Path; import model_shapes as ms; print(ms.write_model_dir('llama-3.2-1b', Path('/tmp/models')))")
-OUT_DIR="$out" timeout 500 python3 benchmarks/embeddings.py --model "$model" --load-format dummy --requests 256 \
-  --batch 32 --concurrency 8 --repeats 2 --max-seq-len 1024 > "$out/embeddings_gpu.log" 2>&1
+OUT_DIR="$out" timeout 300 python3 benchmarks/embeddings.py --model "$model" --load-format dummy --requests 4096 \
+  --batch 16 --concurrency 32 --repeats 2 --max-seq-len 1024 > "$out/embeddings_gpu.log" 2>&1
 tail -3 "$out/embeddings_gpu.log"

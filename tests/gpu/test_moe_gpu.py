@@ -1,6 +1,7 @@
-"""Mixtures of experts on CUDA: triton.fused_moe compiled against the float64 definition (an expert with no token, every
-token on the same experts, bf16), and the tiny Qwen 3 MoE and Mixtral through the engine with decode and prefill graphs
-under INFER_STRICT_SYNC: greedy tokens equal the CPU runner's, logits equal transformers' in fp32."""
+"""Mixtures of experts on CUDA: triton.fused_moe and triton.fused_moe_decode compiled against the float64 definition
+(an expert with no token, every token on the same experts, bf16), and the tiny Qwen 3 MoE and Mixtral through the
+engine with decode and prefill graphs under INFER_STRICT_SYNC: greedy tokens equal the CPU runner's, logits equal
+transformers' in fp32."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import layerzero as lz
+from layerzero.select.signatures import MOE_DECODE_PAIRS
 from checkpoints import save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
 from infer.loader.model_loader import load_model
@@ -39,10 +41,16 @@ def test_triton_fused_moe_matches_the_definition(tokens, dtype):
     if tokens == 300:
         logits[:, 2] += 100  # every token picks expert 2
     weights, ids = lz.moe_route(logits, k, renormalize=True)
-    assert lz.which("fused_moe", x, w13, w2, weights, ids)["kernel_id"] == "triton.fused_moe"
-    got = lz.fused_moe(x, w13, w2, weights, ids)
+    few = tokens * k <= MOE_DECODE_PAIRS
+    assert lz.which("fused_moe", x, w13, w2, weights, ids)["kernel_id"] == (
+        "triton.fused_moe_decode" if few else "triton.fused_moe")
+    want = _definition(x, w13, w2, weights, ids)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(got.double(), _definition(x, w13, w2, weights, ids), atol=tol, rtol=tol)
+    torch.testing.assert_close(lz.fused_moe(x, w13, w2, weights, ids).double(), want, atol=tol, rtol=tol)
+    from layerzero.kernels.triton import moe as triton_moe  # imports triton: CUDA machines only
+
+    other = triton_moe.fused_moe if few else triton_moe.fused_moe_decode  # the path not chosen holds too
+    torch.testing.assert_close(other(x, w13, w2, weights, ids).double(), want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])

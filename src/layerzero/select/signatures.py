@@ -149,6 +149,9 @@ def _argmax(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 MOE_GATHER_PAIRS = 64  # most (token, expert) pairs the gathered MoE path takes: beyond, the copies outgrow the reads
+# most pairs the sort-free Triton decode path takes: beyond, pairs share experts and re-reading them costs more than the
+# grouped GEMM's sort (benchmarks/reports/moe_gpu_h200.md)
+MOE_DECODE_PAIRS = 32
 
 
 def _moe_route(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,7 +165,7 @@ def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     pairs = ids.numel()
     return dict(tokens=_rows(x), hidden=x.shape[-1], params=(
         ("experts", w13.shape[0]), ("top_k", ids.shape[-1]), ("activation", kw.get("activation", "silu")),
-        ("few_pairs", pairs <= MOE_GATHER_PAIRS)))
+        ("few_pairs", pairs <= MOE_GATHER_PAIRS), ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
 
 
 def _generic(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:

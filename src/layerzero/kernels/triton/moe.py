@@ -1,11 +1,19 @@
-"""A mixture of experts' MLPs in Triton: the (token, expert) pairs sorted by expert and padded to the GEMM's row block,
-then one grouped GEMM for gate and up with the activation in its epilogue, and one for down with the routing weight in
-its epilogue; the pairs summed back per token.
+"""A mixture of experts' MLPs in Triton, two ways.
+
+`fused_moe` (batches): the (token, expert) pairs sorted by expert and padded to the GEMM's row block, then one grouped
+GEMM for gate and up with the activation in its epilogue, and one for down with the routing weight in its epilogue;
+the pairs summed back per token.
 
 Graph-safe: the sort and the padding are device ops (no host sync), and every buffer and grid is sized from the
 shapes for the worst case (each expert's group padded by at most BLOCK_M - 1 rows: T * k + E * (BLOCK_M - 1) rows);
 blocks past the used ones exit at once. Each row block holds one expert's pairs, so it reads that expert's weights
 once: a decode step reads only the routed experts' weights, a large batch every expert's once.
+
+`fused_moe_decode` (a few tokens): no sort at all. Each program of the gate+up kernel is one (token, expert) pair and a
+slice of the intermediate columns, a matrix-vector product over that expert's rows; each program of the down kernel is
+one token and a slice of the hidden columns, summing its k experts' products with their routing weights. Two launches
+and no routing-dependent sizes; a pair's expert is read by that pair alone, so it pays only while pairs rarely share an
+expert (few tokens): `MOE_DECODE_PAIRS` in layerzero.select.signatures is where it stops.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, await_inputs, dot_precision, interpreting
+from layerzero.kernels.triton.launch import Launcher, await_inputs, dot_precision, interpreting, next_pow2
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -98,8 +106,65 @@ def _down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, block_expert_ptr, weights_ptr
              mask=valid[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _decode_gate_up_kernel(x_ptr, w_ptr, h_ptr, ids_ptr, inner, hidden, K: tl.constexpr, ACT: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """h[pair] = act(x[token] @ gate_e.T) * (x[token] @ up_e.T) over BLOCK_N intermediate columns of one pair."""
+    await_inputs(PDL)
+    pair = tl.program_id(0).to(tl.int64)
+    token = pair // K
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < inner
+    gate_rows = w_ptr + expert * 2 * inner * hidden + cols[:, None].to(tl.int64) * hidden
+    up_rows = gate_rows + inner * hidden
+    gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < hidden
+        xk = tl.load(x_ptr + token * hidden + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        m = col_ok[:, None] & k_ok[None, :]
+        gate += tl.load(gate_rows + ks[None, :], mask=m, other=0.0).to(tl.float32) * xk
+        up += tl.load(up_rows + ks[None, :], mask=m, other=0.0).to(tl.float32) * xk
+    h = _act(tl.sum(gate, 1), ACT) * tl.sum(up, 1)
+    tl.store(h_ptr + pair * inner + cols, h.to(h_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _decode_down_kernel(h_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, inner, hidden, K: tl.constexpr,
+                        K_POW2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """out[token] = sum_j weight[token, j] * (h[pair j] @ down_e.T) over BLOCK_N hidden columns of one token: the k
+    experts' rows loaded together as one [k, BLOCK_N, BLOCK_K] tile, so each load keeps many bytes in flight."""
+    await_inputs(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, K_POW2)
+    slot_ok = slot < K
+    pair = token * K + slot
+    expert = tl.load(ids_ptr + pair, mask=slot_ok, other=0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    rows = w_ptr + expert[:, None, None] * hidden * inner + cols[None, :, None].to(tl.int64) * inner
+    row_ok = slot_ok[:, None, None] & col_ok[None, :, None]
+    acc = tl.zeros((K_POW2, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, inner, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < inner
+        hk = tl.load(h_ptr + pair[:, None] * inner + ks[None, :], mask=slot_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(rows + ks[None, None, :], mask=row_ok & k_ok[None, None, :], other=0.0)
+        acc += w.to(tl.float32) * hk.to(tl.float32)[:, None, :]
+    weight = tl.load(weights_ptr + pair, mask=slot_ok, other=0.0).to(tl.float32)
+    out = tl.sum(tl.sum(acc, 2) * weight[:, None], 0)
+    tl.store(out_ptr + token * hidden + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
 _GATE_UP = Launcher(_gate_up_kernel)
 _DOWN = Launcher(_down_kernel)
+_DECODE_GATE_UP = Launcher(_decode_gate_up_kernel)
+_DECODE_DOWN = Launcher(_decode_down_kernel)
+# (BLOCK_N, BLOCK_K, warps) of the decode path's two kernels (benchmarks/moe_decode_tiles.py measures the choices)
+DECODE_GATE_UP_TILE = (8, 128, 8)
+DECODE_DOWN_TILE = (8, 256, 4)
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,3 +211,38 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
           weights.reshape(-1).float().contiguous(), tokens * k, inner, hidden, experts, BLOCK_M=BLOCK_M,
           BLOCK_N=block_n, BLOCK_K=BLOCK_K, PRECISION=dot_precision(x.dtype), num_warps=4)
     return out.view(tokens, k, hidden).sum(1).to(x.dtype)
+
+
+def fused_moe_decode(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                     *, activation: str = "silu") -> torch.Tensor:
+    """lz.fused_moe for a few tokens: one program per (pair, column slice), no sort; [T, H] in x's dtype."""
+    tokens, k = ids.shape
+    experts, inner2, hidden = w13.shape
+    inner = inner2 // 2
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    ids, weights = ids.contiguous(), weights.float().contiguous()
+    h = torch.empty(tokens * k, inner, dtype=x.dtype, device=x.device)
+    act = "silu" if activation == "silu" else "gelu_tanh"
+    decode_gate_up(x, w13, h, ids, act, *DECODE_GATE_UP_TILE)
+    decode_down(h, w2, out, ids, weights, *DECODE_DOWN_TILE)
+    return out
+
+
+def decode_gate_up(x: torch.Tensor, w13: torch.Tensor, h: torch.Tensor, ids: torch.Tensor, act: str, block_n: int,
+                   block_k: int, warps: int) -> None:
+    """The decode path's first kernel at a given tile: h [T * k, I] from x [T, H] and each pair's expert."""
+    inner, hidden = w13.shape[1] // 2, w13.shape[2]
+    _DECODE_GATE_UP((ids.numel(), triton.cdiv(inner, block_n)), x, w13, h, ids, inner, hidden, K=ids.shape[1],
+                    ACT=act, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+
+
+def decode_down(h: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                block_n: int, block_k: int, warps: int) -> None:
+    """The decode path's second kernel at a given tile: out [T, H] from h and the routing weights (float32)."""
+    tokens, k = ids.shape
+    hidden, inner = w2.shape[1], w2.shape[2]
+    _DECODE_DOWN((tokens, triton.cdiv(hidden, block_n)), h, w2, out, ids, weights, inner, hidden, K=k,
+                 K_POW2=next_pow2(k), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)

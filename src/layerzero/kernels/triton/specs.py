@@ -20,10 +20,12 @@ from layerzero.select import reasons as R
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec, LaunchConfig
 from layerzero.select.reasons import Reason
+from layerzero.select.signatures import MOE_DECODE_PAIRS
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
 MAX_ATTENTION_HEAD_DIM = 256
 PRIORITY = 80  # above torch (40-60) and the reference (10): fused, graph safe, sync free
+DECODE_PRIORITY = 85  # the MoE decode path, above the grouped GEMM wherever its pair limit lets it run
 VARLEN_PRIORITY = 70  # prefill: a dedicated flash kernel may beat it; PerfDB timings decide
 
 
@@ -114,6 +116,14 @@ def _argmax_shape(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _moe_decode_pairs(ctx: SelectionContext) -> list[Reason]:
+    """The sort-free path reads each pair's expert on its own: only while pairs are few."""
+    if not ctx.param("decode_pairs"):
+        return [Reason(R.CONSTRAINT_FAILED, f"more than {MOE_DECODE_PAIRS} (token, expert) pairs: pairs share "
+                                            "experts, and the grouped GEMM reads each expert once")]
+    return []
+
+
 def _varlen_launch(ctx: SelectionContext) -> LaunchConfig:
     # Grid (query tiles over every sequence's tokens, heads): T / 64 + N tiles, 64 the smallest tile used on CUDA.
     return LaunchConfig((max(1, ctx.tokens // 64 + ctx.batch), max(ctx.num_heads, 1), 1), 256)
@@ -159,6 +169,8 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("triton.argmax", "argmax", impl=_lazy("argmax", "argmax"), priority=PRIORITY,
                    requires_last_dim_contiguous=True, check=_argmax_shape, **common),
         KernelSpec("triton.fused_moe", "fused_moe", impl=_lazy("moe", "fused_moe"), priority=PRIORITY, **common),
+        KernelSpec("triton.fused_moe_decode", "fused_moe", impl=_lazy("moe", "fused_moe_decode"),
+                   priority=DECODE_PRIORITY, check=_moe_decode_pairs, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.rope_store_kv", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv"),

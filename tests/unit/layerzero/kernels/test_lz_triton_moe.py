@@ -1,5 +1,6 @@
-"""Triton fused MoE (interpreted) against the float64 definition: experts receiving no token, every token on the same
-experts, a partial row block, both activations; and the pair alignment's invariants."""
+"""Triton fused MoE (interpreted), the grouped GEMM and the sort-free decode path, against the float64 definition:
+experts receiving no token, every token on the same experts, partial row and column blocks, both activations; the pair
+alignment's invariants; which path layerzero picks by the number of pairs, and why."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import pytest
 import torch
 
 import layerzero as lz
+from layerzero.kernels.triton import specs
+from layerzero.select.signatures import MOE_DECODE_PAIRS
 from test_moe_ops import moe_definition
+
+PATHS = ["fused_moe", "fused_moe_decode"]
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +37,17 @@ def _inputs(tokens: int, experts: int, k: int, seed: int, same: bool = False):
 
 @pytest.mark.parametrize("tokens, same", [(1, False), (5, False), (37, False), (20, True)])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_fused_moe_matches_the_definition(kernels, tokens, same, activation):
+@pytest.mark.parametrize("path", PATHS)
+def test_fused_moe_matches_the_definition(kernels, path, tokens, same, activation):
     x, w13, w2, weights, ids = _inputs(tokens, 8, 2, seed=tokens, same=same)
-    got = kernels.fused_moe(x, w13, w2, weights, ids, activation=activation)
+    got = getattr(kernels, path)(x, w13, w2, weights, ids, activation=activation)
     torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, activation), atol=1e-4, rtol=1e-4)
 
 
-def test_bf16_within_its_rounding(kernels):
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_within_its_rounding(kernels, path):
     x, w13, w2, weights, ids = _inputs(6, 8, 2, seed=3)
-    got = kernels.fused_moe(x.bfloat16(), w13.bfloat16(), w2.bfloat16(), weights, ids)
+    got = getattr(kernels, path)(x.bfloat16(), w13.bfloat16(), w2.bfloat16(), weights, ids)
     want = moe_definition(x.bfloat16().float(), w13.bfloat16().float(), w2.bfloat16().float(), weights, ids, "silu")
     torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
 
@@ -58,3 +65,26 @@ def test_align_pairs_groups_every_pair_once_by_expert(kernels, tokens, experts, 
             assert used.numel() == 0
         else:
             assert (ids.reshape(-1)[used] == e).all()
+
+
+def test_no_tokens_give_an_empty_output(kernels):
+    x, w13, w2, weights, ids = _inputs(0, 8, 2, seed=0)
+    assert kernels.fused_moe_decode(x, w13, w2, weights, ids).shape == (0, 96)
+
+
+def test_the_decode_path_takes_few_pairs_and_says_why_not_past_them():
+    [decode] = [s for s in specs.kernel_specs() if s.kernel_id == "triton.fused_moe_decode"]
+    [grouped] = [s for s in specs.kernel_specs() if s.kernel_id == "triton.fused_moe"]
+    assert decode.priority > grouped.priority  # chosen wherever it applies
+    k = 4
+    for tokens, applies in ((MOE_DECODE_PAIRS // k, True), (MOE_DECODE_PAIRS // k + 1, False)):
+        ctx = lz.SelectionContext.from_tensors("fused_moe", *_inputs(tokens, 8, k, seed=tokens), activation="silu")
+        reasons = decode.check(ctx)
+        assert not reasons if applies else f"more than {MOE_DECODE_PAIRS} (token, expert) pairs" in reasons[0].message
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_top_k_that_is_no_power_of_two(kernels, path):
+    x, w13, w2, weights, ids = _inputs(5, 8, 3, seed=9)
+    got = getattr(kernels, path)(x, w13, w2, weights, ids)
+    torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, "silu"), atol=1e-4, rtol=1e-4)
