@@ -156,7 +156,7 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="llama-3.2-1b", choices=ms.GPU_SHAPES)
+    parser.add_argument("--shape", default="llama-3.2-1b", choices=list(ms.SHAPES))
     parser.add_argument("--levels", default="1,16,64,256")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--api-server-count", type=int, default=None,
@@ -183,6 +183,7 @@ def write(r: dict) -> None:
     out = Path(os.environ.get("OUT_DIR", "benchmarks/reports"))
     gpu = r["gpu"].lower().replace("nvidia", "").split()[0]
     stem = f"serve_vs_offline_{gpu}_api{r['api_server_count']}" + ("_fresh" if r.get("fresh_connections") else "")
+    stem += "" if r["shape"] == "llama-3.2-1b" else f"_{r['shape']}"  # the default shape's reports keep their names
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     lines = [f"# `infer serve` vs the offline engine — {r['shape']} (random bf16 weights), {r['gpu']}", "",
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "

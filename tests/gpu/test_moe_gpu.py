@@ -53,6 +53,19 @@ def test_triton_fused_moe_matches_the_definition(tokens, dtype):
     torch.testing.assert_close(other(x, w13, w2, weights, ids).double(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("tokens", [1, 300])
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+def test_triton_moe_route_matches_the_reference(tokens, scoring):
+    from layerzero.kernels.reference.moe import moe_route
+
+    logits = torch.randn(tokens, 128, device="cuda", generator=torch.Generator(device="cuda").manual_seed(tokens))
+    assert lz.which("moe_route", logits, 8, renormalize=True, scoring=scoring)["kernel_id"] == "triton.moe_route"
+    weights, ids = lz.moe_route(logits, 8, renormalize=True, scoring=scoring)
+    want_w, want_ids = moe_route(logits, 8, renormalize=True, scoring=scoring)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_w, atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_engine_with_graphs_equals_the_cpu_runner_and_transformers(family, tmp_path, monkeypatch):
     path = save_tiny_with_tokenizer(family, tmp_path, seed=4)

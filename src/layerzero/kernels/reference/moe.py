@@ -1,7 +1,7 @@
 """Mixture of experts: routing and the experts' gated MLPs, as plain compositions of torch ops.
 
 `moe_route` turns router logits [T, E] into each token's top-k experts and their weights: scores are the softmax (or
-sigmoid) of the logits in float32, the k highest are taken (ties to the lower expert id, as torch.topk on CPU), and
+sigmoid) of the logits in float32, the k highest are taken (ties in torch.topk's own order), and
 with `renormalize` their weights are divided by their sum (Mixtral always; Qwen 3 MoE when `norm_topk_prob`).
 
 `fused_moe` computes sum_j weight[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)) with e = ids[t, j], the experts'

@@ -25,6 +25,7 @@ from layerzero.select.signatures import MOE_DECODE_PAIRS
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
 MAX_ATTENTION_HEAD_DIM = 256
 PRIORITY = 80  # above torch (40-60) and the reference (10): fused, graph safe, sync free
+MAX_ROUTED_EXPERTS = 1024  # the routing kernel keeps a token's scores in registers
 DECODE_PRIORITY = 85  # the MoE decode path, above the grouped GEMM wherever its pair limit lets it run
 VARLEN_PRIORITY = 70  # prefill: a dedicated flash kernel may beat it; PerfDB timings decide
 
@@ -116,6 +117,14 @@ def _argmax_shape(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _route_experts(ctx: SelectionContext) -> list[Reason]:
+    """One program holds a token's scores in registers: at most MAX_ROUTED_EXPERTS of them."""
+    if ctx.hidden > MAX_ROUTED_EXPERTS:
+        return [Reason(R.CONSTRAINT_FAILED, f"{ctx.hidden} experts: the routing kernel holds at most "
+                                            f"{MAX_ROUTED_EXPERTS} scores per token")]
+    return []
+
+
 def _moe_decode_pairs(ctx: SelectionContext) -> list[Reason]:
     """The sort-free path reads each pair's expert on its own: only while pairs are few."""
     if not ctx.param("decode_pairs"):
@@ -169,6 +178,8 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("triton.argmax", "argmax", impl=_lazy("argmax", "argmax"), priority=PRIORITY,
                    requires_last_dim_contiguous=True, check=_argmax_shape, **common),
         KernelSpec("triton.fused_moe", "fused_moe", impl=_lazy("moe", "fused_moe"), priority=PRIORITY, **common),
+        KernelSpec("triton.moe_route", "moe_route", impl=_lazy("moe_route", "moe_route"), priority=PRIORITY,
+                   check=_route_experts, **common),
         KernelSpec("triton.fused_moe_decode", "fused_moe", impl=_lazy("moe", "fused_moe_decode"),
                    priority=DECODE_PRIORITY, check=_moe_decode_pairs, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),

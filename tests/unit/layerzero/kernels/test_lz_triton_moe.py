@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import layerzero as lz
+from layerzero.kernels.reference.moe import moe_route as reference_route
 from layerzero.kernels.triton import specs
 from layerzero.select.signatures import MOE_DECODE_PAIRS
 from test_moe_ops import moe_definition
@@ -88,3 +89,36 @@ def test_a_top_k_that_is_no_power_of_two(kernels, path):
     x, w13, w2, weights, ids = _inputs(5, 8, 3, seed=9)
     got = getattr(kernels, path)(x, w13, w2, weights, ids)
     torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, "silu"), atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def route_kernel(triton_interpreted):
+    return triton_interpreted("moe_route")
+
+
+@pytest.mark.parametrize("experts, k, scoring, renormalize", [(8, 2, "softmax", True), (128, 8, "softmax", False),
+                                                              (60, 6, "sigmoid", True), (5, 3, "sigmoid", False)])
+def test_routing_matches_the_reference(route_kernel, experts, k, scoring, renormalize):
+    logits = torch.randn(9, experts, generator=torch.Generator().manual_seed(experts))
+    logits[3] = 0.0  # every score tied: the kernel takes the lowest expert ids (torch.topk's order is its own)
+    weights, ids = route_kernel.moe_route(logits, k, renormalize=renormalize, scoring=scoring)
+    want_w, want_ids = reference_route(logits, k, renormalize=renormalize, scoring=scoring)
+    untied = torch.arange(9) != 3
+    assert torch.equal(ids[untied], want_ids[untied]) and ids.dtype == torch.int64
+    assert ids[3].tolist() == list(range(k))
+    torch.testing.assert_close(weights, want_w, atol=1e-6, rtol=1e-6)
+    assert route_kernel.moe_route(logits[:0], k, renormalize=renormalize, scoring=scoring)[1].shape == (0, k)
+
+
+def test_routing_of_nan_logits_still_names_valid_experts(route_kernel):
+    logits = torch.full((2, 6), float("nan"))
+    logits[1, 0] = float("inf")  # softmax of inf - inf is NaN too
+    _, ids = route_kernel.moe_route(logits, 2, renormalize=True)
+    assert ((ids >= 0) & (ids < 6)).all() and (ids[:, 0] != ids[:, 1]).all()
+
+
+def test_routing_declines_more_experts_than_it_holds():
+    [spec] = [s for s in specs.kernel_specs() if s.kernel_id == "triton.moe_route"]
+    logits = torch.randn(2, specs.MAX_ROUTED_EXPERTS + 1)
+    ctx = lz.SelectionContext.from_tensors("moe_route", logits, 4, renormalize=True, scoring="softmax")
+    assert f"at most {specs.MAX_ROUTED_EXPERTS} scores" in spec.check(ctx)[0].message

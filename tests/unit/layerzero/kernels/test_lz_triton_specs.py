@@ -13,7 +13,7 @@ from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache", "rope_store_kv",
        "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4", "linear",
-       "argmax", "fused_moe"}
+       "argmax", "fused_moe", "moe_route"}
 
 
 SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe"}  # an op's second kernel, for a regime the first serves badly
