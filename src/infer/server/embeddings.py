@@ -7,8 +7,9 @@ from __future__ import annotations
 import base64
 import struct
 
+import msgspec
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from infer.frontend.outputs import truncate_embedding
 from infer.sampling.params import SamplingParams
@@ -53,5 +54,6 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
         vector = truncate_embedding(choice.embedding, body.dimensions)
         data.append({"object": "embedding", "index": choice.index, "embedding": _encoded(vector, body.encoding_format)})
     tokens = sum(len(p) for p in prompts)
-    return JSONResponse({"object": "list", "data": data, "model": state.model_name,
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    body_json = msgspec.json.encode({"object": "list", "data": data, "model": state.model_name,
+                                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return Response(body_json, media_type="application/json")  # msgspec: ~15x json.dumps on thousands of floats
