@@ -68,7 +68,8 @@ def load_drafter(config: EngineConfig, target: ModelConfig) -> LoadedModel:
     assert config.draft_model is not None
     try:
         drafter = load_model(Path(config.draft_model).expanduser(), config.torch_dtype, config.resolved_device,
-                             config.max_seq_len, config.load_format, config.quantization)
+                             config.max_seq_len, config.load_format, config.quantization,
+                             matmul_dtype=config.matmul_dtype)
     except (OSError, ValueError, KeyError) as exc:
         raise EngineConfigError(f"draft_model={config.draft_model!r}: cannot load it: {exc}") from exc
     if drafter.config.vocab_size != target.vocab_size:

@@ -64,7 +64,7 @@ def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
 def load_rank_model(config: EngineConfig, shard: Shard = Shard()) -> LoadedModel:
     """The configured model (this tensor-parallel rank's shard of it) on the configured device."""
     return load_model(resolve_model_path(config.model), config.torch_dtype, config.resolved_device, config.max_seq_len,
-                      config.load_format, config.quantization, shard)
+                      config.load_format, config.quantization, shard, config.matmul_dtype)
 
 
 def bounded(config: EngineConfig, model: ModelConfig) -> EngineConfig:

@@ -230,12 +230,30 @@ class EngineConfig:
         return self.decode_graphs and self.resolved_device.startswith("cuda")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype asked for ("auto": bfloat16 on CUDA, float32 elsewhere): what the model's weights are held in."""
         import torch
 
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
         return torch.bfloat16 if self.resolved_device.startswith("cuda") else torch.float32
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype the model computes in (activations, KV cache). bfloat16 on the CPU computes in float32 with the
+        linear weights held in bfloat16 (`matmul_dtype`): the CPU's bf16 dot products take the matmuls, and every
+        other op keeps its float32 kernel (docs/engine.md, "bfloat16 on the CPU")."""
+        import torch
+
+        return torch.float32 if self.matmul_dtype is not None else self.weight_dtype
+
+    @property
+    def matmul_dtype(self) -> torch.dtype | None:
+        """The dtype linear weights are held in when it differs from the compute dtype (bfloat16 on the CPU)."""
+        import torch
+
+        cpu_bf16 = self.weight_dtype == torch.bfloat16 and self.resolved_device == "cpu"
+        return torch.bfloat16 if cpu_bf16 and self.resolved_runner != "mlx" else None
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -21,7 +21,7 @@ from infer.loader.weights import load_weights
 from infer.models.base import CausalLM
 from infer.families.config import ModelConfig, config_from_hf
 from infer.models.layers import params_on_meta
-from infer.models.quant import W8Weight, quantize_linears, replace_weight
+from infer.models.quant import W8Weight, hold_linears_in, quantize_linears, replace_weight
 
 from infer.models.shard import Shard
 
@@ -120,6 +120,7 @@ def load_model(
     load_format: str = "auto",
     quantization: str = "none",
     shard: Shard = Shard(),
+    matmul_dtype: torch.dtype | None = None,
 ) -> LoadedModel:
     """Build the model for `path` and fill it from the checkpoint ("auto") or with random weights ("dummy").
 
@@ -127,7 +128,9 @@ def load_model(
     of an 8-bit HF checkpoint (FP8 blocks, compressed-tensors int8/fp8) 8-bit, and a GGUF's 4-bit ones 4-bit and
     Q8_0 ones 8-bit wherever a kernel other than the reference takes them (the CPU's native / torch kernels, CUDA's
     Triton ones); "int4", "int8" and "fp8" quantize every linear weight after loading (docs/quantization.md says
-    how). With a tensor-parallel `shard`, the model holds that rank's part and reads only its slices.
+    how). With a tensor-parallel `shard`, the model holds that rank's part and reads only its slices. With
+    `matmul_dtype` (bfloat16 on the CPU) the model computes in `dtype` and holds its float linear weights and LM head
+    in `matmul_dtype` (`HalfWeight`).
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -161,6 +164,10 @@ def load_model(
     if quantization in AT_LOAD:
         with torch.no_grad():
             quantize_linears(model, model.linear_weights(), quantization)
+    if matmul_dtype is not None:
+        with torch.no_grad():
+            tied = model.lm_head is model.embed  # the lookup keeps the float32 embedding, the head its own copy
+            hold_linears_in(model, model.linear_weights() + (["lm_head"] if tied else []), matmul_dtype)
     return LoadedModel(model=model, config=cfg, source=path)
 
 

@@ -95,9 +95,26 @@ class Int4Weight(QuantWeight):
         return dequantize_int4(self.qweight, self.scales_zeros, self.group_size)
 
 
+class HalfWeight(QuantWeight):
+    """A linear weight kept in bfloat16 while the model computes in float32 (`--dtype bfloat16` on the CPU): a matmul
+    streams half the bytes of a float32 weight's, and every other op keeps its float32 kernel. layerzero's
+    `native.linear_bf16_cpu` multiplies float32 x by the bf16 values exactly (widened in registers)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight.float()
+
+
 class LinearSite:
     """One projection's matmul: x @ weight.T (+ bias) through a bound `linear_int4` for a 4-bit weight, `linear_w8`
-    for an 8-bit one, `linear` otherwise."""
+    for an 8-bit one, `linear` otherwise (a `HalfWeight`'s bf16 weight with float32 x)."""
 
     __slots__ = ("dense", "int4", "w8")
 
@@ -111,6 +128,8 @@ class LinearSite:
             return self.w8(x, weight.weight, weight.scale, bias, block_size=weight.block_size)
         if isinstance(weight, Int4Weight):
             return self.int4(x, weight.qweight, weight.scales_zeros, bias, group_size=weight.group_size)
+        if isinstance(weight, HalfWeight):
+            return self.dense(x, weight.weight, bias)  # float32 x, bf16 weight: the CPU's native bf16 kernel
         return self.dense(x, weight, bias)
 
 
@@ -120,6 +139,17 @@ def replace_weight(model: nn.Module, name: str, weight: QuantWeight) -> None:
     module = model.get_submodule(owner)
     del module._parameters[attr]
     module.add_module(attr, weight)
+
+
+def hold_linears_in(model: nn.Module, names: list[str], dtype: torch.dtype) -> None:
+    """Keep the named float linear weights as `HalfWeight`s in `dtype`, one at a time (each float32 copy is freed as
+    its half replaces it); weights already kept quantized stay as they are."""
+    params = dict(model.named_parameters(remove_duplicate=False))  # a tied head is the embedding's second name
+    for name in names:
+        w = params.pop(name, None)
+        if w is not None and w.is_floating_point() and w.dtype != dtype:
+            replace_weight(model, name, HalfWeight(w.detach().to(dtype)))
+            del w
 
 
 def quantize_linears(model: nn.Module, names: list[str], method: str) -> None:

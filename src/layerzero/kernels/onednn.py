@@ -1,8 +1,9 @@
-"""oneDNN linear for float32 on the CPU: each weight is reordered once into oneDNN's blocked layout.
+"""oneDNN linear on the CPU, float32 and bfloat16: each weight is reordered once into oneDNN's blocked layout.
 
 torch's dense CPU linear (MKL sgemm on the row-major weight) is 2-4x slower than oneDNN with a
 prepacked weight on the shapes of small LLMs, at 1 to 40 rows, the 49k-row LM head most of all
-(numbers in docs/engine.md). The packed copy is made on a weight's first use and kept while the
+(numbers in docs/engine.md). In bfloat16 the gap is wider: torch's bf16 linear does not reach the CPU's bf16 dot
+products (AVX512-BF16, AMX), oneDNN's does, so bf16 runs here wherever oneDNN supports it on this CPU. The packed copy is made on a weight's first use and kept while the
 weight lives; an in-place change of the weight (its version counter) or a new storage repacks it.
 The price is one extra copy of every linear weight in host memory; lock `linear` to
 `reference.linear` (LAYERZERO_LOCK_LINEAR or `lz.lock`) to go without it.
@@ -20,7 +21,7 @@ from layerzero.select.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
 PRIORITY = 60  # above the reference (F.linear), the only other CPU linear
 
 
-PACKED: WeightCache[torch.Tensor] = WeightCache()  # oneDNN-packed copies of float32 weights
+PACKED: WeightCache[torch.Tensor] = WeightCache()  # oneDNN-packed copies of float32 and bfloat16 weights
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -37,15 +38,24 @@ def _available() -> Reason | None:
     return None
 
 
-def _float32_only(ctx: SelectionContext) -> list[Reason]:
-    """No float32 upcast of low-precision calls: the cast weight is a new tensor, repacked on every call."""
+def _same_dtype(ctx: SelectionContext) -> list[Reason]:
+    """No upcast of other dtypes: the cast weight is a new tensor, repacked on every call; bf16 needs oneDNN's."""
+    weight = ctx.param("weight_dtype")
+    if ctx.dtype is not None and weight is not None and weight != str(ctx.dtype).removeprefix("torch."):
+        return [Reason(CONSTRAINT_FAILED, f"{weight} weights with {ctx.dtype} inputs: oneDNN multiplies one dtype")]
     if ctx.dtype == torch.float32:
         return []
-    return [Reason(CONSTRAINT_FAILED, "packs float32 weights only (an upcast weight would be repacked every call)")]
+    if ctx.dtype == torch.bfloat16:
+        if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return []
+        return [Reason(CONSTRAINT_FAILED, "oneDNN has no bfloat16 kernels for this CPU (no AVX512-BF16/AMX)")]
+    return [Reason(CONSTRAINT_FAILED, "packs float32 and bfloat16 weights only (an upcast weight would be repacked "
+                                      "every call)")]
 
 
 def kernel_specs() -> list[KernelSpec]:
     return [
         KernelSpec("onednn.linear", "linear", "onednn", linear, torch.__version__, platforms=frozenset({"cpu"}),
-                   dtypes=frozenset({torch.float32}), priority=PRIORITY, check=_float32_only, available=_available),
+                   dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, check=_same_dtype,
+                   available=_available),
     ]

@@ -118,8 +118,9 @@ def _layer_norm(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
 def _linear(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x, weight = args[:2]
     bias = args[2] if len(args) > 2 else None
-    return dict(tokens=_rows(x), hidden=x.shape[-1],
-                params=(("out_features", weight.shape[0]), ("bias", bias is not None)))
+    return dict(tokens=_rows(x), hidden=x.shape[-1], params=(
+        ("out_features", weight.shape[0]), ("bias", bias is not None),
+        ("weight_dtype", str(weight.dtype).removeprefix("torch."))))
 
 
 def _linear_int4(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The native quantized linears: float32 activations times 4-bit groups, straight from the packed nibbles, and
-times int8 weights with per-block scales (GGUF Q8_0).
+"""The native weight-only linears: float32 activations times 4-bit groups, straight from the packed nibbles, times
+int8 weights with per-block scales (GGUF Q8_0), and times bfloat16 weights (`--dtype bfloat16` on the CPU: oneDNN's
+bf16 GEMV reached 11 GB/s of a 28 GB/s machine on the bundled model's small weights, this one streams them).
 
 torch's packed int4 kernel multiplies in bfloat16, so it needs two passes of x, a separate float32 product for the
 groups' zeros and a dozen small aten ops around each call; at batch 1 on the bundled SmolLM2 those cost more than
@@ -40,6 +41,7 @@ CONVERTED: WeightCache[_Converted] = WeightCache()  # by the identity of qweight
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _P, ctypes.c_int)
 W8_ARGS = (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, ctypes.c_int)
+BF16_ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, ctypes.c_int)
 
 
 def _kernel(extra: tuple[str, ...] = ()) -> Callable[..., int]:
@@ -88,4 +90,20 @@ def linear_w8_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
         kernel("quant_linear", "int8_linear", W8_ARGS, ctypes.c_int, _extra)(
             rows.data_ptr(), rows.shape[0], k, w.data_ptr(), n, s.data_ptr(), block_size[1],
             None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    return _shaped(out, x)
+
+
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                _extra: tuple[str, ...] = ()) -> torch.Tensor:
+    """x [..., K] float32 @ W.T + bias for a bfloat16 W [N, K] (K a multiple of 16), in float32."""
+    if weight.dtype != torch.bfloat16:
+        raise TypeError(f"linear_bf16 reads bfloat16 weights, got {weight.dtype}")
+    n, k = weight.shape
+    rows = _float_rows(x)
+    out = torch.empty(rows.shape[0], n, dtype=torch.float32)
+    w, b = weight.contiguous(), None if bias is None else bias.float().contiguous()
+    if rows.shape[0]:
+        kernel("quant_linear", "bf16_linear", BF16_ARGS, ctypes.c_int, _extra)(
+            rows.data_ptr(), rows.shape[0], k, w.data_ptr(), n, None if b is None else b.data_ptr(), out.data_ptr(),
+            torch.get_num_threads())
     return _shaped(out, x)

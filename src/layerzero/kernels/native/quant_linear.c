@@ -1,4 +1,4 @@
-/* Weight-only quantized linears on the CPU in float32: out = x @ W.T (+ bias), for two stored forms.
+/* Weight-only quantized linears on the CPU in float32: out = x @ W.T (+ bias), for three stored forms.
  *
  * 4-bit groups: W[n, k] = q * scale + zero8 (one float32 fma) for the stored nibble q in [0, 15], with scale and
  * zero8 = zero - 8 * scale per (row, group), made at conversion. qweight [N, K/2] holds column 2j in the low nibble
@@ -8,6 +8,9 @@
  *
  * 8-bit blocks (GGUF Q8_0, or any int8 weight with one scale per row and block of columns): W[n, k] = q[n, k] *
  * scale[n, k / block]; each block's sum of q * x is taken, then scaled.
+ *
+ * bfloat16 (a bf16 checkpoint's weights, `--dtype bfloat16` on the CPU): W[n, k] is the float32 whose high half is the
+ * stored 16 bits (exact); x stays float32, so the products are float32 products of the bf16 weights.
  *
  * Work items are blocks of output rows, taken two at a time against up to four rows of x, so each chunk is
  * converted once per four rows of x, in registers. Each dot product runs over the chunks in order into two
@@ -124,6 +127,35 @@ static inline __attribute__((always_inline)) void int8_tile(Row a, Row b, const 
         sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
     }
 }
+/* The bfloat16 tile: 16 weights widen to float32 by a shift into the high half (exact), then one fma per row of x. */
+static inline __attribute__((always_inline)) void bf16_tile(Row a, Row b, const float *x, int64_t k, int64_t group,
+                                                           const int R, float sums[2][TILE]) {
+    (void)group;
+    __m512 acc_a[TILE], acc_b[TILE];
+    for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm512_setzero_ps();
+    const uint16_t *qa = (const uint16_t *)a.q, *qb = (const uint16_t *)b.q;
+    for (int64_t c = 0; c < k; c += HALF) {
+#if PREFETCH8 > 0
+        if ((c & 31) == 0) {  /* one line of each row's stream a 32 columns */
+            _mm_prefetch((const char *)(qa + c) + PREFETCH8, _MM_HINT_T0);
+            _mm_prefetch((const char *)(qb + c) + PREFETCH8, _MM_HINT_T0);
+        }
+#endif
+        __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(qa + c))), 16));
+        __m512 wb = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(qb + c))), 16));
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_loadu_ps(x + r * k + c);
+            acc_a[r] = _mm512_fmadd_ps(wa, xv, acc_a[r]);
+            acc_b[r] = _mm512_fmadd_ps(wb, xv, acc_b[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        sums[0][r] = _mm512_reduce_add_ps(acc_a[r]);
+        sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
+    }
+}
 #else
 /* Portable form of the same sums (lane l of the vector form is element l of each half-chunk). */
 static inline void int4_tile(Row a, Row b, const float *xp, int64_t k, int64_t group, const int R,
@@ -163,6 +195,24 @@ static inline void int8_tile(Row a, Row b, const float *x, int64_t k, int64_t bl
             sums[w][r] = total;
         }
 }
+static inline float bf16_value(uint16_t bits) {
+    union { uint32_t u; float f; } v = {(uint32_t)bits << 16};
+    return v.f;
+}
+static inline void bf16_tile(Row a, Row b, const float *x, int64_t k, int64_t group, const int R,
+                             float sums[2][TILE]) {
+    (void)group;
+    const Row rows[2] = {a, b};
+    for (int w = 0; w < 2; w++)
+        for (int r = 0; r < R; r++) {
+            float acc[HALF] = {0}, total = 0.0f;
+            const uint16_t *q = (const uint16_t *)rows[w].q;
+            for (int64_t c = 0; c < k; c += HALF)
+                for (int i = 0; i < HALF; i++) acc[i] += bf16_value(q[c + i]) * x[r * k + c + i];
+            for (int i = 0; i < HALF; i++) total += acc[i];
+            sums[w][r] = total;
+        }
+}
 #endif
 
 /* Each format's tile with the row count made a constant, so the accumulators stay in registers. */
@@ -178,6 +228,7 @@ static inline void int8_tile(Row a, Row b, const float *x, int64_t k, int64_t bl
     }
 TILES(int4)
 TILES(int8)
+TILES(bf16)
 
 /* out [m, n] = x [m, k] . W.T (+ bias); row_bytes: bytes per stored weight row; zeros8 may be NULL. */
 static void run(TileFn tiles, const float *x, int64_t m, int64_t k, const uint8_t *q, int64_t row_bytes, int64_t n,
@@ -219,5 +270,12 @@ int int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *qweight, in
 int int8_linear(const float *x, int64_t m, int64_t k, const int8_t *weight, int64_t n, const float *scales,
                 int64_t block, const float *bias, float *out, int threads) {
     run(int8_tiles, x, m, k, (const uint8_t *)weight, k, n, scales, NULL, block, bias, out, threads);
+    return 0;
+}
+
+/* bfloat16 weights [N, K] (K a multiple of 16), float32 x and out. */
+int bf16_linear(const float *x, int64_t m, int64_t k, const uint16_t *weight, int64_t n, const float *bias, float *out,
+                int threads) {
+    run(bf16_tiles, x, m, k, (const uint8_t *)weight, 2 * k, n, NULL, NULL, k, bias, out, threads);
     return 0;
 }

@@ -50,6 +50,16 @@ def _w8_blocks(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
+    """float32 x times a bfloat16 weight whose rows split into 16-column steps."""
+    if ctx.param("weight_dtype") != "bfloat16" or ctx.dtype != torch.float32:
+        # never through the dispatcher's float32 cast: that would widen the weight too
+        return [Reason(CONSTRAINT_FAILED, "takes bfloat16 weights with float32 activations only")]
+    if ctx.hidden % linear.HALF:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: the bf16 kernel reads {linear.HALF} columns a step")]
+    return []
+
+
 def kernel_specs() -> list[KernelSpec]:
     cpu = frozenset({"cpu"})
     norms = _builds("norm", "rms_norm", norm.ARGS)
@@ -65,6 +75,9 @@ def kernel_specs() -> list[KernelSpec]:
                    dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY,
                    quant_formats=frozenset({"int8"}), check=_w8_blocks,
                    available=_builds("quant_linear", "int8_linear", linear.W8_ARGS)),
+        KernelSpec("native.linear_bf16_cpu", "linear", "native", linear.linear_bf16, VERSION, platforms=cpu,
+                   dtypes=FLOAT32, priority=PRIORITY, check=_bf16_weight,
+                   available=_builds("quant_linear", "bf16_linear", linear.BF16_ARGS)),
         KernelSpec("native.rms_norm_cpu", "rms_norm", "native", norm.rms_norm, VERSION, platforms=cpu, dtypes=FLOAT32,
                    priority=PRIORITY, available=norms),
         KernelSpec("native.fused_add_rms_norm_cpu", "fused_add_rms_norm", "native", norm.fused_add_rms_norm, VERSION,

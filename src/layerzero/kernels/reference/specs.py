@@ -76,6 +76,13 @@ def gelu_and_mul(x, *, approximate: str) -> torch.Tensor:
     return activation.gelu_and_mul(x, approximate)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, a weight held in another dtype than x (bf16 weights of a float32 CPU model) first cast to x's."""
+    if weight.dtype != x.dtype:
+        weight, bias = weight.to(x.dtype), None if bias is None else bias.to(x.dtype)
+    return F.linear(x, weight, bias)
+
+
 # op -> (impl, graph_safe). Unsafe: varlen reads cu_seqlens back without host bounds, the KV store (and the
 # fused prologue around it) selects its non-padding slots with a boolean index (both synchronize with the device).
 _CORE = {
@@ -91,7 +98,7 @@ _CORE = {
     "rope": (rope, True),
     "silu_and_mul": (activation.silu_and_mul, True),
     "gelu_and_mul": (gelu_and_mul, True),
-    "linear": (F.linear, True),
+    "linear": (linear, True),
     "embedding": (F.embedding, True),
     "argmax": (argmax_ref.argmax, True),
 }

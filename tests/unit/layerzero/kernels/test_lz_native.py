@@ -1,5 +1,5 @@
-"""The native C kernels (layerzero/kernels/native) against float64 references on fresh random inputs: the 4-bit
-and 8-bit linears in their AVX-512 and portable builds, RMSNorm, RoPE, the KV store, the gated activations, and paged
+"""The native C kernels (layerzero/kernels/native) against float64 references on fresh random inputs: the 4-bit,
+8-bit and bfloat16-weight linears in their AVX-512 and portable builds, RMSNorm, RoPE, the KV store, the gated activations, and paged
 attention for decode, prefill and mixed steps; a row's result must not depend on what shares its call; builds that
 fail say why."""
 
@@ -67,6 +67,38 @@ def test_int8_block_linear_matches_float64(extra: tuple[str, ...], seed: int, ro
     alone = torch.cat([linear.linear_w8_int8(x[i : i + 1], w, scale, b, block_size=(1, block), _extra=extra)
                        for i in range(rows)])
     assert torch.equal(alone, got)
+
+
+@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), steps=st.integers(1, 40),
+       bias=st.booleans())
+def test_bf16_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: int, n: int, steps: int,
+                                     bias: bool) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    k = 16 * steps
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    x, b = torch.randn(rows, k, generator=gen), (torch.randn(n, generator=gen) if bias else None)
+    got = linear.linear_bf16(x, w, b, _extra=extra)
+    want = x.double() @ w.double().T + (0 if b is None else b.double())  # the bf16 values, exactly
+    terms = x.double().abs() @ w.double().abs().T
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * terms.max().item())
+    alone = torch.cat([linear.linear_bf16(x[i : i + 1], w, b, _extra=extra) for i in range(rows)])
+    assert torch.equal(alone, got)
+
+
+def test_bf16_linear_is_chosen_for_float32_inputs_only() -> None:
+    w = torch.randn(8, 64).bfloat16()
+    assert lz.which("linear", torch.randn(2, 64), w)["kernel_id"] == "native.linear_bf16_cpu"
+    for x in (torch.randn(2, 64).bfloat16(), torch.randn(2, 64).half()):  # never via the float32 cast of both
+        report = lz.explain("linear", x, w.to(x.dtype))
+        native = next(c for c in report.candidates if c.kernel_id == "native.linear_bf16_cpu")
+        assert not native.valid and "float32 activations" in str(native.reasons)
+    report = lz.explain("linear", torch.randn(2, 40), torch.randn(8, 40).bfloat16())
+    assert "16 columns a step" in str(next(c for c in report.candidates if c.kernel_id == "native.linear_bf16_cpu"))
+    with pytest.raises(TypeError, match="bfloat16 weights"):
+        linear.linear_bf16(torch.randn(2, 64), torch.randn(8, 64))
 
 
 def test_int4_linear_takes_bf16_and_3d_inputs() -> None:

@@ -1,5 +1,6 @@
-"""The oneDNN CPU linear: exact against a float64 reference on fresh inputs, selected for float32 on
-the CPU, and its packed weights follow the weights (repacked on change, dropped when collected)."""
+"""The oneDNN CPU linear: exact against a float64 reference on fresh inputs (bfloat16 within its rounding), selected
+for float32 and, where the CPU has bf16 dot products, bfloat16 on the CPU, and its packed weights follow the weights
+(repacked on change, dropped when collected)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,24 @@ def test_packed_copy_goes_with_its_weight():
     assert len(onednn.PACKED) == before
 
 
-def test_selected_for_float32_on_the_cpu_only():
+BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@pytest.mark.skipif(not BF16, reason="oneDNN has no bfloat16 kernels for this CPU")
+@pytest.mark.parametrize("rows", [1, 7, 40])
+def test_bfloat16_within_its_rounding(rows):
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 576, generator=g).bfloat16(), torch.randn(300, 576, generator=g).bfloat16(), None
+    got = onednn.linear(x, w, b)
+    assert got.dtype == torch.bfloat16
+    want = F.linear(x.double(), w.double())  # exact products of the bf16 values; the output rounds once to bf16
+    torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
+
+def test_selected_for_float32_and_bfloat16_on_the_cpu():
     x, w = torch.randn(4, 32), torch.randn(8, 32)
     assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"
-    assert lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] != "onednn.linear"
+    assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == BF16
+    assert lz.which("linear", x.half(), w.half())["kernel_id"] != "onednn.linear"
+    if not BF16:
+        assert "no bfloat16 kernels" in str(lz.explain("linear", x.bfloat16(), w.bfloat16()))

@@ -1,0 +1,54 @@
+"""bfloat16 checkpoints on the CPU (`dtype="bfloat16"`): the model computes in float32 and holds its linear weights
+and LM head in bf16 (`HalfWeight`, multiplied by layerzero's native bf16 kernel), so its logits equal transformers'
+float32 forward over the same bf16 weights to float32 rounding, and its greedy tokens equal transformers'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from checkpoints import FAMILIES, save_tiny, save_tiny_with_tokenizer
+from infer import LLM, SamplingParams
+from infer.engine.config import EngineConfig
+from infer.loader.model_loader import load_model
+from infer.models.forward_batch import ForwardBatch
+from infer.models.quant import HalfWeight
+from test_model_parity import FP32_ATOL, _max_diff, _our_logits, _prompts, transformers_greedy
+
+
+def _to_bf16(path):
+    """Rewrite a saved tiny checkpoint with its weights in bfloat16, as a bf16 checkpoint is published."""
+    AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers_float32_over_the_bf16_weights(family, tmp_path):
+    path = _to_bf16(save_tiny(family, tmp_path, hidden_size=64))
+    ours = load_model(path, torch.float32, matmul_dtype=torch.bfloat16).model
+    halves = [m for m in ours.modules() if isinstance(m, HalfWeight)]
+    assert halves and all(h.weight.dtype == torch.bfloat16 for h in halves) and isinstance(ours.lm_head, HalfWeight)
+    assert ours.embed.dtype == torch.float32  # the lookup keeps its float32 table (bf16 values)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = _prompts(4, ours.config.vocab_size, seed=5)
+    diff, largest = _max_diff(_our_logits(ours, prompts), hf, prompts)
+    assert largest > 1.0 and diff <= FP32_ATOL
+
+
+def test_engine_greedy_tokens_equal_transformers(tmp_path):
+    path = _to_bf16(save_tiny_with_tokenizer("qwen3", tmp_path, seed=6))
+    prompts = [[5, 9, 33, 2, 17, 80, 41, 3, 9, 11, 200, 7], list(range(40, 80))]
+    llm = LLM(str(path), device="cpu", dtype="bfloat16", max_seq_len=96, max_batch_size=4)
+    assert llm.config.torch_dtype == torch.float32 and llm.config.matmul_dtype == torch.bfloat16
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    assert [o.token_ids for o in llm.generate_ids(prompts, greedy)] == transformers_greedy(path, prompts)
+
+
+def test_the_dtypes_each_device_resolves():
+    cpu = EngineConfig(device="cpu", dtype="bfloat16")
+    assert (cpu.weight_dtype, cpu.torch_dtype, cpu.matmul_dtype) == (torch.bfloat16, torch.float32, torch.bfloat16)
+    assert EngineConfig(device="cpu", dtype="float32").matmul_dtype is None
+    assert EngineConfig(device="cpu").torch_dtype == torch.float32
+    cuda = EngineConfig(device="cuda", dtype="bfloat16")
+    assert (cuda.torch_dtype, cuda.matmul_dtype) == (torch.bfloat16, None)
