@@ -25,10 +25,15 @@ PACKED: WeightCache[torch.Tensor] = WeightCache()  # oneDNN-packed copies of flo
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ weight[out, in].T + bias through oneDNN with the weight's packed copy."""
+    """x [..., in] @ weight[out, in].T + bias through oneDNN with the weight's packed copy. float32 x with a bf16
+    weight (a CPU model's `HalfWeight`) multiplies in bf16, x rounded to it, and returns float32."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     packed = PACKED.get(weight, lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    if rows.dtype != weight.dtype:
+        out = torch.ops.mkldnn._linear_pointwise(rows.to(weight.dtype), packed, None, "none", [], "").to(x.dtype)
+        out = out if bias is None else out + bias
+    else:
+        out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -42,6 +47,8 @@ def _same_dtype(ctx: SelectionContext) -> list[Reason]:
     """No upcast of other dtypes: the cast weight is a new tensor, repacked on every call; bf16 needs oneDNN's."""
     weight = ctx.param("weight_dtype")
     if ctx.dtype is not None and weight is not None and weight != str(ctx.dtype).removeprefix("torch."):
+        if ctx.dtype == torch.float32 and weight == "bfloat16" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return []  # x rounded to bf16 for the product: the CPU's bf16 GEMM (AMX) for a bf16-weight model's rows
         return [Reason(CONSTRAINT_FAILED, f"{weight} weights with {ctx.dtype} inputs: oneDNN multiplies one dtype")]
     if ctx.dtype == torch.float32:
         return []

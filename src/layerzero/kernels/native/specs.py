@@ -57,6 +57,9 @@ def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
         return [Reason(CONSTRAINT_FAILED, "takes bfloat16 weights with float32 activations only")]
     if ctx.hidden % linear.HALF:
         return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: the bf16 kernel reads {linear.HALF} columns a step")]
+    if ctx.tokens > linear.BF16_MAX_ROWS:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {linear.BF16_MAX_ROWS} oneDNN's bf16 GEMM (AMX) "
+                                          "is faster (benchmarks/reports/cpu_vs_vllm.md)")]
     return []
 
 

@@ -266,3 +266,9 @@ def test_a_build_that_fails_says_why(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CC", "no-such-compiler")
     with pytest.raises(NativeBuildError, match="no C compiler"):
         build(broken)
+
+
+def test_bf16_linear_leaves_more_than_a_few_rows_to_a_gemm() -> None:
+    report = lz.explain("linear", torch.randn(linear.BF16_MAX_ROWS + 1, 64), torch.randn(8, 64).bfloat16())
+    native = next(c for c in report.candidates if c.kernel_id == "native.linear_bf16_cpu")
+    assert not native.valid and f"past {linear.BF16_MAX_ROWS}" in str(native.reasons)

@@ -69,3 +69,14 @@ def test_selected_for_float32_and_bfloat16_on_the_cpu():
     assert lz.which("linear", x.half(), w.half())["kernel_id"] != "onednn.linear"
     if not BF16:
         assert "no bfloat16 kernels" in str(lz.explain("linear", x.bfloat16(), w.bfloat16()))
+
+
+@pytest.mark.skipif(not BF16, reason="oneDNN has no bfloat16 kernels for this CPU")
+def test_float32_rows_times_bf16_weights_round_the_rows_and_return_float32():
+    g = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(40, 576, generator=g), torch.randn(300, 576, generator=g).bfloat16(), torch.randn(300)
+    got = onednn.linear(x, w, b)
+    assert got.dtype == torch.float32
+    want = F.linear(x.bfloat16().double(), w.double(), b.double())  # the rows rounded to bf16, the products exact
+    torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+    assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"  # 40 rows: past the native GEMV's 4
