@@ -231,7 +231,8 @@ class EngineConfig:
 
     @property
     def weight_dtype(self) -> torch.dtype:
-        """The dtype asked for ("auto": bfloat16 on CUDA, float32 elsewhere): what the model's weights are held in."""
+        """The dtype asked for ("auto": bfloat16 on CUDA, float32 elsewhere). The model holds its weights in it, but
+        for bfloat16 on the CPU, where only the matmuls' weights are (`matmul_dtype`)."""
         import torch
 
         if self.dtype != "auto":

@@ -97,8 +97,9 @@ class Int4Weight(QuantWeight):
 
 class HalfWeight(QuantWeight):
     """A linear weight kept in bfloat16 while the model computes in float32 (`--dtype bfloat16` on the CPU): a matmul
-    streams half the bytes of a float32 weight's, and every other op keeps its float32 kernel. layerzero's
-    `native.linear_bf16_cpu` multiplies float32 x by the bf16 values exactly (widened in registers)."""
+    streams half the bytes of a float32 weight's, and every other op keeps its float32 kernel. layerzero multiplies
+    float32 x by it: a few rows (decode) through `native.linear_bf16_cpu`, exact float32 products of the bf16 values;
+    more rows through oneDNN's bf16 GEMM, the rows rounded to bf16 (docs/engine.md, "bfloat16 on the CPU")."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
@@ -129,7 +130,7 @@ class LinearSite:
         if isinstance(weight, Int4Weight):
             return self.int4(x, weight.qweight, weight.scales_zeros, bias, group_size=weight.group_size)
         if isinstance(weight, HalfWeight):
-            return self.dense(x, weight.weight, bias)  # float32 x, bf16 weight: the CPU's native bf16 kernel
+            return self.dense(x, weight.weight, bias)  # float32 x, bf16 weight: layerzero's bf16-weight kernels
         return self.dense(x, weight, bias)
 
 
