@@ -5,7 +5,8 @@
  * s_j = scale * q . k_j, then out = sum_j exp(s_j - max) v_j / sum_j exp(s_j - max), over j in ascending order.
  * A decode row and the same row inside a prefill or mixed step run this identical arithmetic, so a request's
  * tokens do not depend on what shares its step. Dot products keep 16 lane sums (vectorized without
- * reassociation, so no -ffast-math), added up in a fixed order.
+ * reassociation, so no -ffast-math), added up in a fixed order; the exponentials run 16 at a time (vexp.h), key j's
+ * lane fixed by its index from the window's start, so a row's result still depends on nothing else.
  */
 #include <math.h>
 #include <stdint.h>
@@ -15,6 +16,7 @@
 #endif
 
 #include "lanes.h"
+#include "vexp.h"
 
 /* q [T, H, D] with row stride q_stride (heads side by side); caches [blocks, bs, Hkv, D]; tables [B, max_blocks]
  * int32; cu_q [B + 1] int32 or NULL (decode: row t is sequence t, one token); ctx [B] int32; window <= 0 means
@@ -67,9 +69,15 @@ int paged_attention(const float *q, int64_t q_stride, const float *kc, const flo
                 if (s > top) top = s;
             }
             float *o = out + (t * heads + h) * d, total = 0.0f;
+            int64_t n = pos - lo + 1, j0 = 0;
+#if defined(__AVX512F__)
+            for (const __m512 m = _mm512_set1_ps(top); j0 + 16 <= n; j0 += 16)
+                _mm512_storeu_ps(scores + j0, exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + j0), m)));
+#endif
+            for (int64_t j = j0; j < n; j++) scores[j] = expf(scores[j] - top);
             for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
             for (int64_t j = lo; j <= pos; j++) {
-                float e = expf(scores[j - lo] - top);
+                float e = scores[j - lo];
                 const float *v = vc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;
                 total += e;
                 for (int64_t i = 0; i < d; i++) o[i] += e * v[i];
