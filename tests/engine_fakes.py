@@ -40,6 +40,7 @@ class Done:
 class FakeRunner:
     vocab_size = VOCAB
     probes = None
+    launches_ahead = True  # as a device runner: the overlap tests need it
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size

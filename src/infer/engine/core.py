@@ -132,7 +132,8 @@ class EngineCore:
         """One step, top to bottom: resolve the step in flight (unless this one may launch ahead of it), apply aborts,
         schedule, forward, the grammar masks, sample, then read the step before (the overlap: overlap.py)."""
         s = self.scheduler
-        ahead = InFlight.may_launch_ahead(bool(self._aborts), s.needs_history, s.wants_pooling, s.proposer is not None)
+        ahead = self.runner.launches_ahead and InFlight.may_launch_ahead(
+            bool(self._aborts), s.needs_history, s.wants_pooling, s.proposer is not None)
         outputs = [] if ahead else self._resolve()
         outputs += self.apply_aborts()
         batch = self.scheduler.schedule()

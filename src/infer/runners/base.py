@@ -23,6 +23,9 @@ class Runner(Protocol):
 
     vocab_size: int
     probes: ProbeBank | None  # the loaded probe set's device buffers, when the engine was built with one
+    # forward returns before the step's compute ends (CUDA, MLX): only then does launching the next step before this
+    # one is read overlap anything; on the CPU it would only hold each token back one step
+    launches_ahead: bool
 
     def forward(self, step: StepInput) -> Any:
         """Queue the step's forward and LM head; returns what `sample` takes."""

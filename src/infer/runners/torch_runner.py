@@ -120,6 +120,7 @@ class TorchRunner:
             for layer, tap in probes.taps().items():
                 model.blocks[layer].resid_post = tap
         self.device = model.embed.device
+        self.launches_ahead = self.device.type != "cpu"
         self.block_size, self.num_blocks = block_size, num_blocks
         self.vocab_size = cfg.vocab_size
         self.max_batch_size = max_batch_size

@@ -77,6 +77,7 @@ class MlxRunner:
     """Owns the MLX weights, the paged KV cache and the sampling state; turns a StepInput into sampled tokens."""
 
     probes: ProbeBank | None = None  # declined at startup (build/mlx_builder.py)
+    launches_ahead = True  # MLX evaluates lazily: forward returns before the device has run the step
 
     def __init__(self, model: MlxModel, num_blocks: int, block_size: int, max_batch_size: int = 32) -> None:
         cfg = model.config

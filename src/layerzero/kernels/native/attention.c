@@ -33,7 +33,7 @@ int paged_attention(const float *q, int64_t q_stride, const float *kc, const flo
     }
     int64_t rows = cu_q == NULL ? batch : cu_q[batch];
     int64_t *seq_of = malloc(sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1));
-    float *scratch = malloc(sizeof(float) * (size_t)(threads * (max_ctx > 0 ? max_ctx : 1)));
+    float *scratch = malloc(sizeof(float) * (size_t)(threads * (heads / kv_heads) * (max_ctx > 0 ? max_ctx : 1)));
     if (seq_of == NULL || scratch == NULL) {
         free(seq_of);
         free(scratch);
@@ -44,46 +44,60 @@ int paged_attention(const float *q, int64_t q_stride, const float *kc, const flo
         for (int64_t t = start; t < end; t++) seq_of[t] = b;
     }
     int64_t group = heads / kv_heads, row_stride = kv_heads * d;
+    /* Each work item is `per` query heads of one row that share a KV head: each key and value row is loaded once for
+     * all of them. With few rows (batch-1 decode) items are single heads, so every thread still gets work. A head's
+     * arithmetic is the same either way. */
+    int64_t per = rows * kv_heads >= 4 * (int64_t)threads ? group : 1, items = rows * (heads / per);
 #pragma omp parallel num_threads(threads)
     {
         int thread = 0;
 #ifdef _OPENMP
         thread = omp_get_thread_num();
 #endif
-        float *scores = scratch + (int64_t)thread * max_ctx;
+        float *scores = scratch + (int64_t)thread * per * max_ctx;
 #pragma omp for schedule(static)
-        for (int64_t item = 0; item < rows * heads; item++) {
-            int64_t t = item / heads, h = item % heads, b = seq_of[t];
+        for (int64_t item = 0; item < items; item++) {
+            int64_t t = item / (heads / per), h0 = (item % (heads / per)) * per, b = seq_of[t];
             int64_t first = cu_q == NULL ? b : cu_q[b], q_len = cu_q == NULL ? 1 : cu_q[b + 1] - cu_q[b];
             if (max_q_len > 0 && q_len > max_q_len) continue;  /* a long chunk: the caller attends to it */
             int64_t pos = ctx[b] - q_len + (t - first);
-            int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            const float *qv = q + t * q_stride + h * d;
+            int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0, n = pos - lo + 1;
             const int32_t *table = tables + b * max_blocks;
-            int64_t kv_offset = (h / group) * d;
-            float top = -INFINITY;
+            int64_t kv_offset = (h0 / group) * d;
+            float top[per], total[per];
+            for (int64_t g = 0; g < per; g++) top[g] = -INFINITY;
             for (int64_t j = lo; j <= pos; j++) {
                 const float *k = kc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;
-                float s = scale * lane_dot(qv, k, d);
-                scores[j - lo] = s;
-                if (s > top) top = s;
+                for (int64_t g = 0; g < per; g++) {
+                    float s = scale * lane_dot(q + t * q_stride + (h0 + g) * d, k, d);
+                    scores[g * max_ctx + j - lo] = s;
+                    if (s > top[g]) top[g] = s;
+                }
             }
-            float *o = out + (t * heads + h) * d, total = 0.0f;
-            int64_t n = pos - lo + 1, j0 = 0;
+            for (int64_t g = 0; g < per; g++) {
+                float *sc = scores + g * max_ctx, *o = out + (t * heads + h0 + g) * d;
+                int64_t j0 = 0;
 #if defined(__AVX512F__)
-            for (const __m512 m = _mm512_set1_ps(top); j0 + 16 <= n; j0 += 16)
-                _mm512_storeu_ps(scores + j0, exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + j0), m)));
+                for (const __m512 m = _mm512_set1_ps(top[g]); j0 + 16 <= n; j0 += 16)
+                    _mm512_storeu_ps(sc + j0, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), m)));
 #endif
-            for (int64_t j = j0; j < n; j++) scores[j] = expf(scores[j] - top);
-            for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-            for (int64_t j = lo; j <= pos; j++) {
-                float e = scores[j - lo];
-                const float *v = vc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;
-                total += e;
-                for (int64_t i = 0; i < d; i++) o[i] += e * v[i];
+                for (int64_t j = j0; j < n; j++) sc[j] = expf(sc[j] - top[g]);
+                total[g] = 0.0f;
+                for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
             }
-            float inv = total > 0.0f ? 1.0f / total : 0.0f;  /* a row with no visible key (padding) gives 0 */
-            for (int64_t i = 0; i < d; i++) o[i] *= inv;
+            for (int64_t j = lo; j <= pos; j++) {
+                const float *v = vc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;
+                for (int64_t g = 0; g < per; g++) {
+                    float e = scores[g * max_ctx + j - lo], *o = out + (t * heads + h0 + g) * d;
+                    total[g] += e;
+                    for (int64_t i = 0; i < d; i++) o[i] += e * v[i];
+                }
+            }
+            for (int64_t g = 0; g < per; g++) {
+                float inv = total[g] > 0.0f ? 1.0f / total[g] : 0.0f;  /* no visible key (padding) gives 0 */
+                float *o = out + (t * heads + h0 + g) * d;
+                for (int64_t i = 0; i < d; i++) o[i] *= inv;
+            }
         }
     }
     free(seq_of);
