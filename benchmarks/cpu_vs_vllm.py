@@ -27,7 +27,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from bench_serving import WORDS, hardware_info
+from bench_serving import WORDS, free_port, hardware_info
 from report_files import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,12 +133,6 @@ def default_vllm_env() -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """One server process in its own process group, logged to a file, killed with its children on close()."""
 
@@ -185,7 +178,6 @@ class Server:
         except ProcessLookupError:
             pass
         self.proc.wait()
-
 
     def cpu_s(self) -> float:
         """CPU seconds used so far by the live processes of the server's group (from /proc/PID/stat)."""
