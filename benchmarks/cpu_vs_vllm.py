@@ -38,6 +38,7 @@ import httpx
 
 from bench_serving import WORDS, free_port, hardware_info
 from report_files import write_report
+from sse_client import stream_completion
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / ".bench"
@@ -215,40 +216,23 @@ def body(prompt: str, tokens: int) -> dict[str, Any]:
             "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def stream(http: httpx.AsyncClient, url: str, prompt: str, tokens: int) -> dict[str, Any]:
-    """One streamed completion: send time, arrival time of every text chunk, and usage."""
-    times: list[float] = []
-    usage: dict[str, int] = {}
-    sent = time.perf_counter()
-    async with http.stream("POST", url + "/v1/completions", json=body(prompt, tokens)) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                times.append(time.perf_counter())
-    return {"sent": sent, "times": times, "done": time.perf_counter(), "usage": usage}
-
-
 async def measure(url: str, prompt_texts: list[str], tokens: int, streams: int) -> dict[str, Any]:
     """Batch 1 (TTFT, decode tok/s) on the first prompt, then `streams` concurrent streams of the others."""
     limits = httpx.Limits(max_connections=streams + 2, max_keepalive_connections=streams + 2)
     async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         await asyncio.gather(*(http.get(url + "/health") for _ in range(streams)))  # warm connections
         load = os.getloadavg()[0]
-        one = await stream(http, url, prompt_texts[0], tokens)
-        first, last = one["times"][0], one["times"][-1]
+        one = await stream_completion(http, url + "/v1/completions", body(prompt_texts[0], tokens))
+        first, last = one["chunk_times"][0], one["chunk_times"][-1]
         started = time.perf_counter()
-        many = await asyncio.gather(*(stream(http, url, p, tokens) for p in prompt_texts[1 : streams + 1]))
+        many = await asyncio.gather(*(stream_completion(http, url + "/v1/completions", body(p, tokens))
+                                      for p in prompt_texts[1 : streams + 1]))
         wall = time.perf_counter() - started
     return {"load_1min": load, "ttft_ms": (first - one["sent"]) * 1e3,
             "decode_tok_s": (one["usage"]["completion_tokens"] - 1) / (last - first),
             "prompt_tokens": one["usage"]["prompt_tokens"], "completion_tokens": one["usage"]["completion_tokens"],
             "streams_tok_s": sum(m["usage"]["completion_tokens"] for m in many) / wall,
-            "streams_ttft_p50_ms": statistics.median((m["times"][0] - m["sent"]) * 1e3 for m in many)}
+            "streams_ttft_p50_ms": statistics.median((m["chunk_times"][0] - m["sent"]) * 1e3 for m in many)}
 
 
 def server_command(system: str, model: Path, dtype: str, port: int) -> list[str]:

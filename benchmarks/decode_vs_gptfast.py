@@ -17,7 +17,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import model_shapes as ms
+from gpu_decode.baselines import gptfast_decode_rate
 from gpu_decode.engine import decode_once
 from gpu_decode.plan import prompt_ids
 from profile_generation import union_us
@@ -91,21 +91,8 @@ def gptfast(name: str, args: argparse.Namespace) -> float:
         return model(x, pos)[:, -1].argmax(-1, keepdim=True)
 
     step = torch.compile(one, mode="reduce-overhead", fullgraph=True)
-    with torch.inference_mode():
-        prompt = torch.tensor([prompt_ids(cfg.vocab_size, args.prompt_len, seed=1)], device="cuda")
-        x = one(prompt, torch.arange(args.prompt_len, device="cuda"))
-
-        def run(n: int) -> float:
-            nonlocal x
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for i in range(n):
-                x = step(x.clone(), torch.tensor([args.prompt_len + i], device="cuda"))
-            torch.cuda.synchronize()
-            return time.perf_counter() - start
-
-        run(8)  # compile, capture
-        rate = statistics.median(args.tokens / run(args.tokens) for _ in range(args.repeats))
+    rate = gptfast_decode_rate(one, step, prompt_ids(cfg.vocab_size, args.prompt_len, seed=1), args.tokens,
+                               args.repeats, "cuda")
     del model, step
     sys.path.remove(str(args.peer))
     sys.modules.pop("model", None)

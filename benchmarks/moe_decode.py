@@ -44,8 +44,9 @@ from torch import nn
 import layerzero as lz
 import model_shapes as ms
 from device_rates import copy_bandwidth, graph_us
+from gpu_decode.baselines import gptfast_decode_rate
 from gpu_decode.engine import decode_once, greedy, prefill_once, step
-from gpu_decode.plan import prompt_ids, sync
+from gpu_decode.plan import prompt_ids
 from infer import LLM
 from infer.families.config import ModelConfig
 from report_files import write_report
@@ -124,21 +125,8 @@ def gptfast(cfg: ModelConfig, args: argparse.Namespace) -> float:
 
     cuda = args.device.startswith("cuda")
     decode = torch.compile(one, mode="reduce-overhead", fullgraph=True) if cuda else one
-    with torch.inference_mode():
-        prompt = torch.tensor([prompt_ids(cfg.vocab_size, args.prompt_len, seed=1)], device=args.device)
-        x = one(prompt, torch.arange(args.prompt_len, device=args.device))
-
-        def run(n: int) -> float:
-            nonlocal x
-            sync(args.device)
-            start = time.perf_counter()
-            for i in range(n):
-                x = decode(x.clone(), torch.tensor([args.prompt_len + i], device=args.device))
-            sync(args.device)
-            return time.perf_counter() - start
-
-        run(8)  # compile, capture
-        rate = statistics.median(args.tokens / run(args.tokens) for _ in range(args.repeats))
+    rate = gptfast_decode_rate(one, decode, prompt_ids(cfg.vocab_size, args.prompt_len, seed=1), args.tokens,
+                               args.repeats, args.device)
     del model, decode
     sys.path.remove(str(args.peer))
     sys.modules.pop("model", None)

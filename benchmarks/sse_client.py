@@ -5,7 +5,7 @@
 Imports only httpx (start-up stays out of the measured time). Prints "ready" once it holds one open connection per
 stream (with `fresh`: one warm connection only, each stream opening its own when released, as a burst of new clients
 does), waits for a line on stdin (the parent releases every client at once), sends all bodies concurrently, reads
-every chunk of every stream, and writes [{"tokens", "chunk_times", "sent", "done"}, ...] (times from time.time(): when
+every chunk of every stream, and writes [{"tokens", "usage", "chunk_times", "sent", "done"}, ...] (times from time.time(): when
 the request went out, each text chunk arrived, the stream ended) to RESULT.json.
 """
 
@@ -19,10 +19,10 @@ import time
 import httpx
 
 
-async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> dict:
-    """One streamed completion: its generated tokens (from usage) and the arrival time of each text chunk."""
+async def stream_completion(http: httpx.AsyncClient, url: str, body: dict) -> dict:
+    """One streamed completion: its usage, generated tokens (from usage) and the arrival time of each text chunk."""
     times: list[float] = []
-    tokens = 0
+    usage: dict[str, int] = {}
     sent = time.time()
     async with http.stream("POST", url, json=body) as r:
         r.raise_for_status()
@@ -31,10 +31,11 @@ async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> dict:
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+                usage = chunk["usage"]
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 times.append(time.time())
-    return {"tokens": tokens, "chunk_times": times, "sent": sent, "done": time.time()}
+    return {"tokens": usage.get("completion_tokens", 0), "usage": usage, "chunk_times": times, "sent": sent,
+            "done": time.time()}
 
 
 async def _main(url: str, bodies: list[dict], fresh: bool) -> list[dict]:
@@ -47,7 +48,7 @@ async def _main(url: str, bodies: list[dict], fresh: bool) -> list[dict]:
         await asyncio.gather(*(http.get(health) for _ in bodies[: 1 if fresh else len(bodies)]))
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        return await asyncio.gather(*(_stream(http, url, b) for b in bodies))
+        return await asyncio.gather(*(stream_completion(http, url, b) for b in bodies))
 
 
 if __name__ == "__main__":

@@ -93,6 +93,28 @@ def hf_generate_seconds(model: Any, x: torch.Tensor, tokens: int, compiled: bool
     return time.perf_counter() - start
 
 
+def gptfast_decode_rate(one: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                        step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt: list[int], tokens: int,
+                        repeats: int, device: str) -> float:
+    """gpt-fast's batch-1 greedy decode tok/s: `one(ids [1, T], positions)` prefills `prompt` and returns the next
+    token [1, 1]; then `step` (its compiled one-token decode) runs `tokens` tokens after 8 of warm-up (compile,
+    capture), median of `repeats`."""
+    with torch.inference_mode():
+        x = one(torch.tensor([prompt], device=device), torch.arange(len(prompt), device=device))
+
+        def run(n: int) -> float:
+            nonlocal x
+            sync(device)
+            start = time.perf_counter()
+            for i in range(n):
+                x = step(x.clone(), torch.tensor([len(prompt) + i], device=device))
+            sync(device)
+            return time.perf_counter() - start
+
+        run(8)
+        return statistics.median(tokens / run(tokens) for _ in range(repeats))
+
+
 def hf_decode(name: str, plan: Plan, compiled: bool) -> dict[str, Any]:
     """transformers' decode tok/s on a random model of the same config: (N-1) / (t(N) - t(1))."""
     from transformers import AutoModelForCausalLM
