@@ -150,7 +150,6 @@ def hold_linears_in(model: nn.Module, names: list[str], dtype: torch.dtype) -> N
         w = params.pop(name, None)
         if w is not None and w.is_floating_point() and w.dtype != dtype:
             replace_weight(model, name, HalfWeight(w.detach().to(dtype)))
-            del w
 
 
 def quantize_linears(model: nn.Module, names: list[str], method: str) -> None:

@@ -3,8 +3,9 @@
 torch's dense CPU linear (MKL sgemm on the row-major weight) is 2-4x slower than oneDNN with a
 prepacked weight on the shapes of small LLMs, at 1 to 40 rows, the 49k-row LM head most of all
 (numbers in docs/engine.md). In bfloat16 the gap is wider: torch's bf16 linear does not reach the CPU's bf16 dot
-products (AVX512-BF16, AMX), oneDNN's does, so bf16 runs here wherever oneDNN supports it on this CPU. The packed copy is made on a weight's first use and kept while the
-weight lives; an in-place change of the weight (its version counter) or a new storage repacks it.
+products (AVX512-BF16, AMX), oneDNN's does, so bf16 runs here wherever oneDNN supports it on this CPU. The packed
+copy is made on a weight's first use and kept while the weight lives; an in-place change of the weight (its version
+counter) or a new storage repacks it.
 The price is one extra copy of every linear weight in host memory; lock `linear` to
 `reference.linear` (LAYERZERO_LOCK_LINEAR or `lz.lock`) to go without it.
 """
@@ -44,18 +45,18 @@ def _available() -> Reason | None:
 
 
 def _same_dtype(ctx: SelectionContext) -> list[Reason]:
-    """No upcast of other dtypes: the cast weight is a new tensor, repacked on every call; bf16 needs oneDNN's."""
-    weight = ctx.param("weight_dtype")
-    if ctx.dtype is not None and weight is not None and weight != str(ctx.dtype).removeprefix("torch."):
-        if ctx.dtype == torch.float32 and weight == "bfloat16" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return []  # x rounded to bf16 for the product: the CPU's bf16 GEMM (AMX) for a bf16-weight model's rows
-        return [Reason(CONSTRAINT_FAILED, f"{weight} weights with {ctx.dtype} inputs: oneDNN multiplies one dtype")]
-    if ctx.dtype == torch.float32:
+    """float32, or bfloat16 where this CPU has oneDNN's bf16 kernels: x and the weight alike, or float32 x with a bf16
+    weight (x rounded to bf16 for the product). No upcast: a cast weight is a new tensor, repacked on every call."""
+    x = str(ctx.dtype).removeprefix("torch.")
+    weight = ctx.param("weight_dtype") or x
+    if x == weight == "float32":
         return []
-    if ctx.dtype == torch.bfloat16:
+    if weight == "bfloat16" and x in ("float32", "bfloat16"):
         if torch.ops.mkldnn._is_mkldnn_bf16_supported():
             return []
         return [Reason(CONSTRAINT_FAILED, "oneDNN has no bfloat16 kernels for this CPU (no AVX512-BF16/AMX)")]
+    if weight != x:
+        return [Reason(CONSTRAINT_FAILED, f"{weight} weights with {ctx.dtype} inputs: oneDNN multiplies one dtype")]
     return [Reason(CONSTRAINT_FAILED, "packs float32 and bfloat16 weights only (an upcast weight would be repacked "
                                       "every call)")]
 
