@@ -2,7 +2,7 @@
 
 from typing import Any
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "LoRARequest", "RequestOutput", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -11,6 +11,10 @@ def __getattr__(name: str) -> Any:
         from infer import llm
 
         return getattr(llm, name)
+    if name == "LoRARequest":
+        from infer.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "SamplingParams":
         from infer.sampling.params import SamplingParams
 

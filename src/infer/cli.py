@@ -42,6 +42,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     constraint.add_argument("--json-schema", default=None, metavar="FILE",
                             help="constrain the output to JSON valid under the JSON schema in FILE")
     constraint.add_argument("--regex", default=None, metavar="R", help="constrain the output to match the regex R")
+    p.add_argument("--lora", default=None, metavar="PATH",
+                   help="answer with this PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) over the "
+                        "model")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto")
@@ -236,7 +239,50 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     _add_runner_flag(g)
     _add_prefill_flags(g)
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
+    _add_lora_flags(p.add_argument_group("LoRA adapters (docs/lora.md)"))
     _add_distributed_flags(p.add_argument_group("scale-out: tensor and data parallelism (docs/distributed.md)"))
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """--lora-modules NAME=PATH (vLLM's form; its JSON form {"name": ..., "path": ...} too)."""
+    if text.lstrip().startswith("{"):
+        try:
+            entry = json.loads(text)
+            return str(entry["name"]), str(entry["path"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: a JSON module needs 'name' and 'path' ({exc})") from None
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=PATH (a PEFT adapter directory)")
+    return name, path
+
+
+def _add_lora_flags(g: argparse._ArgumentGroup) -> None:
+    from infer.engine.config import EngineConfig
+
+    d = EngineConfig()
+    g.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters over the base model: a request's `model` names one (vLLM's flags)")
+    g.add_argument("--lora-modules", type=_lora_module, nargs="+", action="extend", default=[], metavar="NAME=PATH",
+                   help="PEFT adapter directories served under NAME from the start (more at run time: POST "
+                        "/v1/load_lora_adapter)")
+    g.add_argument("--max-loras", type=int, default=d.max_loras, metavar="N",
+                   help="adapters held on the device at once (a step mixes at most N; others wait their turn)")
+    g.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank, metavar="R",
+                   help="the largest adapter rank accepted (device slots are sized for it)")
+    g.add_argument("--max-cpu-loras", type=int, default=None, metavar="M",
+                   help="read adapters kept in host memory, least recently used dropped first (default: --max-loras)")
+
+
+def _lora_options(args: argparse.Namespace) -> dict[str, object]:
+    """The LoRA fields of EngineConfig from `serve`'s flags (a duplicate NAME is an error, not a silent override)."""
+    names = [name for name, _ in args.lora_modules]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--lora-modules names {', '.join(twice)} more than once")
+    return dict(enable_lora=args.enable_lora or bool(args.lora_modules), max_loras=args.max_loras,
+                max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
+                lora_modules=dict(args.lora_modules) or None)
 
 
 def _add_distributed_flags(g: argparse._ArgumentGroup) -> None:
@@ -347,7 +393,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.api_server_count is not None and args.api_server_count < 1:
         raise ValueError(f"--api-server-count={args.api_server_count}: must be >= 1")
     limits = ServerLimits(**{name: getattr(args, name) for name in HTTP_FLAGS}, access=_access(args))
-    config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS})
+    config = EngineConfig(model=args.model, **{name: getattr(args, name) for name in ENGINE_FLAGS},
+                          **_lora_options(args))  # type: ignore[arg-type]
     if _headless(config):
         return _run_headless(config)
     _show_sampling_defaults(config)
@@ -424,6 +471,15 @@ def _generate(args: argparse.Namespace) -> int:
                    probes=args.probes, quantization=args.quantization, runner=args.runner,
                    tensor_parallel_size=args.tensor_parallel_size,
                    **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
+    if args.lora is not None:  # served under its directory's name, the device slot sized for its rank
+        from dataclasses import replace
+
+        from infer.lora.adapter import config_rank
+
+        name = Path(args.lora).resolve().name or "adapter"
+        options.update(enable_lora=True, max_lora_rank=max(16, config_rank(Path(args.lora))),
+                       lora_modules={name: args.lora})
+        params = replace(params, lora=name)
     if "RANK" in os.environ:  # started by torchrun: the ranks other than 0 only run workers
         from infer.engine.config import EngineConfig
 

@@ -48,6 +48,7 @@ class DataParallelLLM(OfflineLLM):
         self.path = self.built.path
         self.load_seconds = max(info.load_seconds for info in self.infos)  # they load concurrently
         self._ids = itertools.count()
+        self._loras: dict[str, str] = dict(self.config.lora_modules or {})  # loaded in every core
 
     def close(self) -> None:
         """Stop the engine cores (also done when the LLM is collected or at exit)."""
@@ -78,6 +79,20 @@ class DataParallelLLM(OfflineLLM):
         if errors:
             raise RuntimeError(f"generation failed: {errors}")
         return [result for result, _ in results]
+
+    def add_lora(self, name: str, path: str) -> None:
+        """Load the adapter in every engine core (the first core's refusal, a RuntimeError, names the problem)."""
+        if name not in self._loras or self._loras[name] != path:
+            asyncio.run(self._call("load_lora", name, path))
+            self._loras[name] = path
+
+    async def _call(self, method: str, *args: str) -> object:
+        client = DPClient(self.infos, self.tokenizer, OFFLINE_QUEUE, None, self.config.load_balance_method)
+        await client.start()
+        try:
+            return await client.call(method, *args)
+        finally:
+            await client.close()
 
     def stream(self, prompt_ids: list[int], params: SamplingParams):  # type: ignore[no-untyped-def]
         raise NotImplementedError("LLM.stream is not offered with data_parallel_size > 1; use infer serve -dp N")

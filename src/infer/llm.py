@@ -86,6 +86,17 @@ class LLM(OfflineLLM):
             result.probes = probe_columns(probe_rows[request_id])
         return list(results.values())
 
+    def add_lora(self, name: str, path: str) -> None:
+        self.engine.add_lora(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Unload an adapter (requests already queued with it still run)."""
+        self.engine.remove_lora(name)
+
+    def list_loras(self) -> dict[str, str]:
+        """The loaded adapters: name -> path."""
+        return {ref.name: ref.path for ref in self.engine.lora_adapters()}
+
     def probes(self) -> list[ProbeInfo]:
         """The loaded probes (empty without a probe set)."""
         catalog = self.engine.probe_catalog

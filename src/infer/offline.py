@@ -5,12 +5,13 @@ which each kind implements, and the outputs as `RequestOutput`s."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infer.engine.config import EngineConfig
 from infer.frontend.outputs import truncate_embedding
 from infer.frontend.served import Messages, ServedModel
 from infer.loader.tokenizer import Tokenizer
+from infer.lora.request import LoRARequest
 from infer.sampling.params import SamplingParams
 
 Prompt = str | list[int]
@@ -70,10 +71,33 @@ class OfflineLLM(ABC):
         """Generate for prompts of token ids, all batched together; one SamplingParams for all, or one each."""
 
     def generate(
-        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for one prompt or many (text or token ids), all batched together."""
-        return self.generate_ids(self.encode_all(prompts), params or SamplingParams())
+        """Generate for one prompt or many (text or token ids), all batched together; `lora_request`: the LoRA
+        adapter every prompt runs, or one per prompt (None: the base model), loaded on first use."""
+        ids = self.encode_all(prompts)
+        return self.generate_ids(ids, self._with_adapters(params or SamplingParams(), lora_request, len(ids)))
+
+    @abstractmethod
+    def add_lora(self, name: str, path: str) -> None:
+        """Load the PEFT adapter at `path` under `name` (LoRAError naming what is wrong with it; a no-op when that
+        adapter is loaded already)."""
+
+    def _with_adapters(self, params: SamplingParams | list[SamplingParams],
+                       lora_request: LoRARequest | list[LoRARequest | None] | None,
+                       count: int) -> SamplingParams | list[SamplingParams]:
+        """Each prompt's params naming its adapter, the adapters loaded."""
+        if lora_request is None:
+            return params
+        adapters = lora_request if isinstance(lora_request, list) else [lora_request] * count
+        per_prompt = params if isinstance(params, list) else [params] * count
+        if len(adapters) != count or len(per_prompt) != count:
+            raise ValueError(f"got {len(adapters)} LoRA requests and {len(per_prompt)} SamplingParams for {count} "
+                             "prompts")
+        for adapter in {a for a in adapters if a is not None}:
+            self.add_lora(adapter.lora_name, adapter.lora_path)
+        return [p if a is None else replace(p, lora=a.lora_name) for p, a in zip(per_prompt, adapters)]
 
     def embed(self, prompts: Prompt | list[Prompt], dimensions: int | None = None) -> list[list[float]]:
         """One L2-normalized embedding per prompt (text or token ids): the final hidden states pooled as the engine's
@@ -82,8 +106,10 @@ class OfflineLLM(ABC):
         outputs = self.generate_ids(self.encode_all(prompts), params)
         return [truncate_embedding(o.embedding or [], dimensions) for o in outputs]
 
-    def chat(self, conversations: Messages | list[Messages], params: SamplingParams | None = None) -> list[RequestOutput]:
+    def chat(self, conversations: Messages | list[Messages], params: SamplingParams | None = None,
+             lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Generate a reply for one conversation or many, rendered through our chat template."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        return self.generate_ids([self.encode_chat(c) for c in conversations], params or SamplingParams())  # type: ignore[arg-type]
+        ids = [self.encode_chat(c) for c in conversations]  # type: ignore[arg-type]
+        return self.generate_ids(ids, self._with_adapters(params or SamplingParams(), lora_request, len(ids)))

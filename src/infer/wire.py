@@ -213,6 +213,10 @@ class Heartbeat(msgspec.Struct, array_like=True, tag=True):
     metrics: dict[str, Any] = {}
 
 
+PROBES_CHANGED = -1  # a Reply's call id when the core tells every API server its new probe catalog
+LORAS_CHANGED = -2  # ... its LoRA adapters (name -> path) after one was loaded or unloaded
+
+
 class Reply(msgspec.Struct, array_like=True, tag=True):
     call_id: int
     result: Any = None

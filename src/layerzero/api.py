@@ -330,6 +330,29 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     return _call("fused_moe", x, w13, w2, weights, ids, activation=activation)
 
 
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """LoRA's first matmul for rows whose adapters differ: h[t] = a[ids[t]] @ x[t] (float32 [T, R]; zero where
+    ids[t] < 0, a row without an adapter). x [T, K], a [S, R, K] (each slot's down-projections, rank padded), ids [T]
+    int32 or int64 slot ids on x's device."""
+    if x.dim() != 2 or a.dim() != 3 or a.shape[2] != x.shape[1] or ids.shape != (x.shape[0],):
+        raise ValueError(f"lora_shrink expects x [T, K], a [S, R, K] and ids [T]; got {tuple(x.shape)}, "
+                         f"{tuple(a.shape)}, {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"lora_shrink: ids must be int32 or int64, got {ids.dtype}")
+    return _call("lora_shrink", x, a, ids)
+
+
+def lora_expand(y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """LoRA's second matmul, added into the base projection's output in place: y[t] += b[ids[t]] @ h[t] for rows
+    with ids[t] >= 0 (b [S, N, R] holds each slot's up-projections with its scaling folded in; h [T, R] from
+    `lora_shrink`). Returns y."""
+    if y.dim() != 2 or b.dim() != 3 or b.shape[1] != y.shape[1] or h.shape != (y.shape[0], b.shape[2]) \
+            or ids.shape != (y.shape[0],):
+        raise ValueError(f"lora_expand expects y [T, N], h [T, R], b [S, N, R] and ids [T]; got {tuple(y.shape)}, "
+                         f"{tuple(h.shape)}, {tuple(b.shape)}, {tuple(ids.shape)}")
+    return _call("lora_expand", y, h, b, ids)
+
+
 def quantize(
     x: torch.Tensor, *, dtype: str = "int8", scale: torch.Tensor | None = None, axis: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:

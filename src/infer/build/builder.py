@@ -14,6 +14,8 @@ import torch
 
 from infer.distributed.group import DistributedError
 from infer.distributed.startup import distributed_config, start_rank0
+from infer.lora.adapter import LoRAError
+from infer.lora.registry import LoRARegistry
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.build.in_process import Engine
@@ -127,7 +129,13 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
                 raise DistributedError(failure) from exc
         raise
     kv = KVCacheManager(runner.num_blocks, runner.block_size, prefix_caching=bool(config.use_prefix_caching))
-    engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)
+    loras = LoRARegistry(loaded.config, config.max_lora_rank) if config.enable_lora else None
+    engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer, loras)
+    for name, adapter in (config.lora_modules or {}).items():
+        try:
+            engine.add_lora(name, adapter)
+        except LoRAError as exc:
+            raise EngineConfigError(f"lora_modules: {exc}") from None
     gate_speculation(engine.scheduler, config.speculative_disable_by_batch_size)
     warmup_seconds = warm_up(engine) if core_only or runner.device.type == "cuda" else 0.0
     if warmup_seconds:

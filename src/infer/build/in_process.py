@@ -8,6 +8,7 @@ implementation of each. step() returns the caller's StepOutputs, text included.
 from __future__ import annotations
 
 from infer.engine.config import EngineConfig
+from infer.lora.registry import LoRARegistry
 from infer.engine.core import EngineCore
 from infer.engine.request import Request
 from infer.frontend.outputs import StepOutput
@@ -21,8 +22,9 @@ from infer.sampling.params import SamplingParams
 class Engine(EngineCore):
     """An EngineCore whose outputs are detokenized and stop-checked here, as the API server does."""
 
-    def __init__(self, config: EngineConfig, runner: Runner, kv: KVCacheManager, tokenizer: Tokenizer) -> None:
-        super().__init__(config, runner, kv, tokenizer)
+    def __init__(self, config: EngineConfig, runner: Runner, kv: KVCacheManager, tokenizer: Tokenizer,
+                 loras: LoRARegistry | None = None) -> None:
+        super().__init__(config, runner, kv, tokenizer, loras)
         self.text = TextProcessor(tokenizer)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

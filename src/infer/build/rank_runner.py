@@ -18,6 +18,7 @@ from infer.engine.config import EngineConfig, EngineConfigError
 from infer.kv.sizing import kv_bytes_per_token, kv_layout
 from infer.loader.gguf_file import bundled_smollm2
 from infer.loader.model_loader import LoadedModel, load_model
+from infer.lora.stacks import LoRAWeights
 from infer.families.config import ModelConfig
 from infer.models.shard import Shard
 from infer.runners.cuda_graphs import bucket_sizes
@@ -79,6 +80,9 @@ def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups 
     same order)."""
     config = bounded(config, loaded.config)
     local = loaded.model.local
+    # the adapters' device slots before the KV cache takes what memory is left
+    lora = LoRAWeights(loaded.model, config.max_loras, config.max_lora_rank, config.cpu_loras,
+                       config.max_batch_size) if config.enable_lora else None
     layout = kv_layout(
         local, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
         config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(config, local),
@@ -89,7 +93,7 @@ def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups 
             bucket_sizes(config.decode_rows) if config.decode_graphs else (), probes)
     kwargs: dict[str, Any] = dict(
         prefill_graph_tokens=prefill_bucket_sizes(config.max_num_batched_tokens or 0) if config.prefill_graphs else (),
-        max_drafts=config.speculative_tokens, drafter=None if drafter is None else Drafter(
+        max_drafts=config.speculative_tokens, lora=lora, drafter=None if drafter is None else Drafter(
         drafter.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
         bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()))
     if groups is not None and groups.shard.rank == 0:

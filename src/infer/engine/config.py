@@ -69,6 +69,13 @@ class EngineConfig:
     # the server's sampling defaults: "auto" = the model directory's generation_config.json, "vllm" = none, or a
     # folder holding a generation_config.json (vLLM's --generation-config)
     generation_config: str = "auto"
+    # LoRA adapters (docs/lora.md): up to max_loras in device slots, max_cpu_loras (None = max_loras) read ones kept on
+    # the host; lora_modules: adapters registered at start, {name: PEFT adapter directory}
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_modules: dict[str, str] | None = None
     # scale-out (docs/distributed.md): TP ranks on consecutive devices from `device`; DP engine cores behind one API server
     tensor_parallel_size: int = 1  # ranks one model is sharded over (NCCL on CUDA, gloo on the CPU)
     data_parallel_size: int = 1  # engine cores, each with its own TP group
@@ -117,6 +124,7 @@ class EngineConfig:
         self._templates()
         self._compatibility()
         self._distributed()
+        self._lora()
         self._check(
             "max_num_batched_tokens", self.max_num_batched_tokens >= self.max_seq_len,
             f"must be >= max_seq_len ({self.max_seq_len}) so that any admitted prompt fits one prefill step",
@@ -182,6 +190,27 @@ class EngineConfig:
         self._check("draft_model", self.draft_model is None or self.tensor_parallel_size == 1,
                     f"a draft model is not supported with tensor_parallel_size={self.tensor_parallel_size} "
                     "(the drafter is not sharded); use speculative_method='ngram' or tensor_parallel_size=1")
+
+    def _lora(self) -> None:
+        on = self.enable_lora
+        for name in ("max_loras", "max_lora_rank"):
+            self._check(name, isinstance(getattr(self, name), int) and getattr(self, name) >= 1, "must be an integer >= 1")
+        self._check("max_cpu_loras", self.max_cpu_loras is None or (isinstance(self.max_cpu_loras, int)
+                                                                   and self.max_cpu_loras >= self.max_loras),
+                    f"must be None or an integer >= max_loras ({self.max_loras})")
+        self._check("lora_modules", not self.lora_modules or on, "requires enable_lora=True")
+        self._check("enable_lora", not on or self.resolved_runner == "torch",
+                    "LoRA adapters run on the torch runner only (not runner='mlx')")
+        for name, path in (self.lora_modules or {}).items():
+            self._check("lora_modules", isinstance(name, str) and bool(name) and "=" not in name,
+                        f"adapter name {name!r} must be a non-empty string without '='")
+            self._check("lora_modules", Path(str(path)).expanduser().is_dir(),
+                        f"adapter {name!r}: {path!r} is not a directory (expected a PEFT adapter)")
+
+    @property
+    def cpu_loras(self) -> int:
+        """Read adapters the runner keeps on the host (a swapped-out adapter comes back without a disk read)."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
     @property
     def speculative_tokens(self) -> int:

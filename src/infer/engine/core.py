@@ -25,6 +25,8 @@ from infer.engine.config import EngineConfig
 from infer.engine.outputs import OutputProcessor
 from infer.engine.overlap import InFlight
 from infer.wire import CoreOutput, CoreStep, EngineStats, ProbeCatalog, check_probes, validate_prompt
+from infer.lora.adapter import LoRAError
+from infer.lora.registry import AdapterRef, LoRARegistry
 from infer.engine.request import Request
 from infer.engine.scheduler import ScheduledBatch, Scheduler
 from infer.engine.step_input import step_input
@@ -42,8 +44,10 @@ class EngineCore:
     """The scheduler and the runner: requests of token ids in, one output per request and token out (a CoreStep
     per step)."""
 
-    def __init__(self, config: EngineConfig, runner: Runner, kv: KVCacheManager, tokenizer: Tokenizer) -> None:
+    def __init__(self, config: EngineConfig, runner: Runner, kv: KVCacheManager, tokenizer: Tokenizer,
+                 loras: LoRARegistry | None = None) -> None:
         self.config = config
+        self.loras = loras  # the registered LoRA adapters (with enable_lora)
         self.runner = runner
         self.kv = kv
         self.tokenizer = tokenizer
@@ -92,6 +96,7 @@ class EngineCore:
         request_id = request_id or f"req-{next(self._ids)}"
         if self._find(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
+        lora = self._adapter(params.lora)
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -100,9 +105,36 @@ class EngineCore:
             arrival_index=next(self._arrivals),
             grammar=Grammar(self.grammars.matcher(params.structured)) if params.structured is not None else None,
             probe_names=probe_names,
+            lora=lora,
         )
         self.scheduler.add(request)
         return request
+
+    def _adapter(self, name: str | None) -> AdapterRef | None:
+        """The registered adapter a request names (LoRAError, a ValueError: unknown, or LoRA is off)."""
+        if name is None:
+            return None
+        if self.loras is None:
+            raise LoRAError(f"lora={name!r}: LoRA adapters are not enabled (start the engine with enable_lora=True, "
+                            "or infer serve --enable-lora)")
+        return self.loras.get(name)
+
+    def add_lora(self, name: str, path: str) -> AdapterRef:
+        """Register a PEFT adapter under `name` (LoRAError naming what is wrong with it)."""
+        if self.loras is None:
+            raise LoRAError("LoRA adapters are not enabled (start the engine with enable_lora=True, or infer serve "
+                            "--enable-lora)")
+        return self.loras.add(name, path)
+
+    def remove_lora(self, name: str) -> AdapterRef:
+        """Unregister an adapter: later requests cannot name it; those already queued with it still run."""
+        if self.loras is None:
+            raise LoRAError("LoRA adapters are not enabled (start the engine with enable_lora=True, or infer serve "
+                            "--enable-lora)")
+        return self.loras.remove(name)
+
+    def lora_adapters(self) -> list[AdapterRef]:
+        return [] if self.loras is None else self.loras.adapters()
 
     def _find(self, request_id: str) -> list[Request]:
         return [r for r in (*self.scheduler.waiting, *self.scheduler.running) if r.request_id == request_id]

@@ -184,8 +184,16 @@ class CoreLoop:
         if method == "reload_probes":
             engine.swap_probes(self._read_probe_set())
             catalog = engine.probe_catalog
-            self._broadcast(m.Reply(-1, pickle.dumps(catalog)))  # every API server checks names against it now
+            self._broadcast(m.Reply(m.PROBES_CHANGED, pickle.dumps(catalog)))  # every API server checks names against it now
             return catalog
+        if method in ("load_lora", "unload_lora"):
+            if method == "load_lora":
+                engine.add_lora(*args)
+            else:
+                engine.remove_lora(*args)
+            adapters = {ref.name: ref.path for ref in engine.lora_adapters()}
+            self._broadcast(m.Reply(m.LORAS_CHANGED, pickle.dumps(adapters)))  # every API server serves the new set
+            return adapters
         raise ValueError(f"unknown core call {method!r}")
 
     def _check_clients(self) -> None:

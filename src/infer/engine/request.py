@@ -13,6 +13,7 @@ from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
+    from infer.lora.registry import AdapterRef
     from infer.structured.masks import Grammar
 
 
@@ -44,6 +45,8 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     grammar: Grammar | None = None  # a structured request's matcher, advanced by every accepted token
     sampling_slot: int = -1  # while running: the runner's slot holding its sampling state (scheduler-assigned)
+    lora: AdapterRef | None = None  # its LoRA adapter (None: the base model)
+    lora_slot: int = -1  # while running: the device slot holding its adapter (scheduler-assigned)
     probe_names: tuple[str, ...] = ()  # probes whose scores its outputs carry (checked against the loaded set)
     prompt_probes: dict[str, list[float | None]] = field(default_factory=dict)  # with probe_prompt: collected so far
     prompt_probe_positions: int = 0  # prompt positions whose scores are collected (a recomputation skips them)

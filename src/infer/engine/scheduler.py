@@ -24,6 +24,7 @@ from infer.engine.decode_table import DecodeRows, DecodeTable
 from infer.engine.policy import POLICIES
 from infer.engine.request import Request, RequestState
 from infer.kv.kv_manager import KVCacheManager, blocks_needed
+from infer.lora.registry import AdapterSlots, LoRALoad
 from infer.speculative import DraftModelProposer, NgramProposer
 
 
@@ -48,6 +49,7 @@ class ScheduledBatch:
     rows: list[ScheduledRow]
     joined: list[Request] = field(default_factory=list)  # requests that took a sampling slot for this step
     decode: DecodeRows | None = None
+    lora_loads: list[LoRALoad] = field(default_factory=list)  # adapters the runner puts into slots before the step
     requests: list[Request] = field(init=False)  # every row's request, in step order
     # one known token per row (and its drafts): the decode fast path (fixed buffers, graphs)
     is_decode: bool = field(init=False)
@@ -96,6 +98,7 @@ class Scheduler:
         self._watermark = kv.allocator.num_blocks // 100  # free blocks kept back at admission
         self._caching = kv.prefix is not None
         self._free_slots = list(range(config.max_batch_size - 1, -1, -1))  # sampling slots (runner state)
+        self.adapters = AdapterSlots(config.max_loras) if config.enable_lora else None  # LoRA device slots
         self._joined: list[Request] = []
         self._with_history = 0  # running requests whose sampling needs all their tokens (repetition penalty)
         self._with_logprobs = 0  # running requests that ask for logprobs
@@ -134,7 +137,8 @@ class Scheduler:
             return None
         self.step_index += 1
         self._last_had_prefill = any(r.request.state is RequestState.PREFILL for r in rows)
-        batch = ScheduledBatch(rows, self._joined, decode)
+        batch = ScheduledBatch(rows, self._joined, decode,
+                               self.adapters.take_loads() if self.adapters is not None else [])
         for request in batch.requests:
             request.last_step = self.step_index
         self._joined = []
@@ -319,7 +323,8 @@ class Scheduler:
             return None
         # a full hit still computes the last token (its logits); prompt logprobs and probes need every position computed
         lookup = not request.needs_prompt_logprobs and not request.needs_prompt_probes and not request.pools_every_position
-        cached = self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1) if lookup else 0
+        namespace = request.lora.adapter_id if request.lora is not None else 0  # an adapter's KV is its own
+        cached = self.kv.admit(request.request_id, request.token_ids, request.num_tokens - 1, namespace) if lookup else 0
         if self._caching and lookup and self._prefix_in_progress(request, cached):
             self.kv.free(request.request_id)
             return None
@@ -329,6 +334,11 @@ class Scheduler:
         fits = n <= budget and self.kv.can_allocate(request.request_id, cached + n)
         if fits and self.running:
             fits = self.kv.num_free_blocks - self.kv.blocks_for(request.request_id, cached + n) >= self._watermark
+        if fits and request.lora is not None:  # its adapter into a device slot (none free: it waits)
+            assert self.adapters is not None
+            slot = self.adapters.acquire(request.lora)
+            fits = slot is not None
+            request.lora_slot = -1 if slot is None else slot
         if not fits:
             self.kv.free(request.request_id)  # drops the prefix references taken above
             return None
@@ -391,6 +401,9 @@ class Scheduler:
 
     def _leave(self, request: Request) -> None:
         self.running.remove(request)
+        if request.lora_slot >= 0 and self.adapters is not None:
+            self.adapters.release(request.lora_slot)
+            request.lora_slot = -1
         if self.table is not None and request in self.table:
             self.table.leave(request)
         self._free_slots.append(request.sampling_slot)

@@ -32,6 +32,7 @@ def step_input(batch: ScheduledBatch, scheduler: Scheduler, prev_rows: list[int]
     if rows:
         _add_rows(step, batch, scheduler.wants_probes, drafter)
     step.joined = [slot_state(r, eos_token_ids) for r in batch.joined]
+    step.lora_loads = batch.lora_loads
     step.probes = scheduler.wants_probes
     if scheduler.wants_logprobs:
         step.logprobs = [r.sampling_params.logprobs for r in requests[: batch.num_decode]]
@@ -47,7 +48,7 @@ def slot_state(request: Request, eos_token_ids: Collection[int]) -> SlotState:
     p = request.sampling_params
     return SlotState(request.sampling_slot, p, request.seed, len(request.output_token_ids),
                      tuple(request.output_token_ids) if p.counts_output else (),
-                     tuple(sorted(eos_token_ids)) if p.min_tokens and not p.ignore_eos else ())
+                     tuple(sorted(eos_token_ids)) if p.min_tokens and not p.ignore_eos else (), request.lora_slot)
 
 
 def _add_rows(step: StepInput, batch: ScheduledBatch, probes: bool, drafter: bool) -> None:

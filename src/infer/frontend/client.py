@@ -89,6 +89,7 @@ class EngineClient:
         self.max_waiting_requests = max_waiting_requests
         self.metrics = ServingMetrics()
         self.probes: ProbeCatalog | None = info.probes
+        self.loras: dict[str, str] = dict(info.config.lora_modules or {})  # LoRA adapter name -> its path
         self.on_core_gone = on_core_gone
         self.on_core_back = on_core_back
         self.gone_reason: str | None = None
@@ -256,8 +257,11 @@ class EngineClient:
             self._send(m.Abort(stopped, "stop"))
 
     def _reply(self, msg: m.Reply) -> None:
-        if msg.call_id == -1:  # a probe reload through any API server: names are checked against the new set
+        if msg.call_id == m.PROBES_CHANGED:  # a probe reload through any API server: names are checked against the new set
             self.probes = pickle.loads(msg.result)
+            return
+        if msg.call_id == m.LORAS_CHANGED:  # an adapter loaded or unloaded through any API server
+            self.loras = pickle.loads(msg.result)
             return
         future = self._calls.pop(msg.call_id, None)
         if future is None or future.done():

@@ -65,6 +65,11 @@ class DPClient:
         for client in self.clients:
             client.probes = layout
 
+    @property
+    def loras(self) -> dict[str, str]:
+        """The loaded LoRA adapters (every core loads the same)."""
+        return self.clients[0].loras
+
     # lifetime ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -161,7 +166,7 @@ def combine(method: str, results: list[Any], engines: list[int]) -> Any:
         return all(results)
     if method == "audit_blocks":  # leaked blocks keyed (engine, block id): empty when no core leaked one
         return {(i, block): owner for i, r in zip(engines, results) for block, owner in r.items()}
-    if method == "reload_probes":
+    if method in ("reload_probes", "load_lora", "unload_lora"):
         return results[0]  # every core read the same file
     return results
 

@@ -31,6 +31,7 @@ class KVCacheManager:
         self.prefix_queries = 0  # prompt tokens looked up at admission
         self.prefix_hits = 0  # of which found in the cache
         self._lookups: dict[str, tuple[int, int]] = {}  # (queried, hit) of an admission not yet given blocks
+        self._namespaces: dict[str, int] = {}  # a request's prefix-cache namespace (its LoRA adapter), when not 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -67,11 +68,14 @@ class KVCacheManager:
         else:
             table.extend(self.allocator.allocate_many(request_id, need))
 
-    def admit(self, request_id: str, tokens: list[int], max_tokens: int) -> int:
-        """Start the request's table with the longest cached prefix of tokens[:max_tokens]; tokens matched."""
+    def admit(self, request_id: str, tokens: list[int], max_tokens: int, namespace: int = 0) -> int:
+        """Start the request's table with the longest cached prefix of tokens[:max_tokens] in `namespace` (a LoRA
+        adapter's id: the KV an adapter computed serves only that adapter; 0 the base model); tokens matched."""
         if self.prefix is None:
             return 0
-        chain = self.prefix.match(tokens, max_tokens)
+        if namespace:
+            self._namespaces[request_id] = namespace
+        chain = self.prefix.match(tokens, max_tokens, namespace)
         self.prefix.acquire(chain)
         self._chains[request_id] = chain
         self._tables[request_id] = [node.block for node in chain]
@@ -96,7 +100,7 @@ class KVCacheManager:
             return
         keys = [tuple(tokens[i : i + bs]) for i in range(first * bs, end * bs, bs)]
         written = table[first:end]
-        nodes = self.prefix.insert(chain[-1] if chain else None, keys, written)
+        nodes = self.prefix.insert(chain[-1] if chain else None, keys, written, self._namespaces.get(request_id, 0))
         chain.extend(nodes)
         if nodes[0].block != written[0]:  # a prefix was cached already (a new node has no children: the rest are new)
             written = [b for node, b in zip(nodes, written) if node.block == b]
@@ -120,6 +124,7 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         """Release the request's references and free the blocks it owns."""
         self._lookups.pop(request_id, None)
+        self._namespaces.pop(request_id, None)
         chain = self._chains.pop(request_id, [])
         if self.prefix is not None:
             self.prefix.release(chain)

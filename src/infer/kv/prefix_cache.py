@@ -7,6 +7,9 @@ cache) until the allocator needs blocks, then unreferenced leaves go first, leas
 Invariant: a referenced node's ancestors are referenced too (requests hold whole chains), so evicting
 unreferenced leaves never orphans a referenced block.
 
+Each namespace (a LoRA adapter's id; 0 the base model) has its own root: blocks computed under one adapter are never
+matched by another's requests, since the same tokens give other KV there.
+
 Eviction order is an ordered dict of the evictable leaves, least recently used first: each update is O(1),
 so a full cache costs the host a few dict operations per block it hands out again (docs/engine.md).
 """
@@ -33,14 +36,22 @@ class PrefixCache:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._root = BlockNode((), -1, None)
+        self._roots: dict[int, BlockNode] = {0: BlockNode((), -1, None)}  # namespace -> its root
         self._leaves: OrderedDict[BlockNode, None] = OrderedDict()  # unreferenced childless nodes, LRU first
         self.num_cached = 0  # nodes in the tree
         self.num_unreferenced = 0  # of which evictable (refs == 0)
 
-    def match(self, tokens: list[int], max_tokens: int) -> list[BlockNode]:
-        """The longest chain of cached full blocks that prefixes tokens[:max_tokens]."""
-        bs, node, chain = self.block_size, self._root, []
+    def _root(self, namespace: int) -> BlockNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = BlockNode((), -1, None)
+        return root
+
+    def match(self, tokens: list[int], max_tokens: int, namespace: int = 0) -> list[BlockNode]:
+        """The longest chain of cached full blocks in `namespace` that prefixes tokens[:max_tokens]."""
+        bs, node, chain = self.block_size, self._roots.get(namespace), []
+        if node is None:
+            return chain
         for start in range(0, max_tokens - bs + 1, bs):
             child = node.children.get(tuple(tokens[start : start + bs]))
             if child is None:
@@ -67,12 +78,14 @@ class PrefixCache:
                 if not node.children:
                     self._leaves[node] = None
 
-    def insert(self, parent: BlockNode | None, keys: list[tuple[int, ...]], blocks: list[int]) -> list[BlockNode]:
-        """Cache a writer's consecutive full blocks (`blocks[i]` holding `keys[i]`) under `parent` (None: the root),
+    def insert(self, parent: BlockNode | None, keys: list[tuple[int, ...]], blocks: list[int],
+               namespace: int = 0) -> list[BlockNode]:
+        """Cache a writer's consecutive full blocks (`blocks[i]` holding `keys[i]`) under `parent` (None: the root of
+        `namespace`),
         each referenced once by the writer: their nodes, in order. Where a prefix is cached already under another
         block, the writer references that node instead (its block differs from the one given; the caller keeps
         its own block) and the blocks after it go beneath it."""
-        node = parent or self._root
+        node = parent or self._root(namespace)
         nodes = []
         for key, block in zip(keys, blocks):
             existing = node.children.get(key)
@@ -91,7 +104,7 @@ class PrefixCache:
 
     def nodes(self) -> list[BlockNode]:
         """Every cached node (audits and tests)."""
-        out, stack = [], list(self._root.children.values())
+        out, stack = [], [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             out.append(node)
@@ -110,7 +123,7 @@ class PrefixCache:
             del parent.children[node.tokens]
             node.parent = None
             blocks.append(node.block)
-            if parent is not self._root and parent.refs == 0 and not parent.children:
+            if parent.parent is not None and parent.refs == 0 and not parent.children:  # not a root
                 self._leaves[parent] = None
                 self._leaves.move_to_end(parent, last=False)
         self.num_cached -= len(blocks)

@@ -69,7 +69,7 @@ class Block(nn.Module):
         if self.post_attn_norm is not None:
             out = self.post_attn_norm(out)
         h, x = self.mlp_norm.add_and_norm(out, x)
-        out = self.mlp(h)
+        out = self.mlp(h, batch.lora_ids) if isinstance(self.mlp, GatedMLP) else self.mlp(h)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(out)
         return self.leave(x, out)

@@ -37,6 +37,7 @@ class ForwardBatch:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
     slot_mapping: torch.Tensor | None = None  # [T] int64
     kv_caches: list[KVCache] | None = None
+    lora_ids: torch.Tensor | None = None  # [T] int32: each token's LoRA adapter slot, -1 for none (None: no adapters)
 
     @property
     def num_seqs(self) -> int:
@@ -51,7 +52,7 @@ class ForwardBatch:
         caches = None if self.kv_caches is None else (len(self.kv_caches), meta(self.kv_caches[0][0]))
         return (meta(input_ids), self.is_prefill, meta(self.positions), meta(self.cu_seqlens_q), self.max_seqlen_q,
                 meta(self.context_lens), self.max_context_len, self.context_lens_host is None, meta(self.block_tables),
-                meta(self.slot_mapping), caches)
+                meta(self.slot_mapping), caches, meta(self.lora_ids))
 
     @property
     def last_token_indices(self) -> torch.Tensor:

@@ -6,7 +6,7 @@ import contextvars
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
@@ -15,6 +15,9 @@ import layerzero as lz
 from infer.families.config import ModelConfig, RopeConfig
 from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.models.quant import LinearSite
+
+if TYPE_CHECKING:
+    from infer.lora.stacks import LoRAStack
 
 
 class WeightSlot(NamedTuple):
@@ -160,6 +163,8 @@ class Attention(nn.Module):
         self.decode_site = lz.bind("paged_attention")
         self.tp_group: object | None = None  # tensor parallel: o_proj holds this rank's columns, summed over ranks
         self.reduce_site = lz.bind("all_reduce")
+        self.qkv_lora: LoRAStack | None = None  # with LoRA adapters (infer/lora/stacks.py)
+        self.o_lora: LoRAStack | None = None
 
     def weight_map(self) -> WeightMap:
         q, kv = self.q_size, self.kv_size
@@ -182,12 +187,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_site(x, self.qkv_proj, self.qkv_bias)
+        if self.qkv_lora is not None:
+            qkv = self.qkv_lora(x, qkv, batch.lora_ids)
         if batch.kv_caches is not None:
             qkv_heads = qkv.view(tokens, heads + 2 * kv_heads, dim)
             o = self._attend_cached(qkv_heads, cos, sin, batch.kv_caches[self.layer], batch)
         else:
             o = self._attend_uncached(qkv, cos, sin, batch)
-        out = self.o_site(o.reshape(tokens, self.q_size), self.o_proj)
+        o = o.reshape(tokens, self.q_size)
+        out = self.o_site(o, self.o_proj)
+        if self.o_lora is not None:
+            out = self.o_lora(o, out, batch.lora_ids)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
 
     def _attend_cached(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
@@ -264,6 +274,8 @@ class GatedMLP(nn.Module):
         self.act_site = lz.bind("silu_and_mul" if self.act == "silu" else "gelu_and_mul")
         self.tp_group: object | None = None  # tensor parallel: down_proj holds this rank's columns, summed over ranks
         self.reduce_site = lz.bind("all_reduce")
+        self.gate_up_lora: LoRAStack | None = None  # with LoRA adapters (infer/lora/stacks.py)
+        self.down_lora: LoRAStack | None = None
 
     def weight_map(self) -> WeightMap:
         i = self.intermediate
@@ -273,8 +285,12 @@ class GatedMLP(nn.Module):
             "down_proj.weight": WeightSlot("down_proj"),
         }
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora_ids: torch.Tensor | None = None) -> torch.Tensor:
         gate_up = self.gate_up_site(x, self.gate_up_proj)
+        if self.gate_up_lora is not None:
+            gate_up = self.gate_up_lora(x, gate_up, lora_ids)
         h = self.act_site(gate_up) if self.act == "silu" else self.act_site(gate_up, approximate="tanh")
         out = self.down_site(h, self.down_proj)
+        if self.down_lora is not None:
+            out = self.down_lora(h, out, lora_ids)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)

@@ -19,10 +19,10 @@ import torch
 from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.runners.step import Ints, StepInput
 
-_INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows", "sampling_slots")
+_INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows", "sampling_slots", "lora_ids")
 # A padding row: token 0 at position 0, KV slot -1 (the KV store skips it), prev_rows -1 (take token_ids),
-# sampling slot 0 (padding rows are never sampled).
-_PADDING = np.array([[0], [0], [-1], [-1], [0]], dtype=np.int64)
+# sampling slot 0 (padding rows are never sampled), no LoRA adapter.
+_PADDING = np.array([[0], [0], [-1], [-1], [0], [-1]], dtype=np.int64)
 
 
 class DecodeRows(NamedTuple):
@@ -54,6 +54,7 @@ class DecodeView:
     token_ids: torch.Tensor  # [rows] int64 (valid where prev_rows < 0)
     prev_rows: torch.Tensor  # [rows] int64: row of the previous step's sampled ids, or -1
     sampling_slots: torch.Tensor  # [rows] int64: each row's slot of sampling state
+    lora_ids: torch.Tensor  # [rows] int64: each row's LoRA adapter slot, or -1
     batch: ForwardBatch
 
 
@@ -100,7 +101,8 @@ class DecodeBuffers:
             slot_mapping=ints[2, :rows],
             kv_caches=kv_caches,
         )
-        return DecodeView(token_ids=ints[0, :rows], prev_rows=ints[3, :rows], sampling_slots=ints[4, :rows], batch=batch)
+        return DecodeView(token_ids=ints[0, :rows], prev_rows=ints[3, :rows], sampling_slots=ints[4, :rows],
+                          lora_ids=ints[5, :rows], batch=batch)
 
     def token_ids(self, rows: int) -> torch.Tensor:
         """The device view of the first `rows` rows' token ids (written in place after a fill: drafter drafts)."""
@@ -110,8 +112,9 @@ class DecodeBuffers:
         """The device view of the first `rows` rows' sampling slots."""
         return self._views(self._device_bytes, rows)[0][4, :rows]
 
-    def fill(self, step: DecodeRows, rows: int) -> None:
-        """Write `step`'s rows (padded to `rows`) into the device buffers: one host->device copy, no sync."""
+    def fill(self, step: DecodeRows, rows: int, lora_ids: np.ndarray | None = None) -> None:
+        """Write `step`'s rows (padded to `rows`) and their LoRA adapter slots (None: none) into the device buffers:
+        one host->device copy, no sync."""
         n = step.num_rows
         if not n <= rows <= self.max_batch:
             raise ValueError(f"decode batch of {n} rows padded to {rows} rows; the buffers hold {self.max_batch}")
@@ -125,6 +128,7 @@ class DecodeBuffers:
         ints[2, :n] = step.slot_mapping
         ints[3, :n] = step.prev_rows
         ints[4, :n] = step.sampling_slots
+        ints[5, :n] = -1 if lora_ids is None else lora_ids
         ctx[:n] = step.context_lens
         if isinstance(step.block_tables, np.ndarray):  # the engine's decode table: one copy of the whole block
             width = step.block_tables.shape[1]

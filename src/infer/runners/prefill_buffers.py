@@ -37,6 +37,7 @@ class PrefillInputs(NamedTuple):
     batch: ForwardBatch
     sampling_slots: torch.Tensor  # [N] int64
     advancing: torch.Tensor  # int64: the sampling slots of rows whose token counts
+    lora_ids: torch.Tensor  # [T_b] int64 per token: its LoRA adapter slot, or -1
 
 
 class PrefillBuffers:
@@ -50,20 +51,24 @@ class PrefillBuffers:
         self._fixed: torch.Tensor | None = None
         if largest is not None:
             t, b = largest
-            sizes = [8 * t] * 4 + [4 * (b + 1), 4 * b, 4 * b * max_blocks, 8 * b, 8 * b]
+            sizes = [8 * t] * 5 + [4 * (b + 1), 4 * b, 4 * b * max_blocks, 8 * b, 8 * b]
             self._fixed = torch.zeros(sum(-(-n // ALIGN) * ALIGN for n in sizes), dtype=torch.uint8, device=device)
 
-    def fill(self, step: StepInput, shape: PrefillShape | None, advancing: list[int]) -> PrefillInputs:
-        """Upload `step` (padded to `shape` into the fixed buffer, or as it is): one host->device copy, no sync."""
+    def fill(self, step: StepInput, shape: PrefillShape | None, advancing: list[int],
+             lora_ids: np.ndarray | None = None) -> PrefillInputs:
+        """Upload `step` (padded to `shape` into the fixed buffer, or as it is) and its tokens' LoRA adapter slots
+        (None: none): one host->device copy, no sync."""
         n, t = step.num_seqs, step.num_scheduled_tokens
         cu = cu_seqlens(step.query_lens)
         tokens, seqs = shape if shape is not None else (t, n)
         if t > tokens or n > seqs:
             raise ValueError(f"a step of {t} tokens in {n} sequences does not fit the bucket {shape}")
-        ints = np.zeros((4, tokens), dtype=np.int64)  # ids, positions, KV slots, previous rows
+        ints = np.zeros((5, tokens), dtype=np.int64)  # ids, positions, KV slots, previous rows, LoRA adapter slots
         ints[0, :t], ints[1, :t], ints[2, :t] = step.token_ids, step.positions, step.slot_mapping
         ints[2, t:] = -1
-        ints[3] = -1
+        ints[3] = ints[4] = -1
+        if lora_ids is not None:
+            ints[4, :t] = lora_ids
         for i, row in enumerate(step.prev_rows or []):
             if row >= 0:
                 ints[3, cu[i + 1] - 1] = row
@@ -78,8 +83,8 @@ class PrefillBuffers:
             padded_tables = np.zeros((seqs, self.max_blocks), dtype=np.int32)
             padded_tables[:n, : tables.shape[1]] = tables
             tables = padded_tables
-        ids, positions, slots, prev, cu_dev, ctx, tables_dev, sampling, advancing_dev = self._upload(
-            ints[0], ints[1], ints[2], ints[3], bounds, context, tables,
+        ids, positions, slots, prev, lora, cu_dev, ctx, tables_dev, sampling, advancing_dev = self._upload(
+            ints[0], ints[1], ints[2], ints[3], ints[4], bounds, context, tables,
             np.array(step.sampling_slots, dtype=np.int64), np.array(advancing, dtype=np.int64),
             into=None if shape is None else self._fixed,
         )
@@ -90,7 +95,7 @@ class PrefillBuffers:
             kv_caches=self.kv_caches,
         )
         padded = batch if shape is None else self._padded(positions, cu_dev, ctx, tables_dev, slots, tokens)
-        return PrefillInputs(ids, prev, padded, batch, sampling, advancing_dev)
+        return PrefillInputs(ids, prev, padded, batch, sampling, advancing_dev, lora)
 
     def padding(self, shape: PrefillShape) -> PrefillInputs:
         """Upload a step of padding alone for `shape`: the inputs a graph is captured over (at the addresses

@@ -7,6 +7,7 @@ from enum import Enum
 
 import numpy as np
 
+from infer.lora.registry import LoRALoad
 from infer.sampling.logprobs import TokenLogprob
 from infer.sampling.slots import SlotState
 from omniscience import ProbeLayout
@@ -35,6 +36,7 @@ class StepInput:
     block_tables: list[list[int]] | np.ndarray = field(default_factory=list)
     sampling_slots: Ints = field(default_factory=list)  # per sequence: its slot of sampling state
     joined: list[SlotState] = field(default_factory=list)  # slots taken since the step before (written first)
+    lora_loads: list[LoRALoad] = field(default_factory=list)  # adapters put into device slots before the step runs
     samples: list[bool] | None = None  # per sequence: whether its sampled token counts (None: every row's)
     prev_rows: list[int] | None = None  # per sequence: the previous step's row whose sampled id is its last input, or -1
     history: list[list[int]] | None = None  # prompt + output ids, only when a repetition penalty is set

@@ -23,6 +23,7 @@ import torch
 
 import layerzero as lz
 from infer.models.base import CausalLM
+from infer.lora.stacks import LoRAWeights
 from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.cuda_graphs import GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
@@ -110,9 +111,12 @@ class TorchRunner:
         self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
         max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (), probes: ProbeBank | None = None,
         max_drafts: int = 0, drafter: Drafter | None = None, prefill_graph_tokens: tuple[int, ...] = (),
+        lora: LoRAWeights | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
+        self.lora = lora  # LoRA adapters: attached to the model before any graph is captured
+        self._adapters_in_step = True  # some row of the step runs an adapter (graphs are captured with the LoRA ops)
         self.tokens_site = lz.bind("broadcast")
         self.probes = probes
         self.drafter = drafter
@@ -173,6 +177,7 @@ class TorchRunner:
         if step.num_seqs > self.max_batch_size:
             raise ValueError(f"step has {step.num_seqs} sequences; the runner was built for {self.max_batch_size}")
         drafted: Drafts | None = None
+        self._prepare_adapters(step)
         with step_scope(self.device):
             if step.drafter_tokens is not None:
                 if self.drafter is None:
@@ -241,11 +246,20 @@ class TorchRunner:
     def replay(self, step: StepInput) -> None:
         """A tensor-parallel worker's step: rank 0's forward on this rank's shard, every collective in rank 0's order
         (the forward's, the sampled ids' broadcast, the prompt logprobs' LM-head gathers); nothing is sampled."""
+        self._prepare_adapters(step)
         with step_scope(self.device):
             fwd = self._forward(step, None)
             self._share_last_tokens(step.num_seqs)
             if fwd.batch is not None and fwd.hidden is not None and fwd.ids is not None:
                 self._prompt_logprobs(step, fwd.batch, fwd.hidden, fwd.ids)  # the values go unused
+
+    def _prepare_adapters(self, step: StepInput) -> None:
+        """LoRA: the step's adapter loads into their slots (before the step: a load may read the disk), the joining
+        requests' adapters, and whether any row runs one (an eager step without one skips the LoRA ops)."""
+        if self.lora is not None:
+            self.lora.load(step.lora_loads)
+            self.lora.join(step.joined)
+            self._adapters_in_step = bool((self.lora.row_ids(step.sampling_slots) >= 0).any())
 
     def check(self) -> None:
         """Raise when the runner can no longer run steps (a tensor-parallel worker died); one device always can."""
@@ -289,7 +303,8 @@ class TorchRunner:
         rows = DecodeRows.of(step) if step.drafts is None else decode_rows(step)
         width = rows.num_rows // n
         bucket = self.graphs.bucket(rows.num_rows) if self.graphs is not None else None
-        self.buffers.fill(rows, bucket or rows.num_rows)
+        self.buffers.fill(rows, bucket or rows.num_rows,
+                          None if self.lora is None else self.lora.row_ids(rows.sampling_slots))
         if drafted is not None:  # row b * width + j holds draft j (rows past a sequence's drafts are padding)
             self.buffers.token_ids(rows.num_rows).view(n, width)[:, 1:].copy_(drafted)
         slots = self.buffers.sampling_slots(rows.num_rows)[::width]
@@ -312,6 +327,8 @@ class TorchRunner:
         eager, the buffers' capacity (None) when captured, since a graph is replayed for every later step.
         """
         view = self.buffers.view(self.kv_caches, rows, max_context_len)
+        if self.lora is not None and (max_context_len is None or self._adapters_in_step):  # a graph: always
+            view.batch.lora_ids = view.lora_ids
         previous = self.last_tokens[view.prev_rows.clamp(min=0)]
         token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
         return self.model.head_logits(self.model(token_ids, view.batch))
@@ -332,7 +349,8 @@ class TorchRunner:
         tokens = step.num_scheduled_tokens
         graphs = self.prefill_graphs
         shape = graphs.shape(tokens, step.num_seqs) if graphs is not None else None
-        inputs = self.prefill_buffers.fill(step, shape, self._advancing(step))
+        lora = None if self.lora is None else self.lora.token_ids(step.sampling_slots, step.query_lens)
+        inputs = self.prefill_buffers.fill(step, shape, self._advancing(step), lora)
         if drafted is not None:
             self._place_drafts(step, inputs.token_ids, drafted.tokens)
         hidden, ids = self._prefill_forward(inputs) if graphs is None or shape is None else graphs.replay(shape)
@@ -342,6 +360,8 @@ class TorchRunner:
         """The model over a prefill step's (padded) inputs; a row whose last input is still on the device (prev_rows)
         takes the previous step's sampled id. What a prefill graph captures."""
         prev = inputs.prev_rows
+        if self.lora is not None and (inputs.padded is not inputs.batch or self._adapters_in_step):  # a graph: always
+            inputs.padded.lora_ids = inputs.lora_ids
         ids = torch.where(prev >= 0, self.last_tokens[prev.clamp(min=0)], inputs.token_ids)
         return self.model(ids, inputs.padded), ids
 

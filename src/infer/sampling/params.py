@@ -71,6 +71,8 @@ class SamplingParams:
     # Embedding instead of generating (max_tokens must be 0): the prompt's final hidden states pooled ("last": the
     # last token's, "mean": all positions', "cls": the first's) and L2-normalized, returned on the final output
     pooling: str | None = None
+    # The LoRA adapter (its registered name) the request runs; None: the base model (docs/lora.md)
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)
@@ -107,6 +109,8 @@ class SamplingParams:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.pooling is not None and self.max_tokens != 0:
             raise ValueError(f"pooling embeds the prompt and generates nothing: max_tokens must be 0, got {self.max_tokens}")
+        if self.lora is not None and (not isinstance(self.lora, str) or not self.lora):
+            raise ValueError(f"lora must be the name of a loaded adapter or None, got {self.lora!r}")
         if self.structured is not None and not isinstance(self.structured, Constraint):
             raise ValueError(f"structured must be an infer.structured.Constraint, got {type(self.structured).__name__}")
 

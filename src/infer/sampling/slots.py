@@ -37,6 +37,7 @@ class SlotState(NamedTuple):
     steps: int  # tokens the request has generated so far
     generated: tuple[int, ...] = ()  # those tokens, when a presence / frequency penalty counts them
     held_ids: tuple[int, ...] = ()  # the ids min_tokens holds back (end of sequence), when min_tokens > 0
+    lora_slot: int = -1  # the device slot of its LoRA adapter (-1: the base model)
 
 
 class SamplingSlots:

@@ -11,7 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from infer.server import chat, completions, embeddings, openapi, probes, prometheus, responses_api, tokenizer_routes
+from infer.server import (chat, completions, embeddings, lora_routes, openapi, probes, prometheus, responses_api,
+                          tokenizer_routes)
 from infer.server.access_middleware import install_access
 from infer.server.body_guard import BodyGuardMiddleware
 from infer.server.errors import (
@@ -41,7 +42,7 @@ def create_app(state: ServerState) -> FastAPI:
                        body_timeout_s=state.limits.body_timeout_s,
                        body_deadline_s=state.limits.body_deadline_s)  # before anything reads the body
     install_access(app, state.limits.access)  # outermost: who may call is known before the body is read
-    for module in (completions, chat, responses_api, embeddings, tokenizer_routes, prometheus, probes):
+    for module in (completions, chat, responses_api, embeddings, tokenizer_routes, prometheus, probes, lora_routes):
         app.include_router(module.router)
 
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})
@@ -61,19 +62,23 @@ def create_app(state: ServerState) -> FastAPI:
         """The installed infer's version (open without the API key, as /health)."""
         return {"version": version("infer")}
 
-    def card(s: ServerState) -> dict[str, object]:
-        return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
-                "max_model_len": s.max_seq_len}
+    def card(s: ServerState, adapter: str | None = None) -> dict[str, object]:
+        """The base model's card, or a LoRA adapter's (vLLM's shape: `root` its path, `parent` the base model)."""
+        if adapter is None:
+            return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
+                    "max_model_len": s.max_seq_len, "root": s.model_name, "parent": None}
+        return {"id": adapter, "object": "model", "created": s.created, "owned_by": "infer",
+                "max_model_len": s.max_seq_len, "root": s.engine.loras.get(adapter, adapter), "parent": s.model_name}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, object]:
-        return {"object": "list", "data": [card(request.app.state.infer)]}
+        s: ServerState = request.app.state.infer
+        return {"object": "list", "data": [card(s)] + [card(s, name) for name in s.engine.loras]}
 
     @app.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
     async def model(model_id: str, request: Request) -> dict[str, object]:
         s: ServerState = request.app.state.infer
-        s.check_model(model_id)
-        return card(s)
+        return card(s, s.check_model(model_id))
 
     openapi.install(app, state.model_name, state.max_seq_len, state.vocab_size)
     return app

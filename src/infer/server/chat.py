@@ -28,7 +28,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state: ServerState = request.app.state.infer
-    state.check_model(body.model)
+    adapter = state.check_model(body.model)
     check_supported(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(422, "top_logprobs requires logprobs=true", "top_logprobs")
@@ -42,7 +42,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     structured = await answer_constraint(state, body, shape, await requested_constraint(state, body))
     params = sampling_params(body, max_tokens, logprobs=logprobs, structured=structured, vocab_size=state.vocab_size,
-                             defaults=state.built.sampling_defaults)
+                             defaults=state.built.sampling_defaults, lora=adapter)
     probes = requested_probes(state, params)
     gen = Generation(state.engine, expand([ids], params, body.n), "chatcmpl", probes, body.stream)
     view = _ChatView(state, body, len(ids), gen, probes, shape)

@@ -49,7 +49,7 @@ async def prompt_ids(state: ServerState, prompt: str | list, field: str = "promp
 @router.post("/v1/completions", responses=GENERATION_RESPONSES)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state: ServerState = request.app.state.infer
-    state.check_model(body.model)
+    adapter = state.check_model(body.model)
     check_supported(body)
     prompts, texts = await prompt_ids(state, body.prompt)
     state.check_parts(len(prompts) * body.n)
@@ -60,7 +60,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     prompt_lp = body.logprobs if body.echo else None
     params = sampling_params(body, max_tokens, logprobs=body.logprobs, prompt_logprobs=prompt_lp,
                              structured=await requested_constraint(state, body), vocab_size=state.vocab_size,
-                             defaults=state.built.sampling_defaults)
+                             defaults=state.built.sampling_defaults, lora=adapter)
     probes = requested_probes(state, params)
     echoes = [(t if t is not None else state.decode(ids, skip_special_tokens=False)) if body.echo else "" for ids, t in zip(prompts, texts)]
     gen = Generation(state.engine, expand(prompts, params, body.n), "cmpl", probes, body.stream)

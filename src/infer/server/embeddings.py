@@ -33,7 +33,7 @@ def _encoded(vector: list[float], encoding: str) -> list[float] | str:
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES)
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
     state: ServerState = request.app.state.infer
-    state.check_model(body.model)
+    adapter = state.check_model(body.model)
     hidden = state.built.model_config.hidden_size
     if body.dimensions is not None and not 0 < body.dimensions <= hidden:
         raise APIError(400, f"dimensions must be between 1 and the model's {hidden}, got {body.dimensions}",
@@ -42,7 +42,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
     state.check_parts(len(prompts))
     for ids in prompts:
         state.check_context(len(ids), 0, "input")
-    params = SamplingParams(max_tokens=0, pooling=state.built.config.pooling)
+    params = SamplingParams(max_tokens=0, pooling=state.built.config.pooling, lora=adapter)
     gen = Generation(state.engine, [Job(i, ids, params) for i, ids in enumerate(prompts)], "embd", stream=False)
     choices = await gen.collect(request)
     if choices is None:

@@ -56,7 +56,7 @@ def _stored(state: ServerState, response_id: str, param: str) -> StoredResponse:
 
 
 async def _create(state: ServerState, body: ResponsesRequest, request: Request) -> Response:
-    state.check_model(body.model)
+    adapter = state.check_model(body.model)
     check_refused(body)
     history = () if body.previous_response_id is None else \
         _stored(state, body.previous_response_id, "previous_response_id").history
@@ -76,7 +76,7 @@ async def _create(state: ServerState, body: ResponsesRequest, request: Request) 
     max_tokens = state.max_seq_len - len(ids) if body.max_output_tokens is None else body.max_output_tokens
     structured = await answer_constraint(state, chat, shape, await requested_constraint(state, chat))
     params = sampling_params(chat, max_tokens, structured=structured, vocab_size=state.vocab_size,
-                             defaults=state.built.sampling_defaults)
+                             defaults=state.built.sampling_defaults, lora=adapter)
     gen = Generation(state.engine, expand([ids], params, 1), "resp", stream=bool(body.stream))
     view = _ResponseView(state, body, tools, gen, shape, (*history, *items), len(ids))
     if body.stream:

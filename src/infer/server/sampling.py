@@ -57,10 +57,10 @@ def logit_adjustments(body: SamplingFields, max_tokens: int, vocab_size: int | N
 def sampling_params(
     body: SamplingFields, max_tokens: int, logprobs: int | None = None, prompt_logprobs: int | None = None,
     structured: Constraint | None = None, vocab_size: int | None = None,
-    defaults: Mapping[str, float | int] | None = None,
+    defaults: Mapping[str, float | int] | None = None, lora: str | None = None,
 ) -> SamplingParams:
     """The request's SamplingParams; `defaults` (the model's generation config) stand in for sampling fields the
-    request leaves out."""
+    request leaves out; `lora`: the LoRA adapter its `model` names."""
     chosen = {name: getattr(body, name) for name in SAMPLING_KEYS}
     chosen.update({k: v for k, v in (defaults or {}).items() if k in chosen and k not in body.model_fields_set})
     try:
@@ -79,7 +79,7 @@ def sampling_params(
             seed=body.seed, ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             structured=structured, probes=body.probes, probe_prompt=body.probe_prompt,
             probe_stop=probe_stop, skip_special_tokens=body.skip_special_tokens,
-            include_stop_str_in_output=body.include_stop_str_in_output,
+            include_stop_str_in_output=body.include_stop_str_in_output, lora=lora,
         )
     except ValueError as exc:  # SamplingParams names the field first
         raise APIError(422, str(exc), str(exc).split(" ", 1)[0]) from exc

@@ -41,10 +41,15 @@ class ServerState:
     def _token_text(self, token_id: int) -> str:
         return self.built.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(404, f"The model {model!r} does not exist; this server serves {self.model_name!r}",
-                           "model", "model_not_found")
+    def check_model(self, model: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model); 404 for a model not served here."""
+        if model is None or model == self.model_name:
+            return None
+        if model in self.engine.loras:
+            return model
+        served = ", ".join(repr(n) for n in [self.model_name, *self.engine.loras])
+        raise APIError(404, f"The model {model!r} does not exist; this server serves {served}", "model",
+                       "model_not_found")
 
     @property
     def max_seq_len(self) -> int:

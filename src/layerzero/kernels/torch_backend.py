@@ -1,6 +1,6 @@
 """PyTorch-native kernels: SDPA (GQA via enable_gqa, windows via a mask), FlexAttention for windowed
 attention on CUDA, torch's fused rms_norm / layer_norm, and mixture-of-experts layers of few tokens as two batched
-matmuls over the gathered experts' weights."""
+matmuls over the gathered experts' weights, and on the CPU LoRA adapters as one matmul per adapter present."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from layerzero.kernels.reference.attention import _mask
+from layerzero.kernels.reference.lora import lora_expand_grouped, lora_shrink_grouped
 from layerzero.kernels.reference.moe import fused_moe_gathered
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec
@@ -138,4 +139,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("torch.fused_moe_gathered", "fused_moe", "torch", fused_moe_gathered, version,
                    platforms=frozenset({"cuda"}), dtypes=FLOATS, graph_safe=True, priority=40,
                    check=_gathered_moe_check),
+        # the CPU's LoRA: one matmul per adapter present over its rows (reads the slot ids on the host)
+        KernelSpec("torch.lora_shrink_grouped", "lora_shrink", "torch", lora_shrink_grouped, version,
+                   platforms=frozenset({"cpu"}), dtypes=FLOATS, priority=40),
+        KernelSpec("torch.lora_expand_grouped", "lora_expand", "torch", lora_expand_grouped, version,
+                   platforms=frozenset({"cpu"}), dtypes=FLOATS, priority=40),
     ]

@@ -169,6 +169,12 @@ def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
         ("few_pairs", pairs <= MOE_GATHER_PAIRS), ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
 
 
+def _lora(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, w = args[0], args[-2]  # shrink (x, a [S, R, K], ids), expand (y, h, b [S, N, R], ids)
+    rank = w.shape[2] if len(args) == 4 else w.shape[1]
+    return dict(tokens=_rows(x), hidden=x.shape[-1], params=(("slots", w.shape[0]), ("rank", rank)))
+
+
 def _generic(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if x is None:
@@ -233,6 +239,8 @@ SIGNATURES: dict[str, OpSignature] = {
     "argmax": OpSignature(_argmax, (0,), ()),
     "moe_route": OpSignature(_moe_route, (0,), ("renormalize", "scoring")),
     "fused_moe": OpSignature(_fused_moe, (0, 1, 2, 3, 4), ("activation",)),
+    "lora_shrink": OpSignature(_lora, (0, 1, 2), ()),
+    "lora_expand": OpSignature(_lora, (0, 1, 2, 3), ()),
     "sample_topk": OpSignature(_topk, (0, 1), ()),
     "sample_topp": OpSignature(_sampling, (0,), ()),
     "quantize": OpSignature(_quantize, (0,), ("dtype", "axis", "scale")),

@@ -117,6 +117,8 @@ _EXTRA = {
     "broadcast": ("collectives", "broadcast"),
     "moe_route": ("moe", "moe_route"),
     "fused_moe": ("moe", "fused_moe"),
+    "lora_shrink": ("lora", "lora_shrink"),
+    "lora_expand": ("lora", "lora_expand"),
 }
 
 
@@ -146,5 +148,5 @@ def kernel_specs() -> list[KernelSpec]:
             continue
         specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4",
                                                                "linear_w8", "all_reduce", "all_gather", "broadcast",
-                                                               "moe_route")))
+                                                               "moe_route", "lora_shrink", "lora_expand")))
     return specs

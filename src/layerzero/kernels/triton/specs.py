@@ -125,6 +125,17 @@ def _route_experts(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+MAX_LORA_RANK = 256  # lora_expand holds a row's whole (stacked) rank in one tile
+
+
+def _lora_rank(ctx: SelectionContext) -> list[Reason]:
+    rank = ctx.param("rank")
+    if rank > MAX_LORA_RANK:
+        return [Reason(R.CONSTRAINT_FAILED, f"a stacked LoRA rank of {rank}: the expand kernel holds at most "
+                                            f"{MAX_LORA_RANK} in one tile")]
+    return []
+
+
 def _moe_decode_pairs(ctx: SelectionContext) -> list[Reason]:
     """The sort-free path reads each pair's expert on its own: only while pairs are few."""
     if not ctx.param("decode_pairs"):
@@ -182,6 +193,10 @@ def kernel_specs() -> list[KernelSpec]:
                    check=_route_experts, **common),
         KernelSpec("triton.fused_moe_decode", "fused_moe", impl=_lazy("moe", "fused_moe_decode"),
                    priority=DECODE_PRIORITY, check=_moe_decode_pairs, **common),
+        KernelSpec("triton.lora_shrink", "lora_shrink", impl=_lazy("lora", "lora_shrink"), priority=PRIORITY,
+                   check=_lora_rank, **common),
+        KernelSpec("triton.lora_expand", "lora_expand", impl=_lazy("lora", "lora_expand"), priority=PRIORITY,
+                   check=_lora_rank, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.rope_store_kv", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv"),

@@ -1,0 +1,112 @@
+"""LoRA adapters batched over rows whose adapters differ, in Triton (graph safe: slot ids are device data, the grids
+come from shapes).
+
+One program per (adapter slot, tile of rows, tile of outputs). It reads its tile's slot ids first and returns at once
+when no row of the tile uses its slot, so an adapter's weights are read only by the tiles of rows that use it and a
+row without an adapter (-1) costs one id load per program. Each output row is written by the one program of its
+slot: no atomics, and the sum over the rank is one `tl.dot` per tile (rows padded to 16, the smallest tile a dot
+takes). `lora_shrink` writes h = x @ a[slot].T in float32 (and zeros for rows without an adapter, from slot 0's
+programs); `lora_expand` adds h @ b[slot].T into y in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from layerzero.kernels.triton.launch import Launcher, await_inputs, dot_precision, interpreting, next_pow2
+
+if interpreting():
+    from layerzero.kernels.triton import interpreter_fixes
+
+    interpreter_fixes.install()
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, ids_ptr, h_ptr, rows, rank, k_dim, stride_x, stride_as, stride_ar,
+                   BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
+    slot, tile, r_tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = tile * BT + tl.arange(0, BT)
+    ids = tl.load(ids_ptr + t, mask=t < rows, other=-2).to(tl.int32)
+    mine = ids == slot
+    blank = (ids == -1) & (slot == 0)  # rows without an adapter get zeros, written by slot 0's programs
+    if tl.max((mine | blank).to(tl.int32), 0) == 0:
+        return
+    r = r_tile * BR + tl.arange(0, BR)
+    acc = tl.zeros((BT, BR), dtype=tl.float32)
+    if tl.max(mine.to(tl.int32), 0) > 0:
+        t64 = t.to(tl.int64)
+        a_base = a_ptr + slot.to(tl.int64) * stride_as
+        for k0 in range(0, k_dim, BK):
+            k = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + t64[:, None] * stride_x + k[None, :], mask=mine[:, None] & (k[None, :] < k_dim),
+                        other=0.0)
+            a = tl.load(a_base + r[:, None] * stride_ar + k[None, :], mask=(r[:, None] < rank) & (k[None, :] < k_dim),
+                        other=0.0)
+            acc = tl.dot(x, tl.trans(a), acc, input_precision=PRECISION)
+    out = h_ptr + t.to(tl.int64)[:, None] * rank + r[None, :]
+    tl.store(out, acc, mask=(mine | blank)[:, None] & (r[None, :] < rank))
+
+
+@triton.jit
+def _expand_kernel(y_ptr, h_ptr, b_ptr, ids_ptr, rows, n_dim, rank, stride_y, stride_bs, stride_bn,
+                   BT: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
+    slot, tile, n_tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = tile * BT + tl.arange(0, BT)
+    ids = tl.load(ids_ptr + t, mask=t < rows, other=-2).to(tl.int32)
+    mine = ids == slot
+    if tl.max(mine.to(tl.int32), 0) == 0:
+        return
+    t64 = t.to(tl.int64)
+    n = n_tile * BN + tl.arange(0, BN)
+    r = tl.arange(0, BR)
+    b_tile = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + n[:, None] * stride_bn + r[None, :],
+                     mask=(n[:, None] < n_dim) & (r[None, :] < rank), other=0.0)
+    h = tl.load(h_ptr + t64[:, None] * rank + r[None, :], mask=mine[:, None] & (r[None, :] < rank), other=0.0)
+    delta = tl.dot(h.to(b_tile.dtype), tl.trans(b_tile), input_precision=PRECISION)
+    where = y_ptr + t64[:, None] * stride_y + n[None, :]
+    keep = mine[:, None] & (n[None, :] < n_dim)
+    y = tl.load(where, mask=keep, other=0.0)
+    tl.store(where, (y.to(tl.float32) + delta).to(y.dtype), mask=keep)
+
+
+_SHRINK = Launcher(_shrink_kernel)
+_EXPAND = Launcher(_expand_kernel)
+
+
+def _row_tile(rows: int) -> int:
+    """16 rows a tile for a decode's few rows (the least a dot takes), 64 for a prefill's many."""
+    return 16 if rows <= 32 else 64
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """lz.lora_shrink: h = x @ a[ids].T per row, float32 [T, R] (zero rows where ids < 0)."""
+    rows, k_dim = x.shape
+    slots, rank, _ = a.shape
+    x, a = x.contiguous(), a.contiguous()
+    h = torch.empty(rows, rank, dtype=torch.float32, device=x.device)
+    if rows:
+        bt, br = _row_tile(rows), min(max(16, next_pow2(rank)), 64)
+        grid = (slots, triton.cdiv(rows, bt), triton.cdiv(rank, br))
+        _SHRINK(grid, x, a.to(x.dtype), ids, h, rows, rank, k_dim, x.stride(0), a.stride(0), a.stride(1), BT=bt,
+                BR=br, BK=128 if bt == 16 else 64, PRECISION=dot_precision(x.dtype), num_warps=4)
+    return h
+
+
+def lora_expand(y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """lz.lora_expand: y[t] += b[ids[t]] @ h[t] in place for rows with an adapter; returns y."""
+    rows, n_dim = y.shape
+    slots, _, rank = b.shape
+    if not rows:
+        return y
+    if y.stride(-1) != 1:
+        raise ValueError("lora_expand adds into y in place: its last dimension must be contiguous")
+    b, h = b.contiguous(), h.contiguous()
+    bt = _row_tile(rows)
+    grid = (slots, triton.cdiv(rows, bt), triton.cdiv(n_dim, 64))
+    _EXPAND(grid, y, h, b, ids, rows, n_dim, rank, y.stride(0), b.stride(0), b.stride(1), BT=bt, BN=64,
+            BR=max(16, next_pow2(rank)), PRECISION=dot_precision(b.dtype), num_warps=4)
+    return y
