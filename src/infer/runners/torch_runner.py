@@ -16,6 +16,7 @@ its emitted tokens and counts come back packed through the same readback.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -116,7 +117,7 @@ class TorchRunner:
         cfg = model.config
         self.model = model
         self.lora = lora  # LoRA adapters: attached to the model before any graph is captured
-        self._adapters_in_step = True  # some row of the step runs an adapter (graphs are captured with the LoRA ops)
+        self._adapters_in_step = True  # some row of the step runs an adapter (set by each step before it runs)
         self.tokens_site = lz.bind("broadcast")
         self.probes = probes
         self.drafter = drafter
@@ -148,6 +149,7 @@ class TorchRunner:
         self._readbacks = [Readback(self.device, readback_rows, scores) for _ in range(2)]
         self._next_readback = 0
         self.graphs: Graphs | None = None
+        self.base_graphs: Graphs | None = None  # with LoRA: decode graphs of steps on the base model only
         self.prefill_graphs: PrefillGraphs | None = None
         pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill's, then decode's
         if shapes:
@@ -155,8 +157,11 @@ class TorchRunner:
         if graph_batch_sizes:
             if max(graph_batch_sizes) > self.decode_rows:
                 raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed the {self.decode_rows} rows of a decode step")
-            self.graphs = decode_graphs(self._decode_logits, tuple(sorted(graph_batch_sizes)), self.device,
-                                        self.model, pool)
+            sizes = tuple(sorted(graph_batch_sizes))
+            self.graphs = decode_graphs(self._decode_logits, sizes, self.device, self.model, pool)
+            if lora is not None:  # a step whose rows run no adapter replays graphs without the LoRA ops
+                self.base_graphs = decode_graphs(partial(self._decode_logits, adapters=False), sizes, self.device,
+                                                 self.model, pool)
 
     @property
     def graph_stats(self) -> GraphStats | None:
@@ -308,10 +313,12 @@ class TorchRunner:
         if drafted is not None:  # row b * width + j holds draft j (rows past a sequence's drafts are padding)
             self.buffers.token_ids(rows.num_rows).view(n, width)[:, 1:].copy_(drafted)
         slots = self.buffers.sampling_slots(rows.num_rows)[::width]
-        if bucket is not None and self.graphs is not None:
-            logits = self.graphs.replay(bucket)[: rows.num_rows]
+        graphs = self.graphs if self.base_graphs is None or self._adapters_in_step else self.base_graphs
+        if bucket is not None and graphs is not None:
+            logits = graphs.replay(bucket)[: rows.num_rows]
         else:
-            logits = self._decode_logits(rows.num_rows, self._attention_bound(int(np.max(step.context_lens))))
+            logits = self._decode_logits(rows.num_rows, self._attention_bound(int(np.max(step.context_lens))),
+                                         self._adapters_in_step)
         return (logits if step.drafts is None else logits.view(n, width, -1)), slots
 
     def _attention_bound(self, longest: int) -> int:
@@ -320,14 +327,15 @@ class TorchRunner:
         step = 4 * self.block_size
         return min(-(-longest // step) * step, self.buffers.max_context_len)
 
-    def _decode_logits(self, rows: int, max_context_len: int | None = None) -> torch.Tensor:
-        """The decode forward on the fixed buffers (what a graph captures): ids, model, LM head.
+    def _decode_logits(self, rows: int, max_context_len: int | None = None, adapters: bool = True) -> torch.Tensor:
+        """The decode forward on the fixed buffers (what a graph captures): ids, model, LM head; the rows' LoRA
+        adapters when the runner has them and `adapters` asks for them.
 
         Attention reads at most max_context_len positions per row: the step's longest context when
         eager, the buffers' capacity (None) when captured, since a graph is replayed for every later step.
         """
         view = self.buffers.view(self.kv_caches, rows, max_context_len)
-        if self.lora is not None and (max_context_len is None or self._adapters_in_step):  # a graph: always
+        if self.lora is not None and adapters:
             view.batch.lora_ids = view.lora_ids
         previous = self.last_tokens[view.prev_rows.clamp(min=0)]
         token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)

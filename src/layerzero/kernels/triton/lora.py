@@ -1,7 +1,9 @@
 """LoRA adapters batched over rows whose adapters differ, in Triton (graph safe: slot ids are device data, the grids
 come from shapes).
 
-One program per (adapter slot, tile of rows, tile of outputs). It reads its tile's slot ids first and returns at once
+Few rows (decode): one program per (row, rank) for the shrink and per (row, 64 outputs) for the expand, each reading
+only its row's adapter, so the reduction over K spreads over many programs. Many rows (prefill): one program per
+(adapter slot, tile of rows, tile of outputs). It reads its tile's slot ids first and returns at once
 when no row of the tile uses its slot, so an adapter's weights are read only by the tiles of rows that use it and a
 row without an adapter (-1) costs one id load per program. Each output row is written by the one program of its
 slot: no atomics, and the sum over the rank is one `tl.dot` per tile (rows padded to 16, the smallest tile a dot
@@ -73,13 +75,80 @@ def _expand_kernel(y_ptr, h_ptr, b_ptr, ids_ptr, rows, n_dim, rank, stride_y, st
     tl.store(where, (y.to(tl.float32) + delta).to(y.dtype), mask=keep)
 
 
+@triton.jit
+def _shrink_rows_kernel(x_ptr, a_ptr, ids_ptr, h_ptr, rank, k_dim, stride_x, stride_as, stride_ar,
+                        BK: tl.constexpr, PDL: tl.constexpr):
+    """h[t, r] of one row and one rank: a GEMV over K with the row's own slot (few rows: decode)."""
+    await_inputs(PDL)
+    t, r = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(ids_ptr + t).to(tl.int64)
+    acc = tl.zeros((BK,), dtype=tl.float32)
+    if slot >= 0:
+        x_row, a_row = x_ptr + t * stride_x, a_ptr + slot * stride_as + r * stride_ar
+        for k0 in range(0, k_dim, BK):
+            k = k0 + tl.arange(0, BK)
+            keep = k < k_dim
+            acc += tl.load(x_row + k, mask=keep, other=0.0).to(tl.float32) * \
+                tl.load(a_row + k, mask=keep, other=0.0).to(tl.float32)
+    tl.store(h_ptr + t * rank + r, tl.sum(acc, 0))
+
+
+@triton.jit
+def _expand_rows_kernel(y_ptr, h_ptr, b_ptr, ids_ptr, n_dim, rank, stride_y, stride_bs, stride_bn,
+                        BN: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr):
+    """y[t, n-tile] += b[slot] @ h[t] for one row (few rows: decode)."""
+    await_inputs(PDL)
+    t, n_tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(ids_ptr + t).to(tl.int64)
+    if slot >= 0:
+        n = n_tile * BN + tl.arange(0, BN)
+        r = tl.arange(0, BR)
+        h = tl.load(h_ptr + t * rank + r, mask=r < rank, other=0.0)
+        b = tl.load(b_ptr + slot * stride_bs + n[:, None] * stride_bn + r[None, :],
+                    mask=(n[:, None] < n_dim) & (r[None, :] < rank), other=0.0).to(tl.float32)
+        where = y_ptr + t * stride_y + n
+        y = tl.load(where, mask=n < n_dim, other=0.0)
+        tl.store(where, (y.to(tl.float32) + tl.sum(b * h[None, :], 1)).to(y.dtype), mask=n < n_dim)
+
+
 _SHRINK = Launcher(_shrink_kernel)
 _EXPAND = Launcher(_expand_kernel)
+_SHRINK_ROWS = Launcher(_shrink_rows_kernel)
+_EXPAND_ROWS = Launcher(_expand_rows_kernel)
 
 
 def _row_tile(rows: int) -> int:
     """16 rows a tile for a decode's few rows (the least a dot takes), 64 for a prefill's many."""
     return 16 if rows <= 32 else 64
+
+
+def lora_shrink_rows(x: torch.Tensor, a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """lz.lora_shrink for few rows: one program per (row, rank), each reading its row's adapter only."""
+    rows, k_dim = x.shape
+    rank = a.shape[1]
+    x, a = x.contiguous(), a.contiguous()
+    h = torch.empty(rows, rank, dtype=torch.float32, device=x.device)
+    if rows:
+        _SHRINK_ROWS((rows, rank), x, a, ids, h, rank, k_dim, x.stride(0), a.stride(0), a.stride(1), BK=512,
+                     num_warps=4)
+    return h
+
+
+def lora_expand_rows(y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """lz.lora_expand for few rows: one program per (row, 64 outputs)."""
+    rows, n_dim = y.shape
+    rank = b.shape[2]
+    if rows:
+        _check_y(y)
+        b, h = b.contiguous(), h.contiguous()
+        _EXPAND_ROWS((rows, triton.cdiv(n_dim, 64)), y, h, b, ids, n_dim, rank, y.stride(0), b.stride(0),
+                     b.stride(1), BN=64, BR=max(16, next_pow2(rank)), num_warps=4)
+    return y
+
+
+def _check_y(y: torch.Tensor) -> None:
+    if y.stride(-1) != 1:
+        raise ValueError("lora_expand adds into y in place: its last dimension must be contiguous")
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -102,8 +171,7 @@ def lora_expand(y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, ids: torch.Te
     slots, _, rank = b.shape
     if not rows:
         return y
-    if y.stride(-1) != 1:
-        raise ValueError("lora_expand adds into y in place: its last dimension must be contiguous")
+    _check_y(y)
     b, h = b.contiguous(), h.contiguous()
     bt = _row_tile(rows)
     grid = (slots, triton.cdiv(rows, bt), triton.cdiv(n_dim, 64))
