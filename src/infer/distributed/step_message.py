@@ -2,7 +2,7 @@
 
 A worker runs the same forward as rank 0 (runners/torch_runner.py `_forward`), so it needs the step's token ids,
 positions, lengths, KV slots, drafts and which rows continue from the previous step on the device; it does not
-sample, so nothing of sampling travels. Block tables are sent as the entries that differ from what the worker holds:
+sample, so nothing of sampling travels, but the LoRA adapters to load and the joining requests' adapter slots do. Block tables are sent as the entries that differ from what the worker holds:
 both sides keep a mirror indexed by sampling slot (a running request's slot is its own for its lifetime), and the
 worker reads a step's tables off its mirror, so a decode step sends a few new block ids, not its [seqs, blocks] table.
 Invariant: after decoding a message, the worker's tables for the step equal rank 0's (tests/unit/distributed).
@@ -16,8 +16,11 @@ from typing import Any
 import numpy as np
 
 from infer.runners.step import StepInput, StepKind, block_table_array
+from infer.sampling.params import SamplingParams
+from infer.sampling.slots import SlotState
 
 STOP = b""  # the message that ends a worker's loop
+NO_SAMPLING = SamplingParams()
 
 
 class TableMirror:
@@ -56,6 +59,7 @@ class StepEncoder:
         fields: tuple[Any, ...] = (
             step.step_kind is StepKind.DECODE, step.token_ids, step.positions, step.query_lens, step.context_lens,
             step.slot_mapping, slots, step.prev_rows, step.drafts, step.prompt_logprobs, step.prompt_next, step.samples,
+            step.lora_loads, [(s.slot, s.lora_slot) for s in step.joined if s.lora_slot >= 0],
             tables.shape[1], *self.mirror.diff(slots, tables),
         )
         return pickle.dumps(fields, protocol=5)
@@ -69,11 +73,14 @@ class StepDecoder:
 
     def decode(self, data: bytes) -> StepInput:
         (decode, token_ids, positions, query_lens, context_lens, slot_mapping, slots, prev_rows, drafts,
-         prompt_logprobs, prompt_next, samples, width, *changed) = pickle.loads(data)
+         prompt_logprobs, prompt_next, samples, lora_loads, lora_joined, width, *changed) = pickle.loads(data)
         self.mirror.apply(*changed)
+        # joining requests matter to a worker only for their LoRA adapter slots (it samples nothing)
+        joined = [SlotState(slot, NO_SAMPLING, 0, 0, lora_slot=adapter) for slot, adapter in lora_joined]
         return StepInput(
             step_kind=StepKind.DECODE if decode else StepKind.PREFILL, token_ids=token_ids, positions=positions,
             query_lens=query_lens, context_lens=context_lens, slot_mapping=slot_mapping,
             block_tables=self.mirror.read(slots, width), sampling_slots=slots, prev_rows=prev_rows, drafts=drafts,
-            prompt_logprobs=prompt_logprobs, prompt_next=prompt_next, samples=samples,
+            prompt_logprobs=prompt_logprobs, prompt_next=prompt_next, samples=samples, joined=joined,
+            lora_loads=lora_loads,
         )

@@ -132,3 +132,25 @@ def test_a_chain_past_a_prefix_cached_by_another_request_goes_beneath_it():
     for rid in ("a", "b", "c"):
         kv.free(rid)
     assert kv.audit_blocks() == {} and kv.num_free_blocks == 16
+
+
+def test_namespaces_never_share_blocks_and_evict_like_the_base():
+    """A LoRA adapter's KV (namespace = its id) is never matched by the base model's requests or another adapter's,
+    though the tokens are the same; its blocks are evicted and audited like any other."""
+    kv = KVCacheManager(16, BS, prefix_caching=True)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    for rid, namespace in (("base", 0), ("lora", 7)):
+        assert kv.admit(rid, tokens, len(tokens) - 1, namespace) == 0
+        kv.allocate(rid, len(tokens))
+        kv.publish(rid, tokens, len(tokens))
+    assert kv.admit("lora-again", tokens, len(tokens) - 1, 7) == 2 * BS  # its own namespace: a hit
+    assert kv.admit("other", tokens, len(tokens) - 1, 8) == 0
+    assert kv.admit("base-again", tokens, len(tokens) - 1) == 2 * BS
+    lora_blocks = {n.block for n in kv.prefix.nodes()} - set(kv.block_table("base"))
+    assert set(kv.block_table("lora-again")) & set(kv.block_table("base-again")) == set()
+    assert set(kv.block_table("lora-again")) <= lora_blocks
+    for rid in ("base", "lora", "lora-again", "other", "base-again"):
+        kv.free(rid)
+    assert kv.audit_blocks() == {}
+    kv.reset_prefix_cache()
+    assert kv.prefix.num_cached == 0 and kv.num_free_blocks == 16
