@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.kernels.triton.specs import LORA_ROWS
+from layerzero.kernels.triton.specs import LORA_EXPAND_ROWS, LORA_SHRINK_ROWS
 from checkpoints import save_tiny_with_tokenizer
 from infer import LLM, SamplingParams
 from lora_adapters import module_shapes, write_random_adapter
@@ -34,10 +34,10 @@ def test_triton_lora_kernels_match_the_definition(rows, dtype, pattern):
     b = (torch.randn(slots, n, rank, device="cuda", generator=gen) * 0.1).to(dtype)
     y = torch.randn(rows, n, device="cuda", generator=gen).to(dtype)
     ids = _ids(rows, slots, pattern, gen)
-    few = rows <= LORA_ROWS
-    assert lz.which("lora_shrink", x, a, ids)["kernel_id"] == ("triton.lora_shrink_rows" if few else "triton.lora_shrink")
+    assert lz.which("lora_shrink", x, a, ids)["kernel_id"] == (
+        "triton.lora_shrink_rows" if rows <= LORA_SHRINK_ROWS else "triton.lora_shrink")
     assert lz.which("lora_expand", y, torch.zeros(rows, rank, device="cuda"), b, ids)["kernel_id"] == (
-        "triton.lora_expand_rows" if few else "triton.lora_expand")
+        "triton.lora_expand_rows" if rows <= LORA_EXPAND_ROWS else "triton.lora_expand")
     has = (ids >= 0).double()[:, None]
     slot = ids.long().clamp(min=0)
     want_h = torch.einsum("tk,trk->tr", x.double(), a[slot].double()) * has
@@ -49,11 +49,14 @@ def test_triton_lora_kernels_match_the_definition(rows, dtype, pattern):
     torch.testing.assert_close(out.double(), want_y, atol=tol * 4, rtol=tol)
     from layerzero.kernels.triton import lora as triton_lora  # imports triton: CUDA machines only
 
-    shrink, expand = ((triton_lora.lora_shrink, triton_lora.lora_expand) if few else
-                      (triton_lora.lora_shrink_rows, triton_lora.lora_expand_rows))  # the path not chosen holds too
-    h = shrink(x, a, ids)
-    torch.testing.assert_close(h.double(), want_h, atol=tol, rtol=tol)
-    torch.testing.assert_close(expand(y.clone(), h, b, ids).double(), want_y, atol=tol * 4, rtol=tol)
+    for shrink in (triton_lora.lora_shrink, triton_lora.lora_shrink_rows):  # the paths not chosen hold too
+        h = shrink(x, a, ids)
+        torch.testing.assert_close(h.double(), want_h, atol=tol, rtol=tol)
+    for expand in (triton_lora.lora_expand, triton_lora.lora_expand_rows):
+        torch.testing.assert_close(expand(y.clone(), h, b, ids).double(), want_y, atol=tol * 4, rtol=tol)
+    if rows > 256:  # a prefill's coarse K split and an unsplit K
+        for tile in ((64, 64, 1024, 4), (16, 128, 1 << 20, 4)):
+            torch.testing.assert_close(triton_lora.lora_shrink(x, a, ids, tile).double(), want_h, atol=tol, rtol=tol)
 
 
 def _adapters(path, cfg, tmp_path, count: int) -> dict[str, str]:

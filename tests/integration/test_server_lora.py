@@ -2,14 +2,17 @@
 --lora-modules NAME=PATH, --max-loras, --max-lora-rank; `model: NAME` runs an adapter; /v1/models lists each adapter
 with its parent and root; POST /v1/load_lora_adapter and /v1/unload_lora_adapter at run time).
 
-One LoRA server serves every test but the last (a server without --enable-lora). Each test leaves the server's set of
-adapters as it found it ({base, a}). Greedy tokens are compared with transformers + peft's (`reference`) through the
-completions' logprobs: each generated token's text, plus the whole text."""
+One LoRA server (--max-loras 2, --max-cpu-loras 2) serves every test but the last (a server without --enable-lora).
+Each test leaves the server's set of adapters as it found it ({base, a}). Greedy tokens are compared with
+transformers + peft's (`reference`) through the completions' logprobs: each generated token's text, plus the whole
+text."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +26,8 @@ from server_harness import serve_process
 
 MAX_TOKENS = 6
 PROMPT_TEXT = "The cat sat on the"
+# more than two KV blocks (16 tokens each): the prefix cache holds its first two
+LONG_TEXT = "The cat sat on the mat. Call 555-1234 today! yes no maybe. The name is Tom, age 3. The cat sat on the"
 SERVE_FLAGS = ("--max-seq-len", "256", "--api-server-count", "1", "--device", "cpu", "--dtype", "float32")
 # the tiny tokenizer has no chat template (nor a family one): chat requests render with this one
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
@@ -53,7 +58,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     deeper = save_tiny_with_tokenizer("llama", root / "deeper-base", seed=4, num_hidden_layers=4)
     out["other_layers"] = save_adapter(deeper, root / "other-layers", rank=8, targets=("q_proj",), seed=17)
     out["dora"] = save_adapter(base, root / "dora", rank=8, targets=("q_proj",), seed=18, use_dora=True)
-    out["lm_head"] = save_adapter(base, root / "lm-head", rank=8, targets=("lm_head",), seed=19)
+    with warnings.catch_warnings():  # peft: "Setting `save_embedding_layers` to `True`" (it saves the LM head too)
+        warnings.simplefilter("ignore", UserWarning)
+        out["lm_head"] = save_adapter(base, root / "lm-head", rank=8, targets=("lm_head",), seed=19)
     out["fc1"] = write_random_adapter(root / "fc1", 3, {"fc1": (128, 64)}, rank=8)
     out["no_config"] = root / "no-config"
     out["no_config"].mkdir()
@@ -78,6 +85,13 @@ def tokenizer(files):
 def prompt(tokenizer) -> list[int]:
     ids = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False)
     ensure(len(ids) >= 3, f"the prompt should be a few tokens, got {ids}")
+    return ids
+
+
+@pytest.fixture(scope="module")
+def long_prompt(tokenizer) -> list[int]:
+    ids = tokenizer.encode(LONG_TEXT, add_special_tokens=False)
+    ensure(len(ids) > 32, f"the long prompt should fill two KV blocks, got {len(ids)} tokens")
     return ids
 
 
@@ -112,7 +126,8 @@ def greedy_reference(files: dict[str, Path], adapter: str | None, prompt: list[i
     """Each greedy token's text and the whole text, as transformers + peft generate them (EOS does not end them:
     the server ignores it)."""
     ids = greedy_reference_ids(files, adapter, prompt, max_tokens)
-    return [tokenizer.decode([t], skip_special_tokens=False) for t in ids], tokenizer.decode(ids)
+    return ([tokenizer.decode([t], skip_special_tokens=False) for t in ids],  # as the logprobs name each token
+            tokenizer.decode(ids, skip_special_tokens=True))  # as the server's text (skip_special_tokens defaults on)
 
 
 def greedy_reference_ids(files: dict[str, Path], adapter: str | None, prompt: list[int],
@@ -140,6 +155,10 @@ def served_tokens(http: httpx.Client, model: str, prompt: list[int], max_tokens:
     response = complete(http, model, prompt, max_tokens)
     ensure(response.status_code == 200, f"completion with model={model!r}: {response.status_code} {response.text}")
     return tokens_of(response.json(), model, max_tokens)
+
+
+def cached_tokens(body: dict) -> int:
+    return (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
 def tokens_of(body: dict, model: str, max_tokens: int) -> tuple[list[str], str]:
@@ -222,6 +241,26 @@ def test_greedy_tokens_equal_transformers_peft(http, base_name, files, prompt, t
     ensure(without == want_base, f"the base model served {without}, transformers gives {want_base}")
 
 
+def test_prefix_cache_is_per_adapter(http, base_name, files, long_prompt, tokenizer):
+    """A prompt's KV computed under one model is never read by another: the base's cached blocks are not a's (and
+    a's own are), and each answer is still transformers + peft's."""
+    want = {m: greedy_reference(files, m, long_prompt, tokenizer) for m in (None, "a")}
+    first = complete(http, base_name, long_prompt)
+    again = complete(http, base_name, long_prompt)
+    ensure(cached_tokens(again.json()) >= 32,
+           f"the base's second request should read the cache: {again.json()['usage']}")
+    on_a = complete(http, "a", long_prompt)
+    ensure(cached_tokens(on_a.json()) == 0, f"a's first request read the base's cached KV: {on_a.json()['usage']}")
+    on_a_again = complete(http, "a", long_prompt)
+    ensure(cached_tokens(on_a_again.json()) >= 32, f"a's second request should read a's cache: "
+                                                   f"{on_a_again.json()['usage']}")
+    for label, response, model in (("first", first, None), ("cached", again, None), ("first", on_a, "a"),
+                                   ("cached", on_a_again, "a")):
+        got = tokens_of(response.json(), model or base_name, MAX_TOKENS)
+        ensure(got == want[model],
+               f"{label} request on {model or base_name!r} served {got}, the reference {want[model]}")
+
+
 def test_streamed_chat_on_the_adapter(http, base_name, files, tokenizer):
     """Every SSE chunk of a streamed chat on `a` read: one finish, usage, the whole answer's text, which is the
     transformers + peft greedy continuation of the conversation the chat template renders."""
@@ -245,7 +284,7 @@ def test_streamed_chat_on_the_adapter(http, base_name, files, tokenizer):
     ensure(base.status_code == 200, f"chat on the base: {base.status_code} {base.text}")
 
 
-def test_load_and_unload_at_run_time(http, base_name, files, prompt, tokenizer):
+def test_load_and_unload_at_run_time(http, base_name, files, prompt, long_prompt, tokenizer):
     loaded = load(http, "b", files["b"])
     try:
         ensure(loaded.status_code == 200, f"loading b: {loaded.status_code} {loaded.text}")
@@ -257,6 +296,7 @@ def test_load_and_unload_at_run_time(http, base_name, files, prompt, tokenizer):
         ensure(with_b != served_tokens(http, base_name, prompt), f"model='b' answered as the base: {with_b}")
         want_b = greedy_reference(files, "b", prompt, tokenizer)
         ensure(with_b == want_b, f"model='b' served {with_b}, transformers+peft greedy gives {want_b}")
+        long_b = served_tokens(http, "b", long_prompt)  # its blocks now cached under b
     finally:
         unloaded = unload(http, "b")
     ensure(unloaded.status_code == 200, f"unloading b: {unloaded.status_code} {unloaded.text}")
@@ -280,11 +320,13 @@ def test_load_and_unload_at_run_time(http, base_name, files, prompt, tokenizer):
     try:
         ensure(renamed.status_code == 200, f"loading b2's adapter as b: {renamed.status_code} {renamed.text}")
         ensure(Path(cards(http)["b"]["root"]) == files["b2"], f"b's card after reloading it: {cards(http)['b']}")
-        want_b2 = greedy_reference(files, "b2", prompt, tokenizer)
-        ensure(want_b2 != want_b, "b2 should answer this prompt differently from b")
-        got = served_tokens(http, "b", prompt)
+        want_b2 = greedy_reference(files, "b2", long_prompt, tokenizer)
+        ensure(want_b2 != long_b, "b2 should answer the long prompt differently from b")
+        response = complete(http, "b", long_prompt)
+        ensure(cached_tokens(response.json()) == 0, f"the new b read the old b's cached KV: {response.json()['usage']}")
+        got = tokens_of(response.json(), "b", MAX_TOKENS)
         ensure(got == want_b2, f"b reloaded with b2's weights served {got}; transformers+peft with b2 gives "
-                               f"{want_b2} (b's old answer: {with_b})")
+                               f"{want_b2} (the old b's answer: {long_b})")
     finally:
         unload(http, "b")
 
@@ -323,7 +365,8 @@ def test_bad_loads_are_refused_and_the_server_keeps_serving(http, base_name, fil
                                                f"wanted {status}")
         ensure(says in error_message(response), f"load of {case}: the message {error_message(response)!r} "
                                                 f"should say {says!r}")
-        ensure(response.json()["error"]["type"] == "invalid_request_error", f"load of {case}: error body {response.text}")
+        ensure(response.json()["error"]["type"] == "invalid_request_error",
+               f"load of {case}: error body {response.text}")
     finally:
         if "bad" in cards(http):
             unload(http, "bad")
@@ -372,7 +415,8 @@ def test_load_and_unload_while_requests_stream(http, server, base_name, files, p
         started[i].set()
         ensure(done, f"stream {i} on {model!r} ended without [DONE] after {len(events)} events")
         text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
-        finishes = [e["choices"][0]["finish_reason"] for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+        finishes = [e["choices"][0]["finish_reason"] for e in events
+                    if e["choices"] and e["choices"][0]["finish_reason"]]
         return text, finishes, events[-1].get("usage") or {}
 
     try:
@@ -411,6 +455,38 @@ def test_load_and_unload_while_requests_stream(http, server, base_name, files, p
         unload(http, "c")
 
 
+def test_concurrent_loads_and_unloads_of_one_name(server, base_name, files, prompt):
+    """Loads of one name from two paths sent at once: one wins (200), the other is refused (400: already loaded);
+    unloads of one name sent at once: one removes it (200), every other is the 404 model_not_found a later unload
+    gets, whichever of them reached the engine first."""
+
+    async def race(route: str, bodies: list[dict]) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+            return list(await asyncio.gather(*(client.post(route, json=body) for body in bodies)))
+
+    loads = asyncio.run(race("/v1/load_lora_adapter", [{"lora_name": "x", "lora_path": str(files[k])}
+                                                       for k in ("b", "b2")]))
+    try:
+        statuses = sorted(r.status_code for r in loads)
+        ensure(statuses == [200, 400], f"two loads of x at once: {[(r.status_code, r.text) for r in loads]}")
+        winner = files["b"] if loads[0].status_code == 200 else files["b2"]
+        loser = next(r for r in loads if r.status_code == 400)
+        ensure("already loaded" in error_message(loser), f"the refused load of x says {error_message(loser)!r}")
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            ensure(Path(cards(http)["x"]["root"]) == winner, f"x's card {cards(http)['x']}, the winner {winner}")
+            still_serves(http, "x", prompt, "two loads of x at once")
+    finally:
+        unloads = asyncio.run(race("/v1/unload_lora_adapter", [{"lora_name": "x"}] * 3))
+    statuses = [r.status_code for r in unloads]
+    ensure(sorted(statuses) == [200, 404, 404],
+           f"three unloads of x at once: {[(r.status_code, r.text) for r in unloads]} (wanted one 200, two 404)")
+    for r in unloads:
+        if r.status_code == 404:
+            ensure(r.json()["error"]["code"] == "model_not_found", f"an unload of x that lost the race: {r.text}")
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        ensure(set(cards(http)) == {base_name, "a"}, f"after the races, /v1/models lists {sorted(cards(http))}")
+
+
 def test_responses_name_the_adapter_they_ran(http, base_name, prompt):
     """As vLLM (and OpenAI: `model` is the model that answered): a response's `model` is the adapter's name."""
     for model in ("a", base_name):
@@ -435,9 +511,10 @@ def test_mixed_adapters_concurrently_answer_as_alone(http, server, base_name, fi
         for name in ("b2", "c"):
             want = greedy_reference(files, name, prompt, tokenizer)
             ensure(alone[name] == want, f"model={name!r} served {alone[name]}, transformers+peft gives {want}")
-        ensure(len({tuple(tokens) for tokens, _ in alone.values()}) == len(models), f"the four models should differ: {alone}")
+        ensure(len({tuple(tokens) for tokens, _ in alone.values()}) == len(models),
+               f"the four models should differ: {alone}")
 
-        def one(model: str) -> list[str]:
+        def one(model: str) -> tuple[list[str], str]:
             with httpx.Client(base_url=server.base_url, timeout=120) as client:
                 return served_tokens(client, model, prompt)
 

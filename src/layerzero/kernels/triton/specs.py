@@ -126,7 +126,10 @@ def _route_experts(ctx: SelectionContext) -> list[Reason]:
 
 
 MAX_LORA_RANK = 256  # lora_expand holds a row's whole (stacked) rank in one tile
-LORA_ROWS = 64  # most rows the per-row LoRA kernels take (decode batches)
+# most rows the per-row LoRA kernels take: beyond, one tile of rows per adapter slot reads each adapter once
+# (benchmarks/reports/lora_tiles_h200.md)
+LORA_SHRINK_ROWS = 16
+LORA_EXPAND_ROWS = 32
 
 
 def _lora_rank(ctx: SelectionContext) -> list[Reason]:
@@ -137,15 +140,19 @@ def _lora_rank(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
-def _lora_few_rows(ctx: SelectionContext) -> list[Reason]:
-    if ctx.tokens > LORA_ROWS:
-        return [Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {LORA_ROWS} rows, reading each row's adapter "
-                                            "on its own costs more than one tile of rows per adapter")]
+def _few_rows(ctx: SelectionContext, limit: int) -> list[Reason]:
+    if ctx.tokens > limit:
+        return [Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {limit} rows, reading each row's adapter on "
+                                            "its own costs more than one tile of rows per adapter")]
     return []
 
 
-def _lora_few_rows_rank(ctx: SelectionContext) -> list[Reason]:
-    return _lora_few_rows(ctx) + _lora_rank(ctx)
+def _lora_shrink_rows(ctx: SelectionContext) -> list[Reason]:
+    return _few_rows(ctx, LORA_SHRINK_ROWS)
+
+
+def _lora_expand_rows(ctx: SelectionContext) -> list[Reason]:
+    return _few_rows(ctx, LORA_EXPAND_ROWS) + _lora_rank(ctx)
 
 
 def _moe_decode_pairs(ctx: SelectionContext) -> list[Reason]:
@@ -210,9 +217,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("triton.lora_expand", "lora_expand", impl=_lazy("lora", "lora_expand"), priority=PRIORITY,
                    check=_lora_rank, **common),
         KernelSpec("triton.lora_shrink_rows", "lora_shrink", impl=_lazy("lora", "lora_shrink_rows"),
-                   priority=DECODE_PRIORITY, check=_lora_few_rows, **common),
+                   priority=DECODE_PRIORITY, check=_lora_shrink_rows, **common),
         KernelSpec("triton.lora_expand_rows", "lora_expand", impl=_lazy("lora", "lora_expand_rows"),
-                   priority=DECODE_PRIORITY, check=_lora_few_rows_rank, **common),
+                   priority=DECODE_PRIORITY, check=_lora_expand_rows, **common),
         KernelSpec("triton.store_kv_cache", "store_kv_cache", impl=_lazy("kv_cache", "store_kv_cache"),
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.rope_store_kv", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv"),
