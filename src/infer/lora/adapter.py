@@ -46,15 +46,8 @@ class LoRAAdapter:
     name: str
     path: str
     rank: int  # the largest rank of its modules
+    targets: tuple[str, ...]  # the modules it adapts
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return tuple(sorted({module for _, module in self.weights}))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
 
 def read_config(path: Path) -> dict:
@@ -106,9 +99,10 @@ def scaling(config: dict, module_name: str, rank: int) -> float:
     return alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
 
 
-def read_adapter(name: str, path: str | Path, cfg: ModelConfig, max_rank: int) -> LoRAAdapter:
+def read_adapter(name: str, path: str | Path, cfg: ModelConfig, max_rank: int, load: bool = True) -> LoRAAdapter:
     """Read and check the adapter at `path` for the model `cfg`: its modules among the ones we adapt, its shapes
-    the model's (an adapter trained on another base fails here), its ranks at most `max_rank`."""
+    the model's (an adapter trained on another base fails here), its ranks at most `max_rank`. Without `load` only
+    the file's header is read (the check at registration) and the weights stay empty."""
     path = Path(path)
     config = read_config(path)
     weights_file = path / WEIGHTS
@@ -116,7 +110,8 @@ def read_adapter(name: str, path: str | Path, cfg: ModelConfig, max_rank: int) -
         raise LoRAError(f"{path} is not a PEFT adapter: {WEIGHTS} is missing (.bin adapters are not read)")
     try:
         with safe_open(str(weights_file), framework="pt") as f:
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
+            tensors = {key: f.get_tensor(key) if load else torch.empty(f.get_slice(key).get_shape(), device="meta")
+                       for key in f.keys()}
     except Exception as exc:  # safetensors raises its own error types for a truncated or corrupt file
         raise LoRAError(f"{weights_file} cannot be read as safetensors: {exc}") from exc
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
@@ -144,7 +139,7 @@ def read_adapter(name: str, path: str | Path, cfg: ModelConfig, max_rank: int) -
         where = f"{weights_file}: layer {layer} {module}"
         if set(sides) != {"A", "B"}:
             raise LoRAError(f"{where} has lora_{''.join(sides)} without its lora_{'B' if 'A' in sides else 'A'}")
-        a, b = sides["A"].float(), sides["B"].float()
+        a, b = sides["A"], sides["B"]
         n_out, n_in = module_shape(cfg, module)
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != n_in or b.shape[0] != n_out or a.shape[0] != b.shape[1]:
             raise LoRAError(f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit the base model's "
@@ -152,8 +147,14 @@ def read_adapter(name: str, path: str | Path, cfg: ModelConfig, max_rank: int) -
         rank = a.shape[0]
         if rank > max_rank:
             raise LoRAError(f"{where} has rank {rank}, above --max-lora-rank {max_rank}")
-        out[(layer, module)] = (a, b * scaling(config, f"model.layers.{layer}.{parent_module(module)}.{module}", rank))
-    return LoRAAdapter(name, str(path), max(a.shape[0] for a, _ in out.values()), out)
+        if load:
+            scale = scaling(config, f"model.layers.{layer}.{parent_module(module)}.{module}", rank)
+            out[(layer, module)] = (a.float(), b.float() * scale)
+        else:
+            out[(layer, module)] = (a, b)
+    rank = max(a.shape[0] for a, _ in out.values())
+    targets = tuple(sorted({module for _, module in out}))
+    return LoRAAdapter(name, str(path), rank, targets, out if load else {})
 
 
 def parent_module(module: str) -> str:

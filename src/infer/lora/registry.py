@@ -50,7 +50,7 @@ class LoRARegistry:
             if known.path == str(path):
                 return known
             raise LoRAError(f"an adapter named {name!r} is already loaded (from {known.path}); unload it first")
-        adapter = read_adapter(name, path, self.model, self.max_rank)
+        adapter = read_adapter(name, path, self.model, self.max_rank, load=False)
         ref = AdapterRef(name, next(self._ids), str(path), adapter.rank, adapter.targets)
         self._by_name[name] = ref
         return ref

@@ -60,7 +60,7 @@ class _ChatView:
         self.shape = shape  # reasoning and tool calls taken out of the text
 
     def _envelope(self, kind: str, choices: list, **extra: object) -> dict[str, object]:
-        return envelope(kind, self.gen.id, self.gen.created, self.state.model_name, choices, **extra)
+        return envelope(kind, self.gen.id, self.gen.created, self.state.answered_by(self.body.model), choices, **extra)
 
     def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, object] | None:
         return chat_logprobs(entries, self.state.token_text, self.state.token_bytes) if self.body.logprobs else None

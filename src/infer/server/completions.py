@@ -111,7 +111,7 @@ class _CompletionView:
         cached: dict[int, int] = {}
         for c in choices:
             self._note_cached(cached, c.index, c.cached_tokens)
-        return envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, body,
+        return envelope("text_completion", self.gen.id, self.gen.created, self.state.answered_by(self.body.model), body,
                         usage=self._usage(completion, cached))
 
     async def stream(self) -> AsyncIterator[str]:
@@ -141,8 +141,8 @@ class _CompletionView:
                       **chunk_probes(self.probes, out, self.body.probe_prompt)}
             so_far[index] = out.completion_tokens
             extra = {"usage": self._usage(sum(so_far.values()), cached)} if self.body.continuous_usage else {}
-            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [choice], **extra))
+            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.answered_by(self.body.model), [choice], **extra))
         if self.body.include_usage:
-            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.model_name, [],
+            yield sse(envelope("text_completion", self.gen.id, self.gen.created, self.state.answered_by(self.body.model), [],
                                usage=self._usage(completion, cached)))
         yield sse("[DONE]")

@@ -54,6 +54,6 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
         vector = truncate_embedding(choice.embedding, body.dimensions)
         data.append({"object": "embedding", "index": choice.index, "embedding": _encoded(vector, body.encoding_format)})
     tokens = sum(len(p) for p in prompts)
-    body_json = msgspec.json.encode({"object": "list", "data": data, "model": state.model_name,
+    body_json = msgspec.json.encode({"object": "list", "data": data, "model": state.answered_by(body.model),
                                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
     return Response(body_json, media_type="application/json")  # msgspec: ~15x json.dumps on thousands of floats

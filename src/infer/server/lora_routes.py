@@ -56,10 +56,14 @@ def _lora_state(request: Request) -> ServerState:
 
 
 async def _call(state: ServerState, method: str, *args: str, param: str) -> None:
+    """Run the core's call; its refusal ("LoRAError: <why>") as a 400 on `param`, or on lora_name when the name is
+    at fault (taken meanwhile by a concurrent load), or a 404 when the adapter was unloaded meanwhile."""
     try:
         await state.engine.call(method, *args)
     except CoreGoneError as exc:
         raise APIError(503, f"the engine is gone: {exc}") from exc
-    except RuntimeError as exc:  # the core's refusal: "LoRAError: <why>"
-        raise APIError(400, str(exc).split(": ", 1)[-1] if str(exc).startswith("LoRAError") else str(exc),
-                       param) from exc
+    except RuntimeError as exc:
+        message = str(exc).removeprefix("LoRAError: ")
+        if "no adapter named" in message:
+            raise APIError(404, message, "lora_name", "model_not_found") from exc
+        raise APIError(400, message, "lora_name" if "already loaded" in message else param) from exc

@@ -153,7 +153,7 @@ class _ResponseView:
             "background": False, "error": None,
             "incomplete_details": {"reason": reason} if reason is not None else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "max_tool_calls": None,
-            "model": self.state.model_name, "output": list(output),
+            "model": self.state.answered_by(body.model), "output": list(output),
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id, "reasoning": {"effort": effort, "summary": None},
             "store": body.store is not False, "temperature": 1.0 if body.temperature is None else body.temperature,

@@ -51,6 +51,10 @@ class ServerState:
         raise APIError(404, f"The model {model!r} does not exist; this server serves {served}", "model",
                        "model_not_found")
 
+    def answered_by(self, model: str | None) -> str:
+        """The `model` a response names: the adapter the request ran (checked by `check_model`), else the base."""
+        return model or self.model_name
+
     @property
     def max_seq_len(self) -> int:
         return self.built.config.max_seq_len
