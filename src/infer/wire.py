@@ -92,6 +92,7 @@ class EngineStats:
     spec_drafted: int = 0  # speculation: draft tokens verified
     spec_accepted: int = 0  # of which accepted
     spec_verified_rows: int = 0  # request-steps that verified drafts (accepted / rows + 1 = mean tokens per such step)
+    lora_requests: tuple[tuple[str, int, int], ...] = ()  # per LoRA adapter in use: (name, running, waiting)
 
 
 def validate_prompt(prompt_token_ids: list[int], max_seq_len: int, vocab_size: int) -> None:

@@ -104,3 +104,31 @@ def test_tensor_parallel_on_gloo_matches_one_rank(tmp_path):
     one = [o.token_ids for o in LLM(str(base), **options).generate(PROMPTS, params, lora_request=requests)]
     with LLM(str(base), tensor_parallel_size=2, **options) as two:
         assert [o.token_ids for o in two.generate(PROMPTS, params, lora_request=requests)] == one
+
+
+def test_adapters_compose_with_speculation_structured_output_and_probes(tmp_path):
+    """n-gram speculation stays lossless on an adapter (verification runs it); a grammar holds on an adapter's
+    output; probe scores are read off the adapted residual stream (they differ from the base model's)."""
+    from infer.structured import Constraint
+    from probe_sets import Spec, write_probe_set
+
+    base = save_tiny_with_tokenizer("llama", tmp_path / "base")
+    path = save_adapter(base, tmp_path / "ad", rank=8, seed=3)
+    request = LoRARequest("ad", 1, str(path))
+    repeat = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(str(base), device="cpu", enable_lora=True)
+    want = plain.generate(repeat, params, lora_request=request)[0].token_ids
+    spec = LLM(str(base), device="cpu", enable_lora=True, speculative_method="ngram",
+               speculative_disable_by_batch_size=0)
+    assert spec.generate(repeat, params, lora_request=request)[0].token_ids == want
+    assert spec.engine.scheduler.num_drafted > 0
+    digits = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, structured=Constraint("regex", "[0-9]{6}"))
+    text = plain.generate([[5, 9, 13]], digits, lora_request=request)[0].text
+    assert len(text) == 6 and text.isdigit(), text
+    probes = write_probe_set(tmp_path / "probes", 64, [Spec("lin", 1)], seed=1, scale=0.3)
+    probed = LLM(str(base), device="cpu", enable_lora=True, probes=str(probes))
+    on_adapter = probed.generate(repeat, params, lora_request=request)[0]
+    on_base = probed.generate(repeat, params)[0]
+    assert on_adapter.token_ids == want and len(on_adapter.probes["lin"]) == len(want)
+    assert on_adapter.probes["lin"] != on_base.probes["lin"]

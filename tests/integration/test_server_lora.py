@@ -231,6 +231,15 @@ def test_models_list_the_base_and_the_adapter_with_parent_and_root(http, base_na
     ensure(one.status_code == 200 and one.json()["parent"] == base_name, f"GET /v1/models/a: {one.text}")
 
 
+def test_metrics_count_requests_per_adapter(http, base_name, prompt):
+    ensure(complete(http, "a", prompt).status_code == 200, "a request on adapter a")
+    text = http.get("/metrics").text
+    ensure('infer:lora_adapters_loaded{model_name="%s"} 1' % base_name in text, "/metrics counts the loaded adapter")
+    ensure('infer:lora_requests_info{running_lora_adapters="",waiting_lora_adapters="",max_lora="2"} 1' in text,
+           "/metrics has vLLM's lora_requests_info with max_lora")
+    ensure("# TYPE infer:lora_requests_running gauge" in text, "/metrics has the per-adapter running gauge")
+
+
 def test_greedy_tokens_equal_transformers_peft(http, base_name, files, prompt, tokenizer):
     with_a = served_tokens(http, "a", prompt)
     without = served_tokens(http, base_name, prompt)

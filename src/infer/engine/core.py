@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 import numpy as np
@@ -153,7 +153,16 @@ class EngineCore:
             spec_drafted=self.scheduler.num_drafted,
             spec_accepted=self.scheduler.num_accepted,
             spec_verified_rows=self.scheduler.num_verified_rows,
+            lora_requests=self._lora_requests(),
         )
+
+    def _lora_requests(self) -> tuple[tuple[str, int, int], ...]:
+        """(adapter, running, waiting) of every adapter some request uses."""
+        if self.loras is None:
+            return ()
+        running = Counter(r.lora.name for r in self.scheduler.running if r.lora is not None)
+        waiting = Counter(r.lora.name for r in self.scheduler.waiting if r.lora is not None)
+        return tuple((name, running[name], waiting[name]) for name in sorted(running | waiting))
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         """Ask for a request to end (reason "stop": its text hit a stop string); the next step frees its blocks

@@ -114,7 +114,7 @@ class DPClient:
         """Queue a request on the core the router picks; errors as EngineClient.submit's."""
         if self.gone_reason is not None:
             raise CoreGoneError(self.gone_reason)
-        index = self.router.pick(prompt_token_ids, self.loads())
+        index = self.router.pick(prompt_token_ids, self.loads(), params.lora)
         if index is None:
             raise QueueFullError(f"the waiting queue of every live engine is full ({self.per_engine_waiting} requests "
                                  f"each, {len(self.clients) - len(self.dead_engines)} of {len(self.clients)} engines "
@@ -160,7 +160,9 @@ def combine(method: str, results: list[Any], engines: list[int]) -> Any:
     """One answer from the answers of `engines` (their indices) to a utility call."""
     if method == "metrics":
         stats = [r[0] for r in results]
-        summed = EngineStats(**{f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(EngineStats)})
+        counts = [f.name for f in dataclasses.fields(EngineStats) if f.name != "lora_requests"]
+        summed = EngineStats(**{name: sum(getattr(s, name) for s in stats) for name in counts},
+                             lora_requests=merge_lora_requests([s.lora_requests for s in stats]))
         return summed, sum(r[1] for r in results), [snap for r in results for snap in r[2]]
     if method == "idle":
         return all(results)
@@ -169,6 +171,16 @@ def combine(method: str, results: list[Any], engines: list[int]) -> Any:
     if method in ("reload_probes", "load_lora", "unload_lora"):
         return results[0]  # every core read the same file
     return results
+
+
+def merge_lora_requests(per_engine: list[tuple[tuple[str, int, int], ...]]) -> tuple[tuple[str, int, int], ...]:
+    """Per-adapter (name, running, waiting) summed over engines."""
+    merged: dict[str, tuple[int, int]] = {}
+    for entries in per_engine:
+        for name, running, waiting in entries:
+            r, w = merged.get(name, (0, 0))
+            merged[name] = (r + running, w + waiting)
+    return tuple((name, r, w) for name, (r, w) in sorted(merged.items()))
 
 
 def client_for(infos: Sequence[CoreInfo], tokenizer: Tokenizer,

@@ -60,8 +60,9 @@ class Router:
         self.prefix_blocks = prefix_blocks
         self._turn = itertools.count()
 
-    def pick(self, prompt_token_ids: Sequence[int], loads: Sequence[EngineLoad]) -> int | None:
-        """The engine for this request, or None when every engine's waiting queue is full."""
+    def pick(self, prompt_token_ids: Sequence[int], loads: Sequence[EngineLoad], adapter: str | None = None) -> int | None:
+        """The engine for this request (`adapter`: the LoRA adapter it runs), or None when every engine's waiting queue
+        is full."""
         if len(loads) != self.engines:
             raise ValueError(f"got loads of {len(loads)} engines, the router has {self.engines}")
         open_ = [i for i, load in enumerate(loads) if not load.full]
@@ -72,16 +73,17 @@ class Router:
             return min(open_, key=lambda i: (i - start) % self.engines)
         least = min(open_, key=lambda i: loads[i].total)
         if self.method == "prefix_affinity":
-            home = self.home(prompt_token_ids)
+            home = self.home(prompt_token_ids, adapter)
             if home is not None and not loads[home].full and \
                     loads[home].total <= AFFINITY_FACTOR * loads[least].total + AFFINITY_SLACK:
                 return home
         return least
 
-    def home(self, prompt_token_ids: Sequence[int]) -> int | None:
-        """The engine a prompt's leading blocks hash to; None for a prompt shorter than one block."""
+    def home(self, prompt_token_ids: Sequence[int], adapter: str | None = None) -> int | None:
+        """The engine a prompt's leading blocks hash to, with its LoRA adapter's name (an adapter's KV is its own, so
+        its prefixes meet on their own engine); None for a prompt shorter than one block."""
         blocks = min(len(prompt_token_ids) // self.block_size, self.prefix_blocks)
         if blocks == 0:
             return None
-        head = array("q", prompt_token_ids[: blocks * self.block_size]).tobytes()
+        head = array("q", prompt_token_ids[: blocks * self.block_size]).tobytes() + (adapter or "").encode()
         return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "little") % self.engines

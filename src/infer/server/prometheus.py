@@ -62,6 +62,8 @@ def render(state: ServerState, stats: EngineStats, num_waiting: int, m: ServingM
             [(label, 1 + stats.spec_accepted / max(stats.spec_verified_rows, 1))])
     _metric(lines, "infer:request_success_total", "counter", "Finished requests by finish reason.",
             [(f'{{model_name="{model}",finished_reason="{r}"}}', n) for r, n in sorted(m.finished.items())])
+    if state.built.config.enable_lora:
+        _lora_metrics(lines, state, stats, model)
     engines, dead = state.engine.infos, state.engine.dead_engines
     _metric(lines, "infer:engines_live", "gauge", "Data-parallel engine cores serving (the others are restarting).",
             [(label, len(engines) - len(dead))])
@@ -71,6 +73,22 @@ def render(state: ServerState, stats: EngineStats, num_waiting: int, m: ServingM
     _histogram(lines, "infer:e2e_request_latency_seconds", "Request latency, submit to last output.", m.e2e, model)
     _histogram(lines, "infer:request_queue_time_seconds", "Time from arrival to first scheduling.", m.queue, model)
     return "\n".join(lines) + "\n"
+
+
+def _lora_metrics(lines: list[str], state: ServerState, stats: EngineStats, model: str) -> None:
+    """Requests per LoRA adapter, and vLLM's lora_requests_info (the adapters running and waiting, the slot count)."""
+    in_use = stats.lora_requests
+    _metric(lines, "infer:lora_requests_running", "gauge", "Running requests per LoRA adapter.",
+            [(f'{{model_name="{model}",lora_name="{name}"}}', running) for name, running, _ in in_use])
+    _metric(lines, "infer:lora_requests_waiting", "gauge", "Waiting requests per LoRA adapter.",
+            [(f'{{model_name="{model}",lora_name="{name}"}}', waiting) for name, _, waiting in in_use])
+    running = ",".join(name for name, r, _ in in_use if r)
+    waiting = ",".join(name for name, _, w in in_use if w)
+    _metric(lines, "infer:lora_requests_info", "gauge", "LoRA adapters in use (vLLM's labels).",
+            [(f'{{running_lora_adapters="{running}",waiting_lora_adapters="{waiting}",'
+              f'max_lora="{state.built.config.max_loras}"}}', 1)])
+    _metric(lines, "infer:lora_adapters_loaded", "gauge", "LoRA adapters loaded (servable by name).",
+            [(f'{{model_name="{model}"}}', len(state.engine.loras))])
 
 
 @router.get("/metrics", response_class=PlainTextResponse,

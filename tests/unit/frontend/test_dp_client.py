@@ -17,6 +17,7 @@ from infer.wire import EngineStats
 from infer.frontend.dp_client import DPClient
 from infer.build.dp_cores import engine_configs
 from infer.frontend.metrics import ServingMetrics
+from infer.sampling.params import SamplingParams
 
 
 @dataclass
@@ -91,18 +92,18 @@ def test_submits_spread_by_least_load_and_skip_a_full_engine():
     client, fakes, _ = dp(2, max_waiting=2)
     fakes[0].num_running = 5
     for i in range(3):
-        client.submit(f"r{i}", [1, 2], None)  # type: ignore[arg-type]
+        client.submit(f"r{i}", [1, 2], SamplingParams())
     assert fakes[1].live == {"r0", "r1"} and fakes[0].live == {"r2"}  # engine 1 filled its queue, then engine 0
-    client.submit("r3", [1], None)  # type: ignore[arg-type]
+    client.submit("r3", [1], SamplingParams())
     with pytest.raises(QueueFullError, match="every live engine"):
-        client.submit("r4", [1], None)  # type: ignore[arg-type]
+        client.submit("r4", [1], SamplingParams())
     assert client.max_waiting_requests == 4 and client.num_live == 4
 
 
 def test_an_abort_reaches_only_the_owner():
     client, fakes, _ = dp(3, "round_robin")
     for i in range(3):
-        client.submit(f"r{i}", [1], None)  # type: ignore[arg-type]
+        client.submit(f"r{i}", [1], SamplingParams())
     client.abort("r1")
     assert [f.aborted for f in fakes] == [[], ["r1"], []]
     assert client.abort_all() == 3
@@ -153,7 +154,7 @@ def test_one_engine_gone_leaves_the_others_serving_until_every_one_is_gone():
     client._core_gone(1, fakes[1].gone)
     assert client.alive and client.dead_engines == [1] and gone == []
     for i in range(3):
-        client.submit(f"r{i}", [1], None)  # type: ignore[arg-type]
+        client.submit(f"r{i}", [1], SamplingParams())
     assert fakes[0].live == {"r0", "r1", "r2"} and fakes[1].live == set()
     fakes[0].answer = {}
     assert asyncio.run(client.call("audit_blocks")) == {} and fakes[1].calls == []
@@ -162,7 +163,7 @@ def test_one_engine_gone_leaves_the_others_serving_until_every_one_is_gone():
     client._core_gone(0, "again")
     assert not client.alive and len(gone) == 1 and "every engine core is gone" in gone[0]
     with pytest.raises(CoreGoneError):
-        client.submit("r", [1], None)  # type: ignore[arg-type]
+        client.submit("r", [1], SamplingParams())
     fakes[1].gone = None  # restarted: its socket reconnected
     client._core_back(1)
     assert client.dead_engines == [0] and client.alive

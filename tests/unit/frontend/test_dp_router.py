@@ -91,3 +91,12 @@ def test_bad_settings_name_the_field():
         Router("least_load", 0, 16)
     with pytest.raises(ValueError, match="loads of 1 engines"):
         Router("least_load", 2, 16).pick([], [EngineLoad(0, 0, False)])
+
+
+def test_an_adapters_prompts_have_a_home_of_their_own():
+    """The same prompt on different LoRA adapters hashes apart (their KV differs), on one adapter alike."""
+    router = Router("prefix_affinity", 8, 16)
+    prompt = list(range(64))
+    homes = {router.home(prompt, name) for name in (None, "a", "b", "c", "d", "e")}
+    assert len(homes) > 1
+    assert router.home(prompt, "a") == router.home(prompt + [1, 2], "a")
