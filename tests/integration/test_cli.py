@@ -26,7 +26,8 @@ SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching
                "--draft-model", "--speculative-disable-by-batch-size", "--structured-compile-timeout-s",
                "--max-request-body-mb", "--header-timeout-s", "--body-timeout-s", "--keep-alive-timeout-s",
                "--shutdown-timeout-s", "--api-key", "--allowed-origins", "--allowed-hosts", "--max-model-len",
-               "--max-num-seqs", "--enable-prefix-caching", "--enforce-eager", "--chat-template", "--generation-config"]
+               "--max-num-seqs", "--enable-prefix-caching", "--enforce-eager", "--chat-template", "--generation-config",
+               "--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank", "--max-cpu-loras"]
 
 
 @pytest.mark.parametrize(("command", "flags"), [("generate", FLAGS), ("serve", SERVE_FLAGS)])
@@ -75,6 +76,36 @@ def test_generate_with_a_draft_model_gives_the_plain_answer():
                    "--num-speculative-tokens", "3")
     assert drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout and "Paris" in drafted.stdout
+
+
+def test_lora_flags_take_vllm_forms_and_refuse_a_name_twice(tmp_path):
+    from infer.cli import _lora_options
+
+    args = _serve_args("--enable-lora", "--lora-modules", f"a={tmp_path}", '{"name": "b", "path": "%s"}' % tmp_path,
+                       "--max-loras", "3", "--max-lora-rank", "32", "--max-cpu-loras", "5")
+    assert _lora_options(args) == dict(enable_lora=True, max_loras=3, max_lora_rank=32, max_cpu_loras=5,
+                                       lora_modules={"a": str(tmp_path), "b": str(tmp_path)})
+    assert _lora_options(_serve_args())["enable_lora"] is False
+    with pytest.raises(ValueError, match="--lora-modules names a more than once"):
+        _lora_options(_serve_args("--lora-modules", f"a={tmp_path}", f"a={tmp_path}"))
+    bad = _run("serve", "--lora-modules", "no-equals-sign")
+    assert bad.returncode != 0 and "NAME=PATH" in bad.stderr
+
+
+def test_generate_with_a_lora_adapter(tmp_path):
+    """`infer generate --lora PATH` answers with the adapter (its greedy tokens differ from the base model's)."""
+    from checkpoints import save_tiny_with_tokenizer
+    from lora_adapters import save_adapter
+
+    base = save_tiny_with_tokenizer("llama", tmp_path / "base")
+    adapter = save_adapter(base, tmp_path / "ad", rank=8)
+    args = ["generate", "--model", str(base), "hello", "--temperature", "0", "--max-tokens", "8", "--ignore-eos",
+            "--device", "cpu"]
+    plain, adapted = _run(*args), _run(*args, "--lora", str(adapter))
+    assert adapted.returncode == 0, adapted.stderr
+    assert adapted.stdout != plain.stdout
+    missing = _run(*args, "--lora", str(tmp_path / "nowhere"))
+    assert missing.returncode != 0 and "not a directory" in missing.stderr
 
 
 def _serve_args(*flags: str):
