@@ -32,7 +32,7 @@ import torch
 
 import layerzero as lz
 import model_shapes as ms
-from gpu_decode.engine import step
+from gpu_decode.engine import decode_once, step
 from gpu_decode.plan import prompt_ids
 from infer import LLM, SamplingParams
 from lora_adapters import module_shapes, write_random_adapter
@@ -41,16 +41,6 @@ from report_files import write_report
 
 def params(tokens: int, adapter: str | None) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, lora=adapter)
-
-
-def decode_once(llm: LLM, ids: list[int], tokens: int, adapter: str | None) -> float:
-    request = llm.engine.add_request(ids, params(tokens, adapter))
-    stamps = []
-    while llm.engine.has_unfinished():
-        for out in step(llm):
-            if out.request_id == request.request_id and out.token_id is not None:
-                stamps.append(time.perf_counter())
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
 def batch1(llm: LLM, args: argparse.Namespace, adapter: str | None) -> dict[str, Any]:

@@ -72,9 +72,9 @@ def abort_all(llm: LLM, requests: list) -> None:
         step(llm)
 
 
-def decode_once(llm: LLM, ids: list[int], tokens: int) -> float:
-    """Decode tok/s of one request: (outputs - 1) over first-to-last output time."""
-    request = llm.engine.add_request(ids, greedy(tokens))
+def decode_once(llm: LLM, ids: list[int], tokens: int, lora: str | None = None) -> float:
+    """Decode tok/s of one request (on LoRA adapter `lora`): (outputs - 1) over first-to-last output time."""
+    request = llm.engine.add_request(ids, dataclasses.replace(greedy(tokens), lora=lora))
     stamps = []
     while llm.engine.has_unfinished():
         for out in step(llm):

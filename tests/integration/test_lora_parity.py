@@ -77,6 +77,7 @@ def test_greedy_tokens_mixed_batches_and_swaps(family):
     assert [o.token_ids for o in again] == want[requests[0].lora_name]  # swapped out and back in
     assert llm.runner.lora.disk_reads > len(requests)  # max_cpu_loras=2 < 3 adapters: some were read again
     assert llm.engine.kv.audit_blocks() == {}
+    assert all(users == 0 for users in llm.engine.scheduler.adapters.held().values())  # no slot leaked
 
 
 def test_a_prefix_cached_under_an_adapter_serves_only_that_adapter(family):
@@ -92,6 +93,19 @@ def test_a_prefix_cached_under_an_adapter_serves_only_that_adapter(family):
     second = llm.generate([prompt], params, lora_request=request)[0]
     assert second.cached_tokens > 0 and second.token_ids == first.token_ids
     assert llm.generate([prompt], params)[0].cached_tokens > 0
+
+
+def test_data_parallel_engines_load_adapters_and_match_one_engine(tmp_path):
+    """Two engine cores: an adapter loaded offline reaches both, and every row gets what one engine gives it."""
+    base = save_tiny_with_tokenizer("llama", tmp_path / "base")
+    path = save_adapter(base, tmp_path / "ad", rank=8, seed=5)
+    requests = [None, LoRARequest("ad", 1, str(path))] * 3
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(requests))]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    options = dict(device="cpu", enable_lora=True, max_batch_size=4)
+    one = [o.token_ids for o in LLM(str(base), **options).generate(prompts, params, lora_request=requests)]
+    with LLM(str(base), data_parallel_size=2, **options) as two:
+        assert [o.token_ids for o in two.generate(prompts, params, lora_request=requests)] == one
 
 
 def test_tensor_parallel_on_gloo_matches_one_rank(tmp_path):

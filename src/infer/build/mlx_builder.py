@@ -48,6 +48,33 @@ def mlx_dtype_name(config: EngineConfig) -> str:
     return "float16" if apple_metal() else "float32"
 
 
+def mlx_kv_cache_bytes(config: EngineConfig, model: ModelConfig, device_info: dict, in_use: int) -> float:
+    """The KV cache's budget in unified memory: kv_cache_memory_gb when given; otherwise what gpu_memory_utilization
+    leaves of Metal's recommended working set (`device_info`, `mx.device_info()`) once the weights (`in_use` bytes,
+    `mx.get_active_memory()`) and the largest step's activations are counted, as CUDA's rule does with device memory;
+    at most what max_batch_size full-length sequences need, since the memory is the whole machine's."""
+    import torch
+
+    from infer.kv.sizing import kv_bytes_per_token
+
+    if config.kv_cache_memory_gb is not None:
+        return config.kv_cache_memory_gb * 2**30
+    dtype = getattr(torch, config.dtype)
+    per_token = kv_bytes_per_token(model, dtype)
+    working_set = float(device_info.get("max_recommended_working_set_size") or device_info["memory_size"])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    tokens = max(config.max_num_batched_tokens or 0, config.max_batch_size)
+    activations = 16 * tokens * model.hidden_size * itemsize + 3 * config.max_batch_size * model.vocab_size * 4
+    budget = working_set * config.gpu_memory_utilization - in_use - activations
+    if budget < per_token * config.max_seq_len:
+        raise EngineConfigError(
+            f"gpu_memory_utilization={config.gpu_memory_utilization}: leaves {budget / 2**30:.2f} GiB of the "
+            f"{working_set / 2**30:.1f} GiB Metal working set for the KV cache after the weights ({in_use / 2**30:.1f} "
+            f"GiB), less than one max_seq_len={config.max_seq_len} sequence; raise it, lower max_seq_len or set "
+            f"kv_cache_memory_gb")
+    return min(budget, float(per_token * config.max_seq_len * config.max_batch_size))
+
+
 class MlxEngine(NamedTuple):
     """An engine around the MLX runner and what build_engine returns beside it."""
 
@@ -83,9 +110,11 @@ def build_mlx_engine(config: EngineConfig, path: Path, core_only: bool) -> MlxEn
     del staged
     tokenizer = Tokenizer.from_path(path)
     config = replace(config, max_seq_len=min(config.max_seq_len, model_config.max_position_embeddings))
+    sized = replace(config, dtype=dtype)
+    budget = mlx_kv_cache_bytes(sized, model_config, mx.device_info(), mx.get_active_memory()) if apple_metal() \
+        else kv_cache_bytes(sized, model_config)  # MLX's CPU backend: the CPU's rule (resident memory)
     layout = kv_layout(model_config, getattr(torch, dtype), config.kv_cache_backend, config.block_size,
-                       config.max_seq_len, config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(replace(config, dtype=dtype),
-                                                                                  model_config))
+                       config.max_seq_len, config.max_batch_size, config.num_kv_blocks, budget)
     runner = MlxRunner(model, layout.num_blocks, layout.block_size, config.max_batch_size)
     kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix_caching=bool(config.use_prefix_caching))
     engine = (EngineCore if core_only else Engine)(config, runner, kv, tokenizer)  # type: ignore[arg-type]

@@ -37,7 +37,7 @@ class ForwardBatch:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
     slot_mapping: torch.Tensor | None = None  # [T] int64
     kv_caches: list[KVCache] | None = None
-    lora_ids: torch.Tensor | None = None  # [T] int32: each token's LoRA adapter slot, -1 for none (None: no adapters)
+    lora_ids: torch.Tensor | None = None  # [T] int64: each token's LoRA adapter slot, -1 for none (None: no adapters)
 
     @property
     def num_seqs(self) -> int:

@@ -201,7 +201,7 @@ def lora_expand(y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, ids: torch.Te
         return y
     _check_y(y)
     b, h = b.contiguous(), h.contiguous()
-    bt, bn, warps = tile or (64, 128, 8)
+    bt, bn, warps = tile or (64, 128, 4)
     grid = (slots, triton.cdiv(rows, bt), triton.cdiv(n_dim, bn))
     _EXPAND(grid, y, h, b, ids, rows, n_dim, rank, y.stride(0), b.stride(0), b.stride(1), BT=bt, BN=bn,
             BR=max(16, next_pow2(rank)), PRECISION=dot_precision(b.dtype), num_warps=warps)
