@@ -5,7 +5,7 @@
 
 Measurements, each interleaved run by run across the engines so drift on a shared machine hits all alike:
 - batch 1: decode tok/s of one chat request (first token excluded) and prompt processing (prompt tokens over the
-  time to the first token);
+  time to the first token, the prefix cache emptied first, as mlx-lm computes every prompt anew);
 - batch 16: 16 different chat prompts at once, generated tokens over wall time (prefill included).
 Engines: runner=torch and runner=mlx with quantization=auto (a GGUF's 4-bit / Q8_0 weights kept), and runner=mlx
 with --quantization none --dtype float16 beside mlx-lm (`--mlx-lm`, needs `pip install mlx-lm`), which loads the
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def markdown(report: dict) -> str:
     m = report["medians"]
-    rows = [("batch 1, decode tok/s", "decode"), ("batch 1, prompt processing tok/s", "prompt"),
+    rows = [("batch 1, decode tok/s", "decode"), ("batch 1, prompt processing tok/s (uncached)", "prompt"),
             ("16 prompts at once, generated tok/s", "batch16")]
     lines = [f"# MLX runner vs torch runner — {Path(report['model']).name} (quantization=auto)", "",
              f"Hardware: {report['hardware']}. Software: {report['software']}.",

@@ -1,6 +1,7 @@
 """The MLX runner on the bundled SmolLM2 GGUF (strict mode on): greedy tokens with every weight dequantized equal the
 torch runner's on real chat prompts; with quantization="auto" every linear weight stays 4-bit (Q4_1 as MLX's affine
-groups), the head 8-bit (Q8_0), and greedy tokens equal the torch runner's keeping the same weights quantized."""
+groups), the head 8-bit (Q8_0), and greedy tokens equal the torch runner's keeping the same weights quantized. Both
+runners compute in the MLX runner's default dtype (float16 on a Mac), so a Mac compares like with like."""
 
 from __future__ import annotations
 
@@ -21,13 +22,22 @@ def _strict_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_STRICT_SYNC", "1")
 
 
+def _dtype() -> str:
+    """What the MLX runner computes in by default (float16 on Metal, float32 on MLX's CPU backend): the torch runner
+    it is compared with runs in the same dtype."""
+    from infer.build.mlx_builder import mlx_dtype_name
+    from infer.engine.config import EngineConfig
+
+    return mlx_dtype_name(EngineConfig(runner="mlx"))
+
+
 def _prompts(llm: LLM) -> list[list[int]]:
     return [llm.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
 
 
 def test_greedy_tokens_equal_the_torch_runner(smollm2_gguf) -> None:
-    ref = LLM(str(smollm2_gguf), runner="torch", quantization="none", max_seq_len=256)
-    ours = LLM(str(smollm2_gguf), runner="mlx", quantization="none", max_seq_len=256)
+    ref = LLM(str(smollm2_gguf), runner="torch", device="cpu", dtype=_dtype(), quantization="none", max_seq_len=256)
+    ours = LLM(str(smollm2_gguf), runner="mlx", dtype=_dtype(), quantization="none", max_seq_len=256)
     prompts = _prompts(ref)
     expected = [o.token_ids for o in ref.generate_ids(prompts, GREEDY)]
     assert [o.token_ids for o in ours.generate_ids(prompts, GREEDY)] == expected
@@ -37,10 +47,10 @@ def test_greedy_tokens_equal_the_torch_runner(smollm2_gguf) -> None:
 def test_gguf_weights_stay_quantized(smollm2_gguf) -> None:
     """Q4_1 linears as MLX's 4-bit groups and the Q8_0 head 8-bit: the same greedy tokens as the torch runner keeping
     the same weights quantized (its native int4 / int8 kernels)."""
-    ours = LLM(str(smollm2_gguf), runner="mlx", max_seq_len=256)
+    ours = LLM(str(smollm2_gguf), runner="mlx", dtype=_dtype(), max_seq_len=256)
     model = ours.runner.model
     assert model.quantized_linears == 4 * model.config.num_hidden_layers
     assert {layer.qkv.bits for layer in model.layers} == {4} and model.head.bits == 8
-    ref = LLM(str(smollm2_gguf), runner="torch", max_seq_len=256)
+    ref = LLM(str(smollm2_gguf), runner="torch", device="cpu", dtype=_dtype(), max_seq_len=256)
     prompts = _prompts(ref)
     assert [o.token_ids for o in ours.generate_ids(prompts, GREEDY)] == [o.token_ids for o in ref.generate_ids(prompts, GREEDY)]
