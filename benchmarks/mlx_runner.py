@@ -107,7 +107,9 @@ def run(args: argparse.Namespace) -> dict:
         if peer is not None:
             samples["mlx_lm"].append(peer.measure(prompts[0], args.tokens))
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
+    profile = llms["mlx"].runner.profile.per_step_ms()  # the MLX runner's host time per step, every run above
     return {"model": str(path), "tokens": args.tokens, "runs": args.runs, "medians": medians, "samples": samples,
+            "mlx_step_ms": profile,
             "hardware": f"{platform.machine()} {platform.system()}, {mx.default_device()}",
             "software": {"mlx": mx.__version__, "python": platform.python_version(), "numpy": np.__version__,
                          "torch": torch.__version__},
@@ -130,6 +132,9 @@ def markdown(report: dict) -> str:
                   "| measurement | mlx runner (fp16) | mlx-lm (fp16) | ours ÷ mlx-lm |", "|---|---:|---:|---:|"]
         lines += [f"| {label} | {m['mlx_fp16'][k]:.1f} | {m['mlx_lm'][k]:.1f} | {m['mlx_fp16'][k] / m['mlx_lm'][k]:.2f} |"
                   for label, k in rows[:2]]
+    step = report["mlx_step_ms"]
+    lines += ["", "MLX runner, mean ms per step (all runs): " + ", ".join(f"{k} {v:.2f}" for k, v in step.items()),
+              "(encode: building the lazy graph; wait: the device at the step boundary; readback: host conversion)"]
     lines += ["", f"EngineConfig (mlx): `{json.dumps(report['configs']['mlx'])}`", "",
               f"Reproduce: `.venv/bin/python benchmarks/mlx_runner.py --runs {report['runs']} --report "
               f"benchmarks/reports/mlx_cpu`"]

@@ -189,3 +189,13 @@ def test_a_wait_inside_a_step_fails_that_step(checkpoint, call, monkeypatch) -> 
 def test_unsupported_features_are_declined_at_startup(checkpoint, option, field) -> None:
     with pytest.raises(EngineConfigError, match=f"^{field}="):
         _llm(checkpoint, "mlx", **option)
+
+
+def test_the_runner_counts_where_its_steps_spend_time(checkpoint) -> None:
+    """Per-step profiling counters: every submitted step encoded and submitted, every one read back once."""
+    llm = _llm(checkpoint, "mlx")
+    profile = llm.runner.profile
+    llm.generate_ids(_prompts()[:3], GREEDY)
+    assert profile.steps > 0 and profile.waits == profile.steps
+    assert profile.encode_s > 0 and profile.submit_s > 0 and profile.wait_s >= 0 and profile.readback_s > 0
+    assert set(profile.per_step_ms()) == {"encode", "submit", "wait", "readback"}

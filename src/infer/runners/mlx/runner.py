@@ -10,6 +10,7 @@ raise (strict.py). The KV cache arrays exist only here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -37,6 +38,25 @@ class MlxDevice:
 
 
 @dataclass
+class StepProfile:
+    """Where the MLX runner's steps spent host time, summed since start (seconds): building the lazy graph (ENCODE),
+    submitting it (SUBMIT), waiting for the device at the step boundary (the first read of the sampled ids) and
+    converting the read-outs to host values (READBACK). `steps` counts submitted steps, `waits` the boundaries read."""
+
+    steps: int = 0
+    encode_s: float = 0.0
+    submit_s: float = 0.0
+    waits: int = 0
+    wait_s: float = 0.0
+    readback_s: float = 0.0
+
+    def per_step_ms(self) -> dict[str, float]:
+        """The mean milliseconds of each phase per step."""
+        return {"encode": 1e3 * self.encode_s / max(self.steps, 1), "submit": 1e3 * self.submit_s / max(self.steps, 1),
+                "wait": 1e3 * self.wait_s / max(self.waits, 1), "readback": 1e3 * self.readback_s / max(self.waits, 1)}
+
+
+@dataclass
 class MlxLaunchedStep:
     """A submitted step; result() waits for it once and reads everything back."""
 
@@ -45,10 +65,13 @@ class MlxLaunchedStep:
     logprobs: tuple[list[int], MxLogprobs] | None = None
     prompt_logprobs: list[MxLogprobs | None] | None = None
     pooled: tuple[list[int], mx.array] | None = None  # (sequences, their pooled rows [n, hidden] float32)
+    profile: StepProfile | None = None  # the runner's counters, which the wait and readback add to
 
     def result(self) -> StepResult:
         with phase(Phase.READBACK):
+            started = time.perf_counter()
             out = StepResult(token_ids=self.token_ids.tolist())
+            waited = time.perf_counter()
             if self.logprobs is not None:
                 rows, lp = self.logprobs
                 out.logprobs = by_sequence(self.num_seqs, rows, lp.to_host())
@@ -59,6 +82,10 @@ class MlxLaunchedStep:
                 out.pooled = [None] * self.num_seqs
                 for i, row in zip(rows, np.array(values)):
                     out.pooled[i] = row
+            if self.profile is not None:
+                self.profile.waits += 1
+                self.profile.wait_s += waited - started
+                self.profile.readback_s += time.perf_counter() - waited
         return out
 
 
@@ -90,6 +117,7 @@ class MlxRunner:
         self.columns = column_words(cfg.vocab_size)
         self.last_tokens = mx.zeros(max(max_batch_size, 1), dtype=mx.int32)
         mx.eval(self.kv_caches, self.columns, self.last_tokens)  # allocated now, not inside the first step
+        self.profile = StepProfile()
 
     def check(self) -> None:
         """Raise when the runner can no longer run steps; one device always can."""
@@ -108,6 +136,7 @@ class MlxRunner:
         if step.drafts is not None or step.drafter_tokens is not None:
             raise ValueError("speculative decoding: the mlx runner does not verify drafts (docs/apple.md)")
         slots = step.sampling_slots
+        started = time.perf_counter()
         with phase(Phase.ENCODE):
             self.sampling_slots.join(step.joined)
             layout = step_layout(step, self.num_blocks, self.block_size)
@@ -116,6 +145,7 @@ class MlxRunner:
             logits = self.model.logits(hidden[mx.array(np.asarray(layout.last_rows, dtype=np.int32))])
             rows = self.sampling_slots.rows(slots)
             self.sampling_slots.advance(slots, step.samples)
+        self.profile.encode_s += time.perf_counter() - started
         return MlxForwarded(step, layout, ids, hidden, logits, rows)
 
     def sample(self, forwarded: MlxForwarded, masks: torch.Tensor | None) -> MlxLaunchedStep:
@@ -123,6 +153,7 @@ class MlxRunner:
         whole step with one async evaluation."""
         step, layout, ids, hidden, logits, rows = forwarded
         slots = step.sampling_slots
+        started = time.perf_counter()
         with phase(Phase.ENCODE):
             if masks is not None:
                 logits = apply_token_bitmask(logits, masks)
@@ -130,9 +161,15 @@ class MlxRunner:
             self.sampling_slots.record(slots, tokens, step.samples)
             self.last_tokens = tokens
             launched = MlxLaunchedStep(tokens, step.num_seqs, self._sampled_logprobs(step, logits, tokens),
-                                       self._prompt_logprobs(step, layout, hidden, ids), _pooled(step, layout, hidden))
+                                       self._prompt_logprobs(step, layout, hidden, ids), _pooled(step, layout, hidden),
+                                       self.profile)
+        encoded = time.perf_counter()
         with phase(Phase.SUBMIT):
             mx.async_eval(self._outputs(launched))
+        profile = self.profile
+        profile.steps += 1
+        profile.encode_s += encoded - started
+        profile.submit_s += time.perf_counter() - encoded
         return launched
 
     def _outputs(self, launched: MlxLaunchedStep) -> list[mx.array]:
