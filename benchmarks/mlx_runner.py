@@ -7,7 +7,8 @@ Measurements, each interleaved run by run across the engines so drift on a share
 - batch 1: decode tok/s of one chat request (first token excluded) and prompt processing (prompt tokens over the
   time to the first token, the prefix cache emptied first, as mlx-lm computes every prompt anew);
 - batch 16: 16 different chat prompts at once, generated tokens over wall time (prefill included).
-Engines: runner=torch and runner=mlx with quantization=auto (a GGUF's 4-bit / Q8_0 weights kept), and runner=mlx
+Engines: runner=torch and runner=mlx with quantization=auto (a GGUF's 4-bit / Q8_0 weights kept), the latter also with
+launch-ahead off (each step read before the next is encoded), and runner=mlx
 with --quantization none --dtype float16 beside mlx-lm (`--mlx-lm`, needs `pip install mlx-lm`), which loads the
 same weights dequantized to float16, written as an HF directory (safetensors through our weight-name maps, the
 tokenizer through `infer export-tokenizer`). On Linux MLX runs on its CPU backend: a correctness vehicle, but the
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.mlx_lm:
         engines["mlx_fp16"] = dict(runner="mlx", quantization="none", dtype="float16")
     llms = {name: LLM(str(path), max_seq_len=1024, **options) for name, options in engines.items()}
+    llms["mlx_serial"] = LLM(str(path), max_seq_len=1024, runner="mlx")
+    llms["mlx_serial"].runner.launches_ahead = False  # each step read before the next is encoded
     prompts = [llms["mlx"].encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     peer = MlxLm(export_hf(path, Path(tempfile.mkdtemp()) / "hf")) if args.mlx_lm else None
     for llm in llms.values():  # warm every shape once
@@ -127,6 +130,10 @@ def markdown(report: dict) -> str:
              "| measurement | mlx runner | torch runner | mlx ÷ torch |", "|---|---:|---:|---:|"]
     lines += [f"| {label} | {m['mlx'][k]:.1f} | {m['torch'][k]:.1f} | {m['mlx'][k] / m['torch'][k]:.2f} |"
               for label, k in rows]
+    lines += ["", "Launch-ahead (step N + 1 encoded before step N is read) against reading each step first, MLX runner:", "",
+              "| measurement | launch-ahead | serial | ahead ÷ serial |", "|---|---:|---:|---:|"]
+    lines += [f"| {label} | {m['mlx'][k]:.1f} | {m['mlx_serial'][k]:.1f} | {m['mlx'][k] / m['mlx_serial'][k]:.2f} |"
+              for label, k in rows if k != "prompt"]
     if "mlx_lm" in m:
         lines += ["", "Same weights dequantized to float16, batch 1:", "",
                   "| measurement | mlx runner (fp16) | mlx-lm (fp16) | ours ÷ mlx-lm |", "|---|---:|---:|---:|"]

@@ -54,3 +54,21 @@ def test_gguf_weights_stay_quantized(smollm2_gguf) -> None:
     ref = LLM(str(smollm2_gguf), runner="torch", device="cpu", dtype=_dtype(), max_seq_len=256)
     prompts = _prompts(ref)
     assert [o.token_ids for o in ours.generate_ids(prompts, GREEDY)] == [o.token_ids for o in ref.generate_ids(prompts, GREEDY)]
+
+
+def test_the_kv_cache_is_written_in_place_under_launch_ahead(smollm2_gguf) -> None:
+    """MLX copies an array it cannot update in place, and a copied layer cache shows in its peak memory: with step
+    N + 1 encoded before step N is read (launch-ahead), the peak over the steps stays far below one layer's cache
+    (it reached one layer's size while the step's evaluation also held the caches)."""
+    llm = LLM(str(smollm2_gguf), runner="mlx", max_seq_len=512, max_batch_size=8, kv_cache_memory_gb=0.7)
+    assert llm.runner.launches_ahead
+    layer = llm.runner.kv_caches[0][0].nbytes
+    prompts = _prompts(llm)
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm.generate_ids(prompts, greedy)  # every shape once
+    mx.synchronize()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    llm.generate_ids(prompts, greedy)
+    mx.synchronize()
+    assert mx.get_peak_memory() - before < layer / 2, (mx.get_peak_memory() - before, layer)

@@ -173,8 +173,10 @@ class MlxRunner:
         return launched
 
     def _outputs(self, launched: MlxLaunchedStep) -> list[mx.array]:
-        """Everything the step computes or updates: its read-outs, the cache and the sampling state."""
-        out = [launched.token_ids, *(a for pair in self.kv_caches for a in pair)]
+        """What the step's evaluation is asked for: its read-outs and the sampling state. Not the KV cache: every
+        layer's cache write feeds the sampled ids, so it is evaluated anyway, and an array the pending evaluation holds
+        cannot be written in place by the next step's scatter: with launch-ahead MLX copied whole layer caches."""
+        out = [launched.token_ids]
         out += [launched.pooled[1]] if launched.pooled is not None else []
         for lp in ([launched.logprobs[1]] if launched.logprobs else []) + [p for p in launched.prompt_logprobs or [] if p]:
             out += [lp.chosen, lp.top_values, lp.top_ids]

@@ -4,9 +4,15 @@ A step goes ENCODE (build the lazy graph: forward, sampling, read-outs), SUBMIT 
 outputs), READBACK (the step boundary: wait once, convert to host values). MLX is lazy, so any evaluation or
 conversion of an array to host values inside ENCODE is a hidden wait on the device; in strict mode every such call
 raises `SyncInStepError` naming the phase and the call: `mx.eval`, `mx.async_eval` (allowed in SUBMIT),
-`array.item`, `.tolist`, `__array__`, `__bool__`, `__int__`, `__float__`, `__index__`, `np.array` / `np.asarray` /
-`np.asanyarray` of an MLX array and `memoryview` of one. The phase is per thread; the guards are installed only
+`mx.synchronize`, `mx.save` and its siblings, an array's `item`, `tolist`, `__array__`, `__bool__`, `__int__`,
+`__float__`, `__index__`, `repr` / `str` / `format`, pickling (`__getstate__`), DLPack export, iteration and copies,
+`np.array` / `asarray` / `asanyarray` / `frombuffer` / `ascontiguousarray` / `copy` and `torch.as_tensor` / `tensor` /
+`from_dlpack` of an MLX array and `memoryview` of one. The phase is per thread; the guards are installed only
 while a thread is inside a strict ENCODE or SUBMIT phase and removed when it leaves.
+
+Not caught: a numpy function given an MLX array directly (`np.sum(a)`), which reads it through the buffer protocol in
+C, and anything else that does. MLX 0.32 has no evaluation hook or counter to observe a wait with; its memory
+counters move with the step's own uploads, so they cannot tell a wait apart (docs/apple.md).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+import torch
 
 from infer.runners.strict_sync import ENV, SyncInStepError, strict_sync_enabled
 
@@ -37,12 +44,18 @@ _installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) whil
 _guarded_threads = 0
 
 # (owner, attribute, name in errors, phases that allow it, whether only an MLX array argument counts)
-_ARRAY_METHODS = ("item", "tolist", "__array__", "__bool__", "__int__", "__float__", "__index__")
+_ARRAY_METHODS = ("item", "tolist", "__array__", "__bool__", "__int__", "__float__", "__index__", "__repr__",
+                  "__str__", "__format__", "__getstate__", "__dlpack__", "__iter__", "__copy__", "__deepcopy__")
+_SAVES = ("save", "savez", "savez_compressed", "save_safetensors", "save_gguf")
 _GUARDS: list[tuple[Any, str, str, tuple[Phase, ...], bool]] = [
     (mx, "eval", "mx.eval()", (), False),
     (mx, "async_eval", "mx.async_eval()", (Phase.SUBMIT,), False),
+    (mx, "synchronize", "mx.synchronize()", (), False),
+    *[(mx, f, f"mx.{f}()", (), False) for f in _SAVES],
     *[(mx.array, m, f"array.{m}()", (), False) for m in _ARRAY_METHODS],
-    *[(np, f, f"np.{f}() of an MLX array", (), True) for f in ("array", "asarray", "asanyarray")],
+    *[(np, f, f"np.{f}() of an MLX array", (), True) for f in ("array", "asarray", "asanyarray", "frombuffer",
+                                                             "ascontiguousarray", "copy")],
+    *[(torch, f, f"torch.{f}() of an MLX array", (), True) for f in ("as_tensor", "tensor", "from_dlpack")],
     (builtins, "memoryview", "memoryview() of an MLX array", (), True),
 ]
 
