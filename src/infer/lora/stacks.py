@@ -51,12 +51,12 @@ class LoRAStack:
             return y
         return self.expand_site(y, self.shrink_site(x, self.a, ids), self.b, ids)
 
-    def write(self, slot: int, adapter: LoRAAdapter | None, cfg: ModelConfig, shard: Shard) -> None:
-        """Fill `slot` with `adapter`'s matrices for this projection (zeros for parts it leaves out, or None)."""
+    def write(self, slot: int, adapter: LoRAAdapter, cfg: ModelConfig, shard: Shard) -> None:
+        """Fill `slot` with `adapter`'s matrices for this projection (zeros for the parts it leaves out)."""
         a, b = torch.zeros_like(self.a[slot], device="cpu"), torch.zeros_like(self.b[slot], device="cpu")
         row, r = 0, self.rank
         for j, part in enumerate(self.parts):
-            pair = None if adapter is None else adapter.weights.get((self.layer, part.module))
+            pair = adapter.weights.get((self.layer, part.module))
             if pair is not None:
                 lora_a, lora_b = pair
                 cut = shard.cut(f"model.layers.{self.layer}.{parent_module(part.module)}.{part.module}.weight", cfg)
