@@ -13,10 +13,12 @@ from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache", "rope_store_kv",
        "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4", "linear",
-       "argmax", "fused_moe", "moe_route"}
+       "argmax", "fused_moe", "moe_route", "lora_shrink", "lora_expand"}
 
 
-SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe"}  # an op's second kernel, for a regime the first serves badly
+# an op's second kernel, for a regime the first serves badly
+SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.lora_shrink_rows": "lora_shrink",
+                  "triton.lora_expand_rows": "lora_expand"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):
@@ -75,3 +77,19 @@ def test_varlen_launch_reports_the_flat_tile_grid():
     varlen = next(s for s in specs.kernel_specs() if s.op == "varlen_attention")
     ctx = SelectionContext(op="varlen_attention", batch=70000, seq_q=300, tokens=70000 * 300, num_heads=32)
     assert varlen.launch(ctx).grid == (70000 * 300 // 64 + 70000, 32, 1)
+
+
+@pytest.mark.parametrize("rows, shrink, expand", [(1, "rows", "rows"), (16, "rows", "rows"), (17, "tiles", "rows"),
+                                                  (32, "tiles", "rows"), (33, "tiles", "tiles")])
+def test_lora_kernels_split_by_row_count(rows, shrink, expand):
+    """Per-row LoRA kernels for a decode's few rows, slot tiles past them; a stacked rank over one tile is refused."""
+    by_id = {s.kernel_id: s for s in specs.kernel_specs()}
+
+    def ok(kernel: str, rank: int = 48) -> bool:
+        ctx = SelectionContext(op=by_id[kernel].op, tokens=rows, hidden=64, params=(("slots", 4), ("rank", rank)))
+        return not by_id[kernel].check(ctx)
+
+    assert ok("triton.lora_shrink_rows") == (shrink == "rows")
+    assert ok("triton.lora_expand_rows") == (expand == "rows")
+    assert ok("triton.lora_shrink") and ok("triton.lora_expand")
+    assert not ok("triton.lora_expand", rank=300)
