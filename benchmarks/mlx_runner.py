@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> dict:
         engines["mlx_fp16"] = dict(runner="mlx", quantization="none", dtype="float16")
     llms = {name: LLM(str(path), max_seq_len=1024, **options) for name, options in engines.items()}
     llms["mlx_serial"] = LLM(str(path), max_seq_len=1024, runner="mlx")
-    llms["mlx_serial"].runner.launches_ahead = False  # each step read before the next is encoded
+    llms["mlx"].runner.launches_ahead = True  # step N + 1 encoded before step N is read (Metal's default)
+    llms["mlx_serial"].runner.launches_ahead = False  # each step read before the next (the CPU backend's default)
     prompts = [llms["mlx"].encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     peer = MlxLm(export_hf(path, Path(tempfile.mkdtemp()) / "hf")) if args.mlx_lm else None
     for llm in llms.values():  # warm every shape once
@@ -143,7 +144,7 @@ def markdown(report: dict) -> str:
     lines += ["", "MLX runner, mean ms per step (all runs): " + ", ".join(f"{k} {v:.2f}" for k, v in step.items()),
               "(encode: building the lazy graph; wait: the device at the step boundary; readback: host conversion)"]
     lines += ["", f"EngineConfig (mlx): `{json.dumps(report['configs']['mlx'])}`", "",
-              f"Reproduce: `.venv/bin/python benchmarks/mlx_runner.py --runs {report['runs']} --report "
+              f"Reproduce: `.venv/bin/python benchmarks/mlx_runner.py --runs {report['runs']} --tokens {report['tokens']} --report "
               f"benchmarks/reports/mlx_cpu`"]
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 import torch
 
+from infer.runners.mlx import apple_metal
 from infer.runners.mlx.attention import StepLayout, step_layout
 from infer.runners.mlx.model import MlxModel, cache_arrays
 from infer.runners.mlx.sampler import MxLogprobs, MxSamplingRows, column_words, logprobs, sample
@@ -104,7 +105,10 @@ class MlxRunner:
     """Owns the MLX weights, the paged KV cache and the sampling state; turns a StepInput into sampled tokens."""
 
     probes: ProbeBank | None = None  # declined at startup (build/mlx_builder.py)
-    launches_ahead = True  # MLX evaluates lazily: forward returns before the device has run the step
+    # on Metal a step's submit returns before the GPU has run it, so the engine encodes the next step meanwhile; MLX's
+    # CPU backend evaluates inside the submit, so launching ahead overlaps nothing there and measured slower
+    # (0.82-0.87x serial steps, benchmarks/reports/mlx_cpu.md)
+    launches_ahead = apple_metal()
 
     def __init__(self, model: MlxModel, num_blocks: int, block_size: int, max_batch_size: int = 32) -> None:
         cfg = model.config
