@@ -43,9 +43,14 @@ def _greedy(llm: LLM) -> list[list[int]]:
 
 
 def _measure(path: str, what: str, options: dict) -> object:
-    """Build one engine, measure it, close it (a process of its own: one NCCL tensor-parallel engine per process)."""
+    """Build one engine, measure it, close it (a process of its own: one NCCL tensor-parallel engine per process).
+    "lora": the prompts' greedy tokens with `params` (one SamplingParams per prompt, popped from the options)."""
+    params = options.pop("params", None)
     with LLM(path, max_batch_size=8, **options) as llm:
-        result = _prompt_logprobs(llm) if what == "logprobs" else _greedy(llm)
+        if what == "lora":
+            result = [o.token_ids for o in llm.generate_ids(PROMPTS, params)]
+        else:
+            result = _prompt_logprobs(llm) if what == "logprobs" else _greedy(llm)
         graphs = llm.runner.graph_stats.batch_sizes if llm.runner.graph_stats is not None else ()
     return result, graphs
 
