@@ -11,9 +11,11 @@ interpreter exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import weakref
 from dataclasses import replace
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from infer.frontend.client import RequestStream
@@ -60,10 +62,18 @@ class DataParallelLLM(OfflineLLM):
             raise ValueError(f"got {len(per_request)} SamplingParams for {len(prompts)} prompts")
         return asyncio.run(self._generate(prompts, per_request))
 
-    async def _generate(self, prompts: list[list[int]], per_request: list[SamplingParams]) -> list[RequestOutput]:
+    @contextlib.asynccontextmanager
+    async def _client(self) -> AsyncIterator[DPClient]:
+        """A client of every engine core, for one call's life."""
         client = DPClient(self.infos, self.tokenizer, OFFLINE_QUEUE, None, self.config.load_balance_method)
         await client.start()
         try:
+            yield client
+        finally:
+            await client.close()
+
+    async def _generate(self, prompts: list[list[int]], per_request: list[SamplingParams]) -> list[RequestOutput]:
+        async with self._client() as client:
             streams = []
             try:  # all or nothing: a bad prompt must not leave the others queued
                 for ids, p in zip(prompts, per_request):
@@ -73,8 +83,6 @@ class DataParallelLLM(OfflineLLM):
                     client.abort(stream.request_id)
                 raise
             results = await asyncio.gather(*(_collect(s, ids) for s, ids in zip(streams, prompts)))
-        finally:
-            await client.close()
         errors = {s.request_id: error for s, (_, error) in zip(streams, results) if error}
         if errors:
             raise RuntimeError(f"generation failed: {errors}")
@@ -87,12 +95,8 @@ class DataParallelLLM(OfflineLLM):
             self._loras[name] = path
 
     async def _call(self, method: str, *args: str) -> object:
-        client = DPClient(self.infos, self.tokenizer, OFFLINE_QUEUE, None, self.config.load_balance_method)
-        await client.start()
-        try:
+        async with self._client() as client:
             return await client.call(method, *args)
-        finally:
-            await client.close()
 
     def stream(self, prompt_ids: list[int], params: SamplingParams):  # type: ignore[no-untyped-def]
         raise NotImplementedError("LLM.stream is not offered with data_parallel_size > 1; use infer serve -dp N")

@@ -49,30 +49,21 @@ def mlx_dtype_name(config: EngineConfig) -> str:
 
 
 def mlx_kv_cache_bytes(config: EngineConfig, model: ModelConfig, device_info: dict, in_use: int) -> float:
-    """The KV cache's budget in unified memory: kv_cache_memory_gb when given; otherwise what gpu_memory_utilization
-    leaves of Metal's recommended working set (`device_info`, `mx.device_info()`) once the weights (`in_use` bytes,
-    `mx.get_active_memory()`) and the largest step's activations are counted, as CUDA's rule does with device memory;
-    at most what max_batch_size full-length sequences need, since the memory is the whole machine's."""
+    """The KV cache's budget in unified memory: kv_cache_memory_gb when given; otherwise CUDA's rule
+    (`device_kv_budget`) over Metal's recommended working set (`device_info`, `mx.device_info()`) with the weights
+    (`in_use` bytes, `mx.get_active_memory()`) counted, at most what max_batch_size full-length sequences need, since
+    the memory is the whole machine's. `config.dtype` is the resolved one."""
     import torch
 
+    from infer.build.rank_runner import device_kv_budget
     from infer.kv.sizing import kv_bytes_per_token
 
     if config.kv_cache_memory_gb is not None:
         return config.kv_cache_memory_gb * 2**30
-    dtype = getattr(torch, config.dtype)
-    per_token = kv_bytes_per_token(model, dtype)
     working_set = float(device_info.get("max_recommended_working_set_size") or device_info["memory_size"])
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    tokens = max(config.max_num_batched_tokens or 0, config.max_batch_size)
-    activations = 16 * tokens * model.hidden_size * itemsize + 3 * config.max_batch_size * model.vocab_size * 4
-    budget = working_set * config.gpu_memory_utilization - in_use - activations
-    if budget < per_token * config.max_seq_len:
-        raise EngineConfigError(
-            f"gpu_memory_utilization={config.gpu_memory_utilization}: leaves {budget / 2**30:.2f} GiB of the "
-            f"{working_set / 2**30:.1f} GiB Metal working set for the KV cache after the weights ({in_use / 2**30:.1f} "
-            f"GiB), less than one max_seq_len={config.max_seq_len} sequence; raise it, lower max_seq_len or set "
-            f"kv_cache_memory_gb")
-    return min(budget, float(per_token * config.max_seq_len * config.max_batch_size))
+    budget = device_kv_budget(config, model, working_set, in_use, "the Metal working set")
+    need = kv_bytes_per_token(model, getattr(torch, config.dtype)) * config.max_seq_len * config.max_batch_size
+    return min(budget, float(need))
 
 
 class MlxEngine(NamedTuple):

@@ -48,16 +48,22 @@ def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
     if not config.resolved_device.startswith("cuda"):
         need = kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len * config.max_batch_size
         return float(CPU_KV_CACHE_BYTES if config.draft_model is not None else min(CPU_KV_CACHE_BYTES, need))
-    device = torch.device(config.resolved_device)
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = torch.cuda.mem_get_info(torch.device(config.resolved_device))
+    return device_kv_budget(config, model, total, total - free, "the device")
+
+
+def device_kv_budget(config: EngineConfig, model: ModelConfig, total: float, in_use: float, pool: str) -> float:
+    """What gpu_memory_utilization leaves of `total` bytes of device memory (`pool` names it in the error) for the KV
+    cache once `in_use` bytes (the weights) and a reserve for the largest step's activations and logits are counted;
+    EngineConfigError when that is less than one max_seq_len sequence (CUDA's rule, and Metal's for the MLX runner)."""
     itemsize = torch.empty((), dtype=config.torch_dtype).element_size()
     tokens = max(config.max_num_batched_tokens or 0, config.decode_rows)
     activations = 16 * tokens * model.hidden_size * itemsize + 3 * config.decode_rows * model.vocab_size * 4
-    budget = total * config.gpu_memory_utilization - (total - free) - activations
+    budget = total * config.gpu_memory_utilization - in_use - activations
     if budget < kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len:
         raise EngineConfigError(
             f"gpu_memory_utilization={config.gpu_memory_utilization}: leaves {budget / 2**30:.2f} GiB for the KV cache "
-            f"after the weights ({(total - free) / 2**30:.1f} GiB in use of {total / 2**30:.1f}), less than one "
+            f"after the weights ({in_use / 2**30:.1f} GiB in use of {pool}'s {total / 2**30:.1f}), less than one "
             f"max_seq_len={config.max_seq_len} sequence; raise it, lower max_seq_len or set kv_cache_memory_gb")
     return budget
 

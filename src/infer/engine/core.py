@@ -112,26 +112,22 @@ class EngineCore:
 
     def _adapter(self, name: str | None) -> AdapterRef | None:
         """The registered adapter a request names (LoRAError, a ValueError: unknown, or LoRA is off)."""
-        if name is None:
-            return None
+        return None if name is None else self._registry(f"lora={name!r}: ").get(name)
+
+    def _registry(self, context: str = "") -> LoRARegistry:
+        """The adapters' registry; LoRAError (after `context`) when the engine was built without LoRA."""
         if self.loras is None:
-            raise LoRAError(f"lora={name!r}: LoRA adapters are not enabled (start the engine with enable_lora=True, "
-                            "or infer serve --enable-lora)")
-        return self.loras.get(name)
+            raise LoRAError(f"{context}LoRA adapters are not enabled (start the engine with enable_lora=True, or "
+                            "infer serve --enable-lora)")
+        return self.loras
 
     def add_lora(self, name: str, path: str) -> AdapterRef:
         """Register a PEFT adapter under `name` (LoRAError naming what is wrong with it)."""
-        if self.loras is None:
-            raise LoRAError("LoRA adapters are not enabled (start the engine with enable_lora=True, or infer serve "
-                            "--enable-lora)")
-        return self.loras.add(name, path)
+        return self._registry().add(name, path)
 
     def remove_lora(self, name: str) -> AdapterRef:
         """Unregister an adapter: later requests cannot name it; those already queued with it still run."""
-        if self.loras is None:
-            raise LoRAError("LoRA adapters are not enabled (start the engine with enable_lora=True, or infer serve "
-                            "--enable-lora)")
-        return self.loras.remove(name)
+        return self._registry().remove(name)
 
     def lora_adapters(self) -> list[AdapterRef]:
         return [] if self.loras is None else self.loras.adapters()

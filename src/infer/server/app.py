@@ -64,11 +64,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     def card(s: ServerState, adapter: str | None = None) -> dict[str, object]:
         """The base model's card, or a LoRA adapter's (vLLM's shape: `root` its path, `parent` the base model)."""
-        if adapter is None:
-            return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
-                    "max_model_len": s.max_seq_len, "root": s.model_name, "parent": None}
-        return {"id": adapter, "object": "model", "created": s.created, "owned_by": "infer",
-                "max_model_len": s.max_seq_len, "root": s.engine.loras.get(adapter, adapter), "parent": s.model_name}
+        root, parent = (s.model_name, None) if adapter is None else (s.engine.loras.get(adapter, adapter), s.model_name)
+        return {"id": adapter or s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
+                "max_model_len": s.max_seq_len, "root": root, "parent": parent}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, object]:
