@@ -1,5 +1,8 @@
 """One mixture-of-experts layer on the CPU: layerzero's fused_moe (the path it selects) against per-expert Python loops
-over the same stacked weights, batch 1 (decode) to 64, and the bytes each reads.
+over the same stacked weights, batch 1 (decode) to 64, and the bytes each reads; then the same weights stored as a GGUF
+stores them (Q4_0, Q8_0) and kept so (lz.fused_moe_int4 / fused_moe_w8, the native kernel), against per-expert loops
+over those weights dequantized to float32 (what a loader that dequantizes GGUF experts runs) and over the kept weights
+one expert at a time (lz.linear_int4 / linear_w8 per routed expert).
 
     python benchmarks/moe_cpu.py [--experts 128] [--top-k 8] [--hidden 1024] [--inner 384] [--repeats 20]
 
@@ -20,10 +23,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
 
 import layerzero as lz
+from infer.loader.gguf_quant import read_int4, read_q8_0
+from infer.models.quant import Int4Experts, Int4Weight, W8Experts
+
+Q8_BLOCK = (1, 32)
 
 
 def loop_all(x, w13, w2, weights, ids) -> torch.Tensor:
@@ -43,6 +53,80 @@ def loop_hit(x, w13, w2, weights, ids) -> torch.Tensor:
         gate, up = F.linear(x[rows], w13[e]).chunk(2, dim=-1)
         out.index_add_(0, rows, F.linear(F.silu(gate) * up, w2[e]) * weights[rows, slot, None])
     return out
+
+
+def stored(w: torch.Tensor, kind: GGMLQuantizationType) -> tuple[Int4Experts | W8Experts, list[Int4Weight | tuple]]:
+    """A float32 stack [E, N, K] as a GGUF stores it in `kind`, read back as infer keeps it (the stack the fused op
+    takes, and one weight per expert for the per-expert loop)."""
+    raw = [quantize(w[e].numpy(), kind) for e in range(w.shape[0])]
+    if kind == GGMLQuantizationType.Q8_0:
+        parts = [read_q8_0(r) for r in raw]
+        q = torch.from_numpy(np.stack([p[0] for p in parts]))
+        scale = torch.from_numpy(np.stack([p[1] for p in parts]))
+        return W8Experts(q, scale, Q8_BLOCK), [(q[e], scale[e]) for e in range(w.shape[0])]
+    groups = [read_int4(r, kind) for r in raw]
+    return (Int4Experts.from_groups([tuple(g) for g in groups], 32, torch.device("cpu")),
+            [Int4Weight.from_groups(*g, 32, torch.device("cpu")) for g in groups])
+
+
+def quant_linear(x: torch.Tensor, w: Int4Weight | tuple) -> torch.Tensor:
+    if isinstance(w, Int4Weight):
+        return lz.linear_int4(x, w.qweight, w.scales_zeros, 32)
+    return lz.linear_w8(x, w[0], w[1], Q8_BLOCK)
+
+
+def loop_hit_quantized(x, w13: list, w2: list, weights, ids) -> torch.Tensor:
+    """`loop_hit` with each routed expert's kept weights through the dense-layer quantized linears."""
+    out = torch.zeros_like(x)
+    for e in ids.unique().tolist():
+        rows, slot = torch.where(ids == e)
+        gate, up = quant_linear(x[rows], w13[e]).chunk(2, dim=-1)
+        out.index_add_(0, rows, quant_linear(F.silu(gate) * up, w2[e]) * weights[rows, slot, None])
+    return out
+
+
+def fused_quantized(x, w13: Int4Experts | W8Experts, w2: Int4Experts | W8Experts, weights, ids) -> torch.Tensor:
+    if isinstance(w13, Int4Experts):
+        return lz.fused_moe_int4(x, w13.qweight, w13.scales, w2.qweight, w2.scales, weights, ids, group_size=32)
+    return lz.fused_moe_w8(x, w13.weight, w13.scale, w2.weight, w2.scale, weights, ids, block_size=Q8_BLOCK)
+
+
+def kernel_of(x, w13: Int4Experts | W8Experts, w2: Int4Experts | W8Experts, weights, ids) -> str:
+    if isinstance(w13, Int4Experts):
+        return lz.which("fused_moe_int4", x, w13.qweight, w13.scales, w2.qweight, w2.scales, weights, ids,
+                        group_size=32)["kernel_id"]
+    return lz.which("fused_moe_w8", x, w13.weight, w13.scale, w2.weight, w2.scale, weights, ids,
+                    block_size=Q8_BLOCK)["kernel_id"]
+
+
+def quantized_rows(args: argparse.Namespace, w13: torch.Tensor, w2: torch.Tensor, router: torch.Tensor,
+                   batches: list[int]) -> list[dict]:
+    rows = []
+    e, i, h = w13.shape[0], w2.shape[2], w2.shape[1]
+    for kind, bits in ((GGMLQuantizationType.Q4_0, 4.5), (GGMLQuantizationType.Q8_0, 8.5)):
+        s13, per13 = stored(w13, kind)
+        s2, per2 = stored(w2, kind)
+        d13, d2 = s13.dequantize(), s2.dequantize()  # the same weights in float32
+        for batch in batches:
+            x = torch.randn(batch, h)
+            weights, ids = lz.moe_route(x @ router.T, args.top_k, renormalize=True)
+            fused = fused_quantized(x, s13, s2, weights, ids)
+            torch.testing.assert_close(fused, loop_hit(x, d13, d2, weights, ids), atol=1e-4, rtol=1e-4)
+            t_fused = timed(lambda: fused_quantized(x, s13, s2, weights, ids), args.repeats)
+            t_dense = timed(lambda: loop_hit(x, d13, d2, weights, ids), args.repeats)
+            t_all = timed(lambda: loop_all(x, d13, d2, weights, ids), args.repeats)
+            t_kept = timed(lambda: loop_hit_quantized(x, per13, per2, weights, ids), args.repeats)
+            routed = ids.unique().numel()
+            read_gb = routed * 3 * i * h * bits / 8 / 1e9
+            rows.append({"format": kind.name, "batch": batch, "kernel": kernel_of(x, s13, s2, weights, ids),
+                         "experts_routed": routed, "fused_ms": t_fused * 1e3, "loop_all_f32_ms": t_all * 1e3,
+                         "loop_hit_f32_ms": t_dense * 1e3, "loop_hit_kept_ms": t_kept * 1e3,
+                         "routed_weights_gb": read_gb, "fused_gb_s": read_gb / t_fused})
+            print(f"{kind.name} batch {batch:3d}: fused {t_fused * 1e3:.2f} ms, loop over dequantized experts "
+                  f"{t_dense * 1e3:.2f} ms ({t_dense / t_fused:.1f}x), over all {t_all * 1e3:.2f} ms "
+                  f"({t_all / t_fused:.1f}x), over kept experts one by one {t_kept * 1e3:.2f} ms "
+                  f"({t_kept / t_fused:.1f}x)")
+    return rows
 
 
 def timed(fn: Callable[[], torch.Tensor], repeats: int) -> float:
@@ -69,7 +153,8 @@ def main() -> None:
     w13, w2 = torch.randn(e, 2 * i, h) * 0.02, torch.randn(e, h, i) * 0.02
     router = torch.randn(e, h) * 0.02
     rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    batches = [int(b) for b in args.batches.split(",")]
+    for batch in batches:
         x = torch.randn(batch, h)
         weights, ids = lz.moe_route(x @ router.T, k, renormalize=True)
         kernel = lz.which("fused_moe", x, w13, w2, weights, ids)["kernel_id"]
@@ -85,8 +170,10 @@ def main() -> None:
                      "fused_gb_s": read_gb / t_fused})
         print(f"batch {batch:3d} ({kernel}): fused {t_fused * 1e3:.2f} ms, loop over all experts {t_all * 1e3:.2f} ms "
               f"({t_all / t_fused:.1f}x), over the hit ones {t_hit * 1e3:.2f} ms ({t_hit / t_fused:.1f}x)")
+    kept = quantized_rows(args, w13, w2, router, batches)
     report = {"machine": platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "shape": {"experts": e, "top_k": k, "hidden": h, "inner": i}, "repeats": args.repeats, "rows": rows}
+              "load_average": os.getloadavg(), "shape": {"experts": e, "top_k": k, "hidden": h, "inner": i},
+              "repeats": args.repeats, "rows": rows, "kept_quantized": kept}
     out = Path(os.environ.get("OUT_DIR", "benchmarks/reports"))
     (out / "moe_cpu.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# One MoE layer on the CPU: lz.fused_moe against per-expert loops ({platform.machine()}, "
@@ -100,7 +187,24 @@ def main() -> None:
         lines.append(f"| {r['batch']} | `{r['kernel']}` | {r['experts_routed']} | {r['fused_ms']:.2f} | "
                      f"{r['loop_all_ms']:.2f} | {r['loop_all_ms'] / r['fused_ms']:.1f} | {r['loop_hit_ms']:.2f} | "
                      f"{r['loop_hit_ms'] / r['fused_ms']:.1f} | {r['fused_gb_s']:.1f} |")
-    lines += ["", "Reproduce: `python benchmarks/moe_cpu.py`."]
+    lines += ["", "## Experts kept as a GGUF stores them", "",
+              "The same float32 experts quantized by gguf-py to Q4_0 and Q8_0 and read back as infer keeps them. "
+              "`fused`: lz.fused_moe_int4 / fused_moe_w8 over the kept stacks (one native call a layer). Against it: "
+              "the per-expert loops over the same weights dequantized to float32 (what a loader that dequantizes a "
+              "GGUF's experts runs), and over the kept weights one routed expert at a time (lz.linear_int4 / "
+              "linear_w8 per expert). GB/s: the routed experts' stored bytes (4.5 / 8.5 bits a weight) per second.",
+              "", "| format | batch | kernel | experts routed | fused ms | loop over hit experts, float32 ms | "
+              "÷ fused | loop over all experts, float32 ms | ÷ fused | loop over hit experts, kept ms | ÷ fused | "
+              "routed GB/s (fused) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in kept:
+        lines.append(f"| {r['format']} | {r['batch']} | `{r['kernel']}` | {r['experts_routed']} | {r['fused_ms']:.2f} | "
+                     f"{r['loop_hit_f32_ms']:.2f} | {r['loop_hit_f32_ms'] / r['fused_ms']:.1f} | "
+                     f"{r['loop_all_f32_ms']:.2f} | {r['loop_all_f32_ms'] / r['fused_ms']:.1f} | "
+                     f"{r['loop_hit_kept_ms']:.2f} | {r['loop_hit_kept_ms'] / r['fused_ms']:.1f} | "
+                     f"{r['fused_gb_s']:.1f} |")
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    lines += ["", f"Load average at the end: {load} (a 2-core machine: read the ratios, not the absolutes).", "",
+              "Reproduce: `python benchmarks/moe_cpu.py`."]
     (out / "moe_cpu.md").write_text("\n".join(lines) + "\n")
 
 

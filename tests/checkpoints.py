@@ -304,10 +304,13 @@ def _gguf_tokenizer(writer: GGUFWriter, tokenizer_dir: Path) -> None:
     writer.add_eos_token_id(vocab["</s>"])
 
 
-def write_moe_gguf(model, path: Path, tokenizer_dir: Path | None = None) -> Path:
+def write_moe_gguf(model, path: Path, tokenizer_dir: Path | None = None,
+                   expert_kinds: dict[str, GGMLQuantizationType] | None = None) -> Path:
     """A tiny transformers Qwen 3 MoE ("qwen3moe") or Mixtral ("llama" with experts, q/k rows permuted) in float32 as
     llama.cpp's converter writes it: the router as ffn_gate_inp, each projection's experts stacked [E, rows, cols];
-    with `tokenizer_dir`, that directory's byte-level vocabulary embedded (so `infer serve` can serve the file)."""
+    with `tokenizer_dir`, that directory's byte-level vocabulary embedded (so `infer serve` can serve the file); with
+    `expert_kinds`, each stacked projection ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") it names quantized by gguf-py
+    (the attention and the router stay float32)."""
     cfg, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
     qwen = cfg.model_type == "qwen3_moe"
     experts = cfg.num_experts if qwen else cfg.num_local_experts
@@ -336,9 +339,14 @@ def write_moe_gguf(model, path: Path, tokenizer_dir: Path | None = None) -> Path
         if f"{prefix}mlp.experts.gate_up_proj" in state:  # transformers holds the experts stacked, gate rows first
             gate_up, down = state[f"{prefix}mlp.experts.gate_up_proj"], state[f"{prefix}mlp.experts.down_proj"]
             writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", state[f"{prefix}mlp.gate.weight"])
-            writer.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :inner]))
-            writer.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, inner:]))
-            writer.add_tensor(f"blk.{i}.ffn_down_exps.weight", np.ascontiguousarray(down))
+            stacks = {"ffn_gate_exps": gate_up[:, :inner], "ffn_up_exps": gate_up[:, inner:], "ffn_down_exps": down}
+            for ours, w in stacks.items():
+                kind = (expert_kinds or {}).get(ours)
+                w = np.ascontiguousarray(w)
+                if kind is None:
+                    writer.add_tensor(f"blk.{i}.{ours}.weight", w)
+                else:
+                    writer.add_tensor(f"blk.{i}.{ours}.weight", quantize(w, kind), raw_dtype=kind)
     _gguf_finish(writer)
     return path
 

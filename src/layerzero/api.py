@@ -330,6 +330,51 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     return _call("fused_moe", x, w13, w2, weights, ids, activation=activation)
 
 
+def _check_moe_quant(op: str, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                     ids: torch.Tensor, columns: int, activation: str) -> None:
+    """The shapes every quantized fused MoE shares; `columns`: stored columns per input (2 for 4-bit: two a byte)."""
+    experts, inner2, hidden = w13.shape[0], w13.shape[1], x.shape[-1]
+    if (x.dim() != 2 or w13.dim() != 3 or w13.shape[2] * columns != hidden or inner2 % 2
+            or tuple(w2.shape) != (experts, hidden, inner2 // 2 // columns) or ids.shape != weights.shape
+            or ids.dim() != 2 or ids.shape[0] != x.shape[0]):
+        raise ValueError(f"{op} expects x [T, H], w13 [E, 2I, H{'/2' if columns == 2 else ''}], "
+                         f"w2 [E, H, I{'/2' if columns == 2 else ''}], weights and ids [T, k]; got {tuple(x.shape)}, "
+                         f"{tuple(w13.shape)}, {tuple(w2.shape)}, {tuple(weights.shape)}, {tuple(ids.shape)}")
+    if activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"{op}: activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+
+
+def fused_moe_int4(x: torch.Tensor, w13: torch.Tensor, w13_scales: torch.Tensor, w2: torch.Tensor,
+                   w2_scales: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *, group_size: int,
+                   activation: str = "silu") -> torch.Tensor:
+    """fused_moe over experts kept 4-bit: w13 [E, 2I, H/2] and w2 [E, H, I/2] uint8 (column 2j in the low nibble of
+    byte j), scales [2, E, N, K/group_size] float32 holding each group's (scale, offset): w = q * scale + offset for
+    q in 0..15. Returns [T, H] in x's dtype."""
+    _check_moe_quant("fused_moe_int4", x, w13, w2, weights, ids, 2, activation)
+    for name, w, s in (("w13", w13, w13_scales), ("w2", w2, w2_scales)):
+        if tuple(s.shape) != (2, *w.shape[:2], 2 * w.shape[2] // group_size) or (2 * w.shape[2]) % group_size:
+            raise ValueError(f"fused_moe_int4: {name}_scales must be [2, E, N, K/{group_size}] for {name} "
+                             f"{tuple(w.shape)}, got {tuple(s.shape)}")
+    return _call("fused_moe_int4", x, w13, w13_scales, w2, w2_scales, weights, ids, group_size=int(group_size),
+                 activation=activation)
+
+
+def fused_moe_w8(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                 weights: torch.Tensor, ids: torch.Tensor, *, block_size: tuple[int, int],
+                 activation: str = "silu") -> torch.Tensor:
+    """fused_moe over experts kept 8-bit: w13 [E, 2I, H] and w2 [E, H, I] int8 or float8_e4m3fn with block scales
+    [E, ceil(N/bn), ceil(K/bk)] float32 for block_size (bn, bk): w = q * the scale of its block. Returns [T, H] in
+    x's dtype."""
+    _check_moe_quant("fused_moe_w8", x, w13, w2, weights, ids, 1, activation)
+    bn, bk = block_size
+    for name, w, s in (("w13", w13, w13_scale), ("w2", w2, w2_scale)):
+        if tuple(s.shape) != (w.shape[0], -(-w.shape[1] // bn), -(-w.shape[2] // bk)):
+            raise ValueError(f"fused_moe_w8: {name}_scale must be [E, ceil(N/{bn}), ceil(K/{bk})] for {name} "
+                             f"{tuple(w.shape)}, got {tuple(s.shape)}")
+    return _call("fused_moe_w8", x, w13, w13_scale, w2, w2_scale, weights, ids, block_size=(int(bn), int(bk)),
+                 activation=activation)
+
+
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """LoRA's first matmul for rows whose adapters differ: h[t] = a[ids[t]] @ x[t] (float32 [T, R]; zero where
     ids[t] < 0, a row without an adapter). x [T, K], a [S, R, K] (each slot's down-projections, rank padded), ids [T]

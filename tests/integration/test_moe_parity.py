@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM
 
 from checkpoints import save_tiny, save_tiny_with_tokenizer, tiny_hf_model, write_moe_gguf
@@ -15,6 +16,7 @@ from infer import LLM, SamplingParams
 from infer.loader.model_loader import load_model
 from infer.models.forward_batch import ForwardBatch
 from infer.models.moe import SparseMLP
+from infer.models.quant import Int4Experts, W8Experts
 
 FP32_ATOL = 1e-4
 CHECKPOINTS = {
@@ -121,3 +123,49 @@ def test_speculation_prefix_caching_and_structured_output_on_moe(tmp_path):
     out = plain.generate("The cat", SamplingParams(temperature=1.0, seed=1, max_tokens=12,
                                                    structured=Constraint("regex", r"[0-9]{3}-[a-z]{2}")))[0]
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", out.text)
+
+
+EXPERT_KINDS = {  # the stacked experts' GGUF types -> the form they are kept in on the CPU (None: dequantized)
+    "q8_0": ({"ffn_gate_exps": Q.Q8_0, "ffn_up_exps": Q.Q8_0, "ffn_down_exps": Q.Q8_0}, W8Experts),
+    "q4_0-q4_1": ({"ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q4_0, "ffn_down_exps": Q.Q4_1}, Int4Experts),
+    "q4_0-q8_0": ({"ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q4_0, "ffn_down_exps": Q.Q8_0}, None),
+}
+# expert sizes that split into GGUF's 32-column blocks
+BLOCKED = {"qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 32},
+           "mixtral": {"sliding_window": None, "intermediate_size": 64}}
+
+
+@pytest.mark.parametrize("kinds", list(EXPERT_KINDS))
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_gguf_experts_stay_quantized_and_equal_the_dequantized_file(family, kinds, tmp_path):
+    """A GGUF whose experts llama.cpp stored 4-bit or Q8_0 keeps them so on the CPU (`--quantization auto`) and its
+    hidden states equal the same file dequantized at load (`none`); experts whose gate/up and down are stored in
+    different forms (Q4_0 and Q8_0) are dequantized, a layer at a time."""
+    expert_kinds, form = EXPERT_KINDS[kinds]
+    path = write_moe_gguf(tiny_hf_model(family, **BLOCKED[family]), tmp_path / "moe.gguf", expert_kinds=expert_kinds)
+    kept, dense = (load_model(path, torch.float32, quantization=q).model for q in ("auto", "none"))
+    for block in kept.blocks:
+        assert all(isinstance(w, form or torch.nn.Parameter) for w in (block.mlp.w13, block.mlp.w2))
+    prompts = _prompts(kept.config.vocab_size, seed=7)
+    ids = torch.tensor([t for p in prompts for t in p])
+    with torch.no_grad():
+        got, want = (m(ids, ForwardBatch.for_prompts([len(p) for p in prompts])) for m in (kept, dense))
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+def test_quantized_experts_decode_the_dequantized_tokens_through_the_engine(tmp_path):
+    """Greedy tokens of the engine (CPU decode graphs replaying the native MoE call) on 4-bit experts equal those of
+    the same file dequantized, alone and in a batch."""
+    directory = save_tiny_with_tokenizer("qwen3_moe", tmp_path / "model", seed=8, **BLOCKED["qwen3_moe"])
+    path = write_moe_gguf(AutoModelForCausalLM.from_pretrained(directory), tmp_path / "moe.gguf", directory,
+                          EXPERT_KINDS["q4_0-q4_1"][0])
+    prompts = _prompts(320, seed=8)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for quantization in ("auto", "none"):
+        with LLM(str(path), max_seq_len=128, quantization=quantization) as llm:
+            outs[quantization] = [o.token_ids for o in llm.generate_ids(prompts, greedy)]
+            if quantization == "auto":
+                assert llm.generate_ids(prompts[:1], greedy)[0].token_ids == outs["auto"][0]
+                assert llm.runner.graph_stats.batch_sizes and not llm.runner.graphs.eager, llm.runner.graphs.eager
+    assert outs["auto"] == outs["none"]

@@ -1,10 +1,12 @@
 """Mixtures of experts served by `infer serve` on the CPU and read through the openai client: a tiny Qwen 3 MoE
-checkpoint directory and a Mixtral GGUF as llama.cpp writes it, streamed and whole, with the engine's greedy tokens."""
+checkpoint directory, a Mixtral GGUF as llama.cpp writes it (float32, and with its experts stored Q4_0 and kept so),
+streamed and whole, with the engine's greedy tokens."""
 
 from __future__ import annotations
 
 import openai
 import pytest
+from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM
 
 from checkpoints import save_tiny_with_tokenizer, write_moe_gguf
@@ -23,15 +25,16 @@ def _served_text(base_url: str, model: str) -> tuple[str, str]:
     return whole, "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
 
 
-@pytest.mark.parametrize("form", ["qwen3_moe-dir", "mixtral-gguf"])
+@pytest.mark.parametrize("form", ["qwen3_moe-dir", "mixtral-gguf", "mixtral-gguf-quantized"])
 def test_served_moe_answers_as_the_engine(form, tmp_path):
-    family = form.split("-")[0]
-    directory = save_tiny_with_tokenizer(family, tmp_path / "model", seed=5,
-                                         **({"sliding_window": None} if family == "mixtral" else {}))
+    family, quantized = form.split("-")[0], form.endswith("quantized")
+    overrides = {"sliding_window": None, "intermediate_size": 64} if family == "mixtral" else {}
+    directory = save_tiny_with_tokenizer(family, tmp_path / "model", seed=5, **overrides)
     path = directory
-    if form.endswith("gguf"):
+    if "gguf" in form:
         hf = AutoModelForCausalLM.from_pretrained(directory)
-        path = write_moe_gguf(hf, tmp_path / "mixtral.gguf", tokenizer_dir=directory)
+        kinds = {name: Q.Q4_0 for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")} if quantized else None
+        path = write_moe_gguf(hf, tmp_path / "mixtral.gguf", directory, kinds)
     with LLM(str(path), max_seq_len=256) as llm:
         want = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].text
     with serve_process("--model", str(path), "--max-seq-len", "256", "--api-server-count", "1") as served:

@@ -252,3 +252,22 @@ def test_two_nodes_by_our_flags_serve_as_one_and_the_headless_node_exits_with_ra
     finally:
         node1.kill()
     assert "headless: tensor-parallel ranks of node 1 of 2" in Path(log.name).read_text()
+
+
+def test_tp2_on_gguf_experts_kept_4bit_equals_tp1(tmp_path):
+    """A GGUF MoE whose experts stay 4-bit: each rank reads its slice of the stored blocks (the down projection's
+    columns in whole groups, padded), and TP=2 decodes TP=1's tokens with the native MoE kernel on both ranks."""
+    from gguf import GGMLQuantizationType as Q
+    from transformers import AutoModelForCausalLM
+
+    from checkpoints import write_moe_gguf
+
+    directory = save_tiny_with_tokenizer("qwen3_moe", tmp_path / "model", seed=8, mlp_only_layers=[],
+                                         moe_intermediate_size=64)
+    path = write_moe_gguf(AutoModelForCausalLM.from_pretrained(directory), tmp_path / "moe.gguf", directory,
+                          {name: Q.Q4_0 for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")})
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    with LLM(str(path), max_seq_len=128) as one:
+        want = [o.token_ids for o in one.generate_ids(PROMPTS, params)]
+    with LLM(str(path), max_seq_len=128, tensor_parallel_size=2) as two:
+        assert [o.token_ids for o in two.generate_ids(PROMPTS, params)] == want

@@ -58,6 +58,9 @@ def pad_value(name: str, value: torch.Tensor | Int4Groups | W8Tensor, cut: Cut) 
     if isinstance(value, torch.Tensor):
         return pad_tensor(value, cut)
     if isinstance(value, Int4Groups):
+        if cut.dim == 1:  # the scales and zeros hold one column per group of 32
+            groups = Cut(1, cut.start // GROUP, -(-cut.stop // GROUP), -(-cut.size // GROUP))
+            return Int4Groups(_pad_np(value.q, cut), *(_pad_np(a, groups) for a in value[1:]))
         return Int4Groups(*(_pad_np(a, cut) for a in value))
     if value.weight.shape[cut.dim] == cut.size:
         return value

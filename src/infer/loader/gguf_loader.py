@@ -201,7 +201,7 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
             continue
         name = _hf_name(fam, tensor.name)
         if "{e}" in name:  # an [E, rows, cols] stack of experts: one HF tensor per expert
-            yield from _experts(name, tensor, cut)
+            yield from _experts(name, tensor, cut, keep_int4, keep_q8_0)
             continue
         base = tensor.name.split(".")[-2]
         part = cut(name) if cut is not None else None
@@ -230,13 +230,27 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
         yield name, value if part is None else pad_value(name, value, part)
 
 
-def _experts(name: str, tensor: Any, cut: CutFor | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """A stacked expert tensor, dequantized, as each expert's HF tensor (its tensor-parallel slice with `cut`)."""
-    stack = dequantize(tensor.data, tensor.tensor_type)
+def _experts(name: str, tensor: Any, cut: CutFor | None, keep_int4: bool, keep_q8_0: bool
+             ) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
+    """A stacked expert tensor as each expert's HF tensor (its tensor-parallel slice with `cut`): dequantized, or
+    kept as 4-bit groups / Q8_0 blocks as `iter_gguf_tensors` keeps a dense weight."""
+    kind = tensor.tensor_type
+    kept = keep_int4 and kind in INT4_TYPES or keep_q8_0 and kind == GGMLQuantizationType.Q8_0
+    stack = tensor.data if kept else dequantize(tensor.data, kind)
     for e in range(stack.shape[0]):
-        expert, w = name.format(e=e), torch.from_numpy(np.require(stack[e], dtype=np.float32, requirements=["C", "W"]))
+        expert = name.format(e=e)
         part = cut(expert) if cut is not None else None
-        yield expert, w if part is None else cut_tensor(w, part)
+        value: torch.Tensor | Int4Groups | W8Tensor
+        if kept:
+            data = stack[e] if part is None else cut_gguf_raw(expert, stack[e], kind, part)
+            if kind in INT4_TYPES:
+                value = Int4Groups(*(np.ascontiguousarray(a) for a in read_int4(data, kind)))
+            else:
+                value = _q8_0_tensor(*read_q8_0(data))
+            yield expert, value if part is None else pad_value(expert, value, part)
+        else:
+            w = torch.from_numpy(np.require(stack[e], dtype=np.float32, requirements=["C", "W"]))
+            yield expert, w if part is None else cut_tensor(w, part)
 
 
 def gguf_head_q8_0(path: str | Path) -> W8Tensor | None:

@@ -21,6 +21,7 @@ from infer.loader.weights import load_weights
 from infer.models.base import CausalLM
 from infer.families.config import ModelConfig, config_from_hf
 from infer.models.layers import params_on_meta
+from infer.models.moe import SparseMLP
 from infer.models.quant import W8Weight, hold_linears_in, quantize_linears, replace_weight
 
 from infer.models.shard import Shard
@@ -86,6 +87,27 @@ def _kept_kernel(fmt: str, device: torch.device, dtype: torch.dtype) -> bool:
     return not kernel.startswith("reference.")
 
 
+def _kept_experts_kernel(device: torch.device, dtype: torch.dtype, quant: CheckpointQuant | None) -> bool:
+    """Whether `device` has a fused MoE kernel other than the reference for experts stored quantized: a GGUF's
+    4-bit or Q8_0 ones (`quant` None), an 8-bit HF checkpoint's in scale blocks. Without one, experts are dequantized
+    as they load (holding them quantized first would raise the peak); `SparseMLP.settle_experts` decides per layer."""
+    x, one = torch.zeros(1, 4 * GROUP, dtype=dtype, device=device), torch.zeros(1, 1, device=device)
+    ids = torch.zeros(1, 1, dtype=torch.int64, device=device)
+    kernels = []
+    if quant is None:
+        q = torch.zeros(2, 4 * GROUP, 2 * GROUP, dtype=torch.uint8, device=device)
+        s = torch.ones(2, 2, 4 * GROUP, 4, device=device)
+        kernels.append(lz.which("fused_moe_int4", x, q, s, q, s, one, ids, group_size=GROUP)["kernel_id"])
+        blocks = [(torch.int8, (1, GROUP))]
+    else:
+        blocks = [(w8, quant.block) for w8 in lz.W8_DTYPES] if quant.strategy == "block" else []
+    for w8, (bn, bk) in blocks:
+        w = torch.zeros(2, 4 * GROUP, 4 * GROUP, device=device).to(w8)
+        scale = torch.ones(2, -(-4 * GROUP // bn), -(-4 * GROUP // bk), device=device)
+        kernels.append(lz.which("fused_moe_w8", x, w, scale, w, scale, one, ids, block_size=(bn, bk))["kernel_id"])
+    return any(not k.startswith("reference.") for k in kernels)
+
+
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, max_positions: int,
                 deferred: bool = False, shard: Shard = Shard()) -> CausalLM:
     """An uninitialised model of cfg.model_type's family (one tensor-parallel rank's part with `shard`); `deferred`:
@@ -148,11 +170,15 @@ def load_model(
         keep_int4 = gguf_kept and _kept_kernel("int4", where, dtype)
         quant = checkpoint_quant(path)
         keep_w8 = quantization == "auto" and quant is not None or gguf_kept and _kept_kernel("q8_0", where, dtype)
+        experts = model.expert_weights() if (keep_int4 or keep_w8) and _kept_experts_kernel(where, dtype, quant) else []
         with torch.no_grad():
             cut = (lambda name: shard.cut(name, cfg)) if shard.parallel else None
             load_weights(model, model.weight_map(), checkpoint_tensors(path, dtype, keep_int4, quant, keep_w8, cut),
                          cfg.tie_word_embeddings, where,
-                         model.linear_weights() if keep_int4 or keep_w8 else ())
+                         model.linear_weights() + experts if keep_int4 or keep_w8 else ())
+            for block in model.blocks if experts else ():
+                if isinstance(block.mlp, SparseMLP):
+                    block.mlp.settle_experts(dtype)
         if gguf_kept and where.type == "cpu" and dtype == torch.float32 and isinstance(model.lm_head, torch.Tensor):
             head = gguf_head_q8_0(path) if keep_w8 and not shard.parallel else None
             if head is not None:  # tied to a Q8_0 embedding: its own int8 copy, exact, 1.7 ms a token against 2.2

@@ -12,7 +12,7 @@ from torch import nn
 from infer.loader.gguf_quant import GROUP, Int4Groups
 from infer.loader.hf_quant import W8Tensor
 from infer.models.layers import WeightMap, WeightSlot
-from infer.models.quant import Int4Weight, QuantWeight, W8Weight, replace_weight
+from infer.models.quant import ExpertStack, Int4Experts, Int4Weight, QuantWeight, W8Experts, W8Weight, replace_weight
 
 Packed = Int4Groups | W8Tensor  # a checkpoint tensor that may be kept quantized
 
@@ -31,14 +31,23 @@ def _target(param: torch.Tensor, slot: WeightSlot) -> torch.Tensor:
     return data if slot.rows is None else data.narrow(0, slot.start, slot.rows)
 
 
-def _combine(parts: list[tuple[WeightSlot, str, Packed]], device: torch.device) -> QuantWeight | None:
-    """One quantized weight from a parameter's pieces (rows in order), or None when they do not share a format."""
+def _combine(parts: list[tuple[WeightSlot, str, Packed]], device: torch.device) -> QuantWeight | ExpertStack | None:
+    """One quantized weight from a parameter's pieces (rows in order; a stack of experts: each expert's rows), or
+    None when they do not share a format."""
+    if parts[0][0].index is not None:
+        return _combine_experts(parts, device)
     packed = [part[2] for part in sorted(parts, key=lambda part: part[0].start)]
     if all(isinstance(p, Int4Groups) for p in packed):
         q, scale, zero = (np.concatenate([p[i] for p in packed]) for i in range(3))
         return Int4Weight.from_groups(q, scale, zero, GROUP, device)
     if not all(isinstance(p, W8Tensor) for p in packed) or len({p.weight.dtype for p in packed}) > 1:
         return None
+    combined = _combine_w8(packed)
+    return None if combined is None else W8Weight(*(t.to(device) for t in combined[:2]), combined[2])
+
+
+def _combine_w8(packed: list[W8Tensor]) -> W8Tensor | None:
+    """8-bit row pieces as one weight whose scale blocks line up, or None when they cannot."""
     blocks = {p.block_size for p in packed}
     bn, bk = packed[0].block_size
     if len(blocks) == 1 and all(p.weight.shape[0] % bn == 0 for p in packed[:-1]):
@@ -49,7 +58,26 @@ def _combine(parts: list[tuple[WeightSlot, str, Packed]], device: torch.device) 
         bn = 1
     else:
         return None
-    return W8Weight(torch.cat([p.weight for p in packed]).to(device), scale.contiguous().to(device), (bn, bk))
+    return W8Tensor(torch.cat([p.weight for p in packed]), scale.contiguous(), (bn, bk))
+
+
+def _combine_experts(parts: list[tuple[WeightSlot, str, Packed]], device: torch.device) -> ExpertStack | None:
+    """A stack of experts kept quantized from each expert's pieces (gate and up rows of w13, or w2), or None when
+    the experts do not share one format and block."""
+    experts: dict[int, list[Packed]] = {}
+    for slot, _, packed in sorted(parts, key=lambda part: (part[0].index, part[0].start)):
+        experts.setdefault(slot.index, []).append(packed)
+    stacks = [experts[e] for e in sorted(experts)]
+    if all(isinstance(p, Int4Groups) for pieces in stacks for p in pieces):
+        return Int4Experts.from_groups([tuple(np.concatenate([p[i] for p in pieces]) for i in range(3))
+                                        for pieces in stacks], GROUP, device)
+    if not all(isinstance(p, W8Tensor) for pieces in stacks for p in pieces):
+        return None
+    combined = [_combine_w8(pieces) for pieces in stacks]
+    if any(c is None for c in combined) or len({(c.weight.dtype, c.block_size) for c in combined}) > 1:
+        return None
+    return W8Experts(torch.stack([c.weight for c in combined]).to(device),
+                     torch.stack([c.scale for c in combined]).to(device), combined[0].block_size)
 
 
 class _Params(dict):

@@ -135,6 +135,10 @@ class CausalLM(nn.Module):
         names = [n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1] in LINEAR_WEIGHTS]
         return names + ([] if self.config.tie_word_embeddings else ["lm_head"])
 
+    def expert_weights(self) -> list[str]:
+        """The stacked experts of sparse layers (may be kept quantized as stored; never quantized at load)."""
+        return [n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1] in ("w13", "w2")]
+
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self._lookup(input_ids)
         if self.family.embed_scale:

@@ -1,7 +1,8 @@
 """A mixture of experts' sparse MLP: a router picks each token's k experts, whose gated MLPs run on it and are summed
 with the router's weights (layerzero's moe_route and fused_moe). The experts' weights are stacked, one tensor per
 projection: gate and up as w13 [E, 2I, H] (gate rows first), down as w2 [E, H, I]; the checkpoint's per-expert
-tensors are copied into their slices at load, so no second copy of the experts ever exists."""
+tensors are copied into their slices at load, so no second copy of the experts ever exists. Experts a checkpoint
+stores quantized (a GGUF's 4-bit or Q8_0 ones) stay so where a kernel takes them (`Int4Experts`, `W8Experts`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import layerzero as lz
 from infer.families.catalog import MoE
 from infer.families.config import ModelConfig
 from infer.models.layers import WeightMap, WeightSlot, empty_param
-from infer.models.quant import LinearSite
+from infer.models.quant import ExpertStack, Int4Experts, LinearSite, W8Experts
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # the config's name -> fused_moe's
 
@@ -31,7 +32,7 @@ class SparseMLP(nn.Module):
         self.w13 = empty_param(experts, 2 * inner, hidden)
         self.w2 = empty_param(experts, hidden, inner)
         self.router_site = LinearSite()
-        self.route_site, self.experts_site = lz.bind("moe_route"), lz.bind("fused_moe")
+        self.route_site, self.experts_site = lz.bind("moe_route"), ExpertsSite()
         self.tp_group: object | None = None  # tensor parallel: w2 holds this rank's columns, summed over ranks
         self.reduce_site = lz.bind("all_reduce")
 
@@ -48,5 +49,55 @@ class SparseMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.router_site(x, self.router)
         weights, ids = self.route_site(logits, self.top_k, renormalize=self.renormalize)
-        out = self.experts_site(x, self.w13, self.w2, weights, ids, activation=self.activation)
+        out = self.experts_site(x, self.w13, self.w2, weights, ids, self.activation)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
+
+    def settle_experts(self, dtype: torch.dtype) -> None:
+        """Keep quantized experts only where a kernel other than the reference takes both stacks (one form): the
+        reference would dequantize each routed expert on every call. Otherwise they are dequantized to `dtype` here,
+        once (a GGUF whose down projections are Q6_K while gate and up are Q4_K, FP8 experts without a kernel)."""
+        w13, w2 = self.w13, self.w2
+        if not isinstance(w13, (Int4Experts, W8Experts)) and not isinstance(w2, (Int4Experts, W8Experts)):
+            return
+        if type(w13) is type(w2) and not self.experts_site.kernel_for(w13, w2, self.top_k, dtype).startswith(
+                "reference."):
+            return
+        for name in ("w13", "w2"):
+            stack = getattr(self, name)
+            if isinstance(stack, (Int4Experts, W8Experts)):
+                dense = stack.dequantize().to(dtype)
+                delattr(self, name)
+                setattr(self, name, nn.Parameter(dense, requires_grad=False))
+
+
+class ExpertsSite:
+    """The experts' sum through a bound `fused_moe_int4` for 4-bit stacks, `fused_moe_w8` for 8-bit ones, `fused_moe`
+    for dense ones."""
+
+    __slots__ = ("dense", "int4", "w8")
+
+    def __init__(self) -> None:
+        self.dense, self.int4, self.w8 = lz.bind("fused_moe"), lz.bind("fused_moe_int4"), lz.bind("fused_moe_w8")
+
+    def __call__(self, x: torch.Tensor, w13: torch.Tensor | ExpertStack, w2: torch.Tensor | ExpertStack,
+                 weights: torch.Tensor, ids: torch.Tensor, activation: str) -> torch.Tensor:
+        if isinstance(w13, Int4Experts) and isinstance(w2, Int4Experts):
+            return self.int4(x, w13.qweight, w13.scales, w2.qweight, w2.scales, weights, ids,
+                             group_size=w13.group_size, activation=activation)
+        if isinstance(w13, W8Experts) and isinstance(w2, W8Experts):
+            return self.w8(x, w13.weight, w13.scale, w2.weight, w2.scale, weights, ids, block_size=w13.block_size,
+                           activation=activation)
+        return self.dense(x, w13, w2, weights, ids, activation=activation)
+
+    @staticmethod
+    def kernel_for(w13: ExpertStack, w2: ExpertStack, top_k: int, dtype: torch.dtype) -> str:
+        """The kernel layerzero would pick for these stacks (a probe of one token, nothing run)."""
+        device = w13.scales.device if isinstance(w13, Int4Experts) else w13.weight.device
+        x = torch.zeros(1, w13.shape[2], dtype=dtype, device=device)
+        weights = torch.zeros(1, top_k, device=device)
+        ids = torch.zeros(1, top_k, dtype=torch.int64, device=device)
+        if isinstance(w13, Int4Experts):
+            return lz.which("fused_moe_int4", x, w13.qweight, w13.scales, w2.qweight, w2.scales, weights, ids,
+                            group_size=w13.group_size)["kernel_id"]
+        return lz.which("fused_moe_w8", x, w13.weight, w13.scale, w2.weight, w2.scale, weights, ids,
+                        block_size=w13.block_size)["kernel_id"]

@@ -113,6 +113,58 @@ class HalfWeight(QuantWeight):
         return self.weight.float()
 
 
+class Int4Experts(nn.Module):
+    """Stacked experts' weights [E, N, K] kept as 4-bit groups, the form `lz.fused_moe_int4` takes: qweight
+    [E, N, K/2] (column 2j in the low nibble of byte j), scales [2, E, N, K/group] float32, w = q * scale + offset."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.group_size = group_size
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        e, n, half = self.qweight.shape
+        return e, n, 2 * half
+
+    @classmethod
+    def from_groups(cls, experts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], group_size: int,
+                    device: torch.device) -> Int4Experts:
+        """From each expert's (values [N, K] in 0..15, scale, zero [N, K / group_size]) with w = (q - 8) * scale +
+        zero, the checkpoint's 4-bit groups."""
+        q = torch.stack([pack_int4(torch.from_numpy(v)) for v, _, _ in experts])
+        scale = torch.from_numpy(np.stack([s for _, s, _ in experts]).astype(np.float32))
+        offset = torch.from_numpy(np.stack([z for _, _, z in experts]).astype(np.float32)) - 8 * scale
+        return cls(q.to(device), torch.stack([scale, offset]).to(device), group_size)
+
+    def dequantize(self) -> torch.Tensor:
+        q = torch.stack([self.qweight & 0xF, self.qweight >> 4], dim=-1).reshape(self.shape).float()
+        scale, offset = (s.repeat_interleave(self.group_size, dim=-1) for s in self.scales)
+        return q * scale + offset
+
+
+class W8Experts(nn.Module):
+    """Stacked experts' weights [E, N, K] kept as int8 or float8_e4m3fn with block scales [E, ceil(N/bn),
+    ceil(K/bk)], the form `lz.fused_moe_w8` takes."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.block_size = block_size
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.weight.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.stack([dequantize_w8(w, s, self.block_size) for w, s in zip(self.weight, self.scale)])
+
+
+ExpertStack = Int4Experts | W8Experts
+
+
 class LinearSite:
     """One projection's matmul: x @ weight.T (+ bias) through a bound `linear_int4` for a 4-bit weight, `linear_w8`
     for an 8-bit one, `linear` otherwise (a `HalfWeight`'s bf16 weight with float32 x)."""
@@ -134,7 +186,7 @@ class LinearSite:
         return self.dense(x, weight, bias)
 
 
-def replace_weight(model: nn.Module, name: str, weight: QuantWeight) -> None:
+def replace_weight(model: nn.Module, name: str, weight: QuantWeight | ExpertStack) -> None:
     """Put `weight` where the float parameter `name` (e.g. "blocks.0.attn.qkv_proj") was."""
     owner, _, attr = name.rpartition(".")
     module = model.get_submodule(owner)

@@ -169,6 +169,15 @@ def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
         ("few_pairs", pairs <= MOE_GATHER_PAIRS), ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
 
 
+def _fused_moe_quant(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, w13, ids = args[0], args[1], args[6]
+    block = ("block_size", tuple(kw["block_size"])) if "block_size" in kw else ("group_size", kw["group_size"])
+    fmt = _w8_format(w13.dtype) if "block_size" in kw else None
+    return dict(tokens=_rows(x), hidden=x.shape[-1], quant_format=fmt, params=(
+        ("experts", w13.shape[0]), ("inner", w13.shape[1] // 2), ("top_k", ids.shape[-1]),
+        ("activation", kw.get("activation", "silu")), block))
+
+
 def _lora(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x, w = args[0], args[-2]  # shrink (x, a [S, R, K], ids), expand (y, h, b [S, N, R], ids)
     rank = w.shape[2] if len(args) == 4 else w.shape[1]
@@ -239,6 +248,8 @@ SIGNATURES: dict[str, OpSignature] = {
     "argmax": OpSignature(_argmax, (0,), ()),
     "moe_route": OpSignature(_moe_route, (0,), ("renormalize", "scoring")),
     "fused_moe": OpSignature(_fused_moe, (0, 1, 2, 3, 4), ("activation",)),
+    "fused_moe_int4": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("group_size", "activation")),
+    "fused_moe_w8": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("block_size", "activation")),
     "lora_shrink": OpSignature(_lora, (0, 1, 2), ()),
     "lora_expand": OpSignature(_lora, (0, 1, 2, 3), ()),
     "sample_topk": OpSignature(_topk, (0, 1), ()),

@@ -56,3 +56,14 @@ def test_gguf_raw_cut_equals_the_dequantized_slice(kind):
     if kind != GGMLQuantizationType.F16:
         with pytest.raises(ShardError, match=kind.name):
             cut_gguf_raw("w", raw, kind, Cut(1, 16, 272, 256))
+
+
+def test_padding_a_column_cut_of_4bit_groups_pads_whole_groups():
+    """A rank's 4-bit column slice read as it is stored (GGUF raw blocks), then padded to the cut's size: the values
+    get zero columns and the scales and zeros zero groups, not one padding column per value."""
+    part = _int4(6, 64)
+    padded = pad_value("w", part, Cut(1, 64, 160, 96))
+    assert padded.q.shape == (6, 96) and padded.scale.shape == padded.zero.shape == (6, 3)
+    dense = padded.dequantize(torch.float32)
+    assert torch.equal(dense[:, :64], part.dequantize(torch.float32)) and not dense[:, 64:].any()
+    assert pad_value("w", part, Cut(1, 64, 128, 64)).scale.shape == (6, 2)

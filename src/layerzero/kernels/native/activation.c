@@ -1,38 +1,11 @@
 /* Gated activations on the CPU in float32: out[t, i] = act(x[t, i]) * x[t, I + i] for x [T, 2I] (a fused gate/up
- * projection). act: 0 = SiLU, 1 = GeLU (tanh approximation), 2 = GeLU (erf). SiLU and the tanh GeLU run 16 lanes at
- * a time through vexp.h (silu(g) = g / (1 + e^-g), gelu_tanh(g) = g / (1 + e^-2u), u = sqrt(2/pi) (g + 0.044715 g^3)),
- * rows split over the threads; an element's arithmetic depends only on its column, never on the rows beside it. */
-#include <math.h>
+ * projection), rows split over the threads; gated.h holds the row's arithmetic. */
 #include <stdint.h>
 
-#include "vexp.h"
-
-static inline float scalar(float g, int act) {
-    if (act == 0) return g / (1.0f + expf(-g));
-    if (act == 1) return g / (1.0f + expf(-1.5957691216057308f * (g + 0.044715f * g * g * g)));
-    return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
-}
+#include "gated.h"
 
 void gated_activation(const float *x, int64_t tokens, int64_t inner, int act, float *out) {
 #pragma omp parallel for schedule(static) if (tokens * inner >= 16384)
-    for (int64_t t = 0; t < tokens; t++) {
-        const float *gate = x + t * 2 * inner, *up = gate + inner;
-        float *o = out + t * inner;
-        int64_t i = 0;
-#if defined(__AVX512F__)
-        if (act != 2) {
-            const __m512 one = _mm512_set1_ps(1.0f);
-            for (; i + 16 <= inner; i += 16) {
-                __m512 g = _mm512_loadu_ps(gate + i), arg = g;
-                if (act == 1)
-                    arg = _mm512_mul_ps(_mm512_set1_ps(1.5957691216057308f),
-                                        _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), g),
-                                                        _mm512_mul_ps(g, g), g));
-                __m512 a = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), arg))));
-                _mm512_storeu_ps(o + i, _mm512_mul_ps(a, _mm512_loadu_ps(up + i)));
-            }
-        }
-#endif
-        for (; i < inner; i++) o[i] = scalar(gate[i], act) * up[i];
-    }
+    for (int64_t t = 0; t < tokens; t++) gated_row(x + t * 2 * inner, x + t * 2 * inner + inner, inner, act,
+                                                   out + t * inner);
 }

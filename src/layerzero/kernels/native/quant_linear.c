@@ -20,6 +20,9 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "gated.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -230,29 +233,36 @@ TILES(int4)
 TILES(int8)
 TILES(bf16)
 
+/* Output rows [j0, j1) of out [m, n] = x [m, k] . W.T (+ bias): one work item. */
+static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const uint8_t *q, int64_t row_bytes,
+                      int64_t n, const float *scales, const float *zeros8, int64_t group, const float *bias,
+                      float *out, int64_t j0, int64_t j1) {
+    int64_t groups = k / group;
+    for (int64_t r0 = 0; r0 < m; r0 += TILE) {
+        int R = m - r0 < TILE ? (int)(m - r0) : TILE;
+        for (int64_t j = j0; j < j1; j += 2) {
+            int64_t j2 = j + 1 < j1 ? j + 1 : j;  /* a last odd row pairs with itself */
+            Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups};
+            Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups};
+            float sums[2][TILE];
+            tiles(a, b, x + r0 * k, k, group, R, sums);
+            for (int r = 0; r < R; r++) {
+                out[(r0 + r) * n + j] = bias != NULL ? sums[0][r] + bias[j] : sums[0][r];
+                if (j2 != j) out[(r0 + r) * n + j2] = bias != NULL ? sums[1][r] + bias[j2] : sums[1][r];
+            }
+        }
+    }
+}
+
 /* out [m, n] = x [m, k] . W.T (+ bias); row_bytes: bytes per stored weight row; zeros8 may be NULL. */
 static void run(TileFn tiles, const float *x, int64_t m, int64_t k, const uint8_t *q, int64_t row_bytes, int64_t n,
                 const float *scales, const float *zeros8, int64_t group, const float *bias, float *out,
                 int threads) {
-    int64_t groups = k / group, blocks = (n + BLOCK - 1) / BLOCK;
+    int64_t blocks = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        int64_t n1 = (blk + 1) * BLOCK < n ? (blk + 1) * BLOCK : n;
-        for (int64_t r0 = 0; r0 < m; r0 += TILE) {
-            int R = m - r0 < TILE ? (int)(m - r0) : TILE;
-            for (int64_t j = blk * BLOCK; j < n1; j += 2) {
-                int64_t j2 = j + 1 < n1 ? j + 1 : j;  /* a last odd row pairs with itself */
-                Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups};
-                Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups};
-                float sums[2][TILE];
-                tiles(a, b, x + r0 * k, k, group, R, sums);
-                for (int r = 0; r < R; r++) {
-                    out[(r0 + r) * n + j] = bias != NULL ? sums[0][r] + bias[j] : sums[0][r];
-                    if (j2 != j) out[(r0 + r) * n + j2] = bias != NULL ? sums[1][r] + bias[j2] : sums[1][r];
-                }
-            }
-        }
-    }
+    for (int64_t blk = 0; blk < blocks; blk++)
+        run_block(tiles, x, m, k, q, row_bytes, n, scales, zeros8, group, bias, out, blk * BLOCK,
+                  (blk + 1) * BLOCK < n ? (blk + 1) * BLOCK : n);
 }
 
 /* 4-bit groups; returns 0, or -1 when scratch memory could not be had (the caller raises). */
@@ -278,4 +288,87 @@ int bf16_linear(const float *x, int64_t m, int64_t k, const uint16_t *weight, in
                 int threads) {
     run(bf16_tiles, x, m, k, (const uint8_t *)weight, 2 * k, n, NULL, NULL, k, bias, out, threads);
     return 0;
+}
+
+/* One projection of a stack of experts [E, N, K]: form 0 = 4-bit groups (scale, zero8 [E, N, K/group]), form 1 =
+ * int8 blocks of `group` columns (scale [E, N, K/group]). */
+typedef struct {
+    int form;
+    const uint8_t *q;
+    const float *scale, *zero8;
+    int64_t group;
+} Stack;
+
+/* h [pairs, n] = x_p . W[e].T for every routed pair p (rows of x in expert order, start[e] .. start[e + 1] for
+ * expert e): one parallel loop over (expert, block of output rows) items, so the call forks the threads once. */
+static void grouped(Stack w, const float *x, int64_t k, int64_t n, const int64_t *start, const int64_t *hit,
+                    int64_t nhit, float *h, int threads) {
+    TileFn tiles = w.form == 0 ? int4_tiles : int8_tiles;
+    int64_t row_bytes = w.form == 0 ? k / 2 : k, groups = k / w.group, blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t item = 0; item < nhit * blocks; item++) {
+        int64_t e = hit[item / blocks], blk = item % blocks, p0 = start[e];
+        const float *zero8 = w.zero8 == NULL ? NULL : w.zero8 + e * n * groups;
+        run_block(tiles, x + p0 * k, start[e + 1] - p0, k, w.q + e * n * row_bytes, row_bytes, n,
+                  w.scale + e * n * groups, zero8, w.group, NULL, h + p0 * n, blk * BLOCK,
+                  (blk + 1) * BLOCK < n ? (blk + 1) * BLOCK : n);
+    }
+}
+
+/* A mixture of experts' sparse MLP on quantized expert stacks, in one call: out [T, H] = sum_j weights[t, j] *
+ * W2[e] . (act(G[e] . x_t) * U[e] . x_t), e = ids[t, j], with W13 [E, 2I, H] (gate rows first) and W2 [E, H, I].
+ * The (token, expert) pairs are grouped by expert (a counting sort, token order within one), so each routed expert's
+ * weights stream once per call with up to TILE of its rows at a time; a token's k results are summed in its own j
+ * order, so its output does not depend on what else shares the call. ids are read here, from memory: no host value
+ * leaves the call (a CPU decode graph replays it). Returns 0; -1 without scratch memory; -2 for an id outside [0, E). */
+int moe_quant(const float *x, int64_t tokens, int64_t hidden, int64_t inner, int64_t experts, const int64_t *ids,
+              const float *weights, int64_t k, int form13, const uint8_t *q13, const float *s13, const float *z13,
+              int64_t group13, int form2, const uint8_t *q2, const float *s2, const float *z2, int64_t group2,
+              int act, float *out, int threads) {
+    int64_t pairs = tokens * k;
+    if (pairs == 0) return 0;
+    for (int64_t p = 0; p < pairs; p++)
+        if (ids[p] < 0 || ids[p] >= experts) return -2;
+    int64_t *start = calloc((size_t)(experts + 1), sizeof(int64_t)), *hit = malloc(sizeof(int64_t) * (size_t)experts);
+    int64_t *slot = malloc(sizeof(int64_t) * (size_t)pairs);  /* pair (t, j) -> its row in expert order */
+    float *xs = malloc(sizeof(float) * (size_t)(pairs * (hidden > 2 * inner ? hidden : 2 * inner)));
+    float *h = malloc(sizeof(float) * (size_t)(pairs * 2 * inner)), *y = malloc(sizeof(float) * (size_t)(pairs * hidden));
+    int status = -1;
+    if (start == NULL || hit == NULL || slot == NULL || xs == NULL || h == NULL || y == NULL) goto done;
+    for (int64_t p = 0; p < pairs; p++) start[ids[p] + 1]++;
+    int64_t nhit = 0;
+    for (int64_t e = 0; e < experts; e++) {
+        if (start[e + 1]) hit[nhit++] = e;
+        start[e + 1] += start[e];
+    }
+    int64_t *cursor = calloc((size_t)experts, sizeof(int64_t));
+    if (cursor == NULL) goto done;
+    for (int64_t p = 0; p < pairs; p++) slot[p] = start[ids[p]] + cursor[ids[p]]++;
+    free(cursor);
+    /* the routed rows of x, in expert order (4-bit: each 32-column chunk as its even, then its odd columns) */
+    for (int64_t p = 0; p < pairs; p++) {
+        if (form13 == 0) permute_x(x + (p / k) * hidden, 1, hidden, xs + slot[p] * hidden);
+        else memcpy(xs + slot[p] * hidden, x + (p / k) * hidden, sizeof(float) * (size_t)hidden);
+    }
+    Stack w13 = {form13, q13, s13, z13, group13}, w2 = {form2, q2, s2, z2, group2};
+    grouped(w13, xs, hidden, 2 * inner, start, hit, nhit, h, threads);
+    for (int64_t r = 0; r < pairs; r++) {  /* the activation, into xs as the down projection's rows */
+        float *a = xs + r * inner;
+        gated_row(h + r * 2 * inner, h + r * 2 * inner + inner, inner, act, a);
+    }
+    if (form2 == 0) permute_x(xs, pairs, inner, h);  /* the 4-bit kernel reads its rows permuted */
+    grouped(w2, form2 == 0 ? h : xs, inner, hidden, start, hit, nhit, y, threads);
+    for (int64_t t = 0; t < tokens; t++) {
+        float *o = out + t * hidden;
+        for (int64_t c = 0; c < hidden; c++) o[c] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const float *row = y + slot[t * k + j] * hidden;
+            float wt = weights[t * k + j];
+            for (int64_t c = 0; c < hidden; c++) o[c] += wt * row[c];
+        }
+    }
+    status = 0;
+done:
+    free(start); free(hit); free(slot); free(xs); free(h); free(y);
+    return status;
 }

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from layerzero.kernels.native import activation, attention, linear, norm, rope_kv
+from layerzero.kernels.native import activation, attention, linear, moe, norm, rope_kv
 from layerzero.kernels.native.build import NativeBuildError, kernel
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec
@@ -50,6 +50,28 @@ def _w8_blocks(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _moe_int4(ctx: SelectionContext) -> list[Reason]:
+    group = ctx.param("group_size")
+    if group % linear.CHUNK or ctx.hidden % group or ctx.param("inner") % group:
+        return [Reason(CONSTRAINT_FAILED, f"group_size {group}: the native kernel reads whole {linear.CHUNK}-column "
+                                          "chunks of groups that divide both projections' inputs")]
+    return _moe_activation(ctx)
+
+
+def _moe_w8(ctx: SelectionContext) -> list[Reason]:
+    block = ctx.param("block_size")
+    if block[0] != 1 or block[1] % linear.HALF or ctx.hidden % block[1] or ctx.param("inner") % block[1]:
+        return [Reason(CONSTRAINT_FAILED, f"scale blocks {tuple(block)}: the native int8 experts take one row by a "
+                                          f"multiple of {linear.HALF} columns that divides both projections' inputs")]
+    return _moe_activation(ctx)
+
+
+def _moe_activation(ctx: SelectionContext) -> list[Reason]:
+    if ctx.param("activation") not in moe.ACTIVATIONS:
+        return [Reason(CONSTRAINT_FAILED, f"activation {ctx.param('activation')!r}: takes {sorted(moe.ACTIVATIONS)}")]
+    return []
+
+
 def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
     """float32 x times a bfloat16 weight whose rows split into 16-column steps."""
     if ctx.param("weight_dtype") != "bfloat16" or ctx.dtype != torch.float32:
@@ -70,6 +92,7 @@ def kernel_specs() -> list[KernelSpec]:
     gates = _builds("activation", "gated_activation", activation.ARGS)
     ropes = _builds("rope", "rope", rope_kv.ROPE_ARGS)
     stores = _builds("kv_cache", "store_kv_cache", rope_kv.STORE_ARGS)
+    experts = _builds("quant_linear", "moe_quant", moe.ARGS)
     return [
         KernelSpec("native.linear_int4_cpu", "linear_int4", "native", linear.linear_int4, VERSION, platforms=cpu,
                    dtypes=frozenset({torch.float32, torch.bfloat16}), priority=PRIORITY, check=_groups,
@@ -81,6 +104,11 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.linear_bf16_cpu", "linear", "native", linear.linear_bf16, VERSION, platforms=cpu,
                    dtypes=FLOAT32, priority=PRIORITY, check=_bf16_weight,
                    available=_builds("quant_linear", "bf16_linear", linear.BF16_ARGS)),
+        KernelSpec("native.fused_moe_int4_cpu", "fused_moe_int4", "native", moe.fused_moe_int4, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, check=_moe_int4, available=experts),
+        KernelSpec("native.fused_moe_w8_int8_cpu", "fused_moe_w8", "native", moe.fused_moe_w8_int8, VERSION,
+                   platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, quant_formats=frozenset({"int8"}),
+                   check=_moe_w8, available=experts),
         KernelSpec("native.rms_norm_cpu", "rms_norm", "native", norm.rms_norm, VERSION, platforms=cpu, dtypes=FLOAT32,
                    priority=PRIORITY, available=norms),
         KernelSpec("native.fused_add_rms_norm_cpu", "fused_add_rms_norm", "native", norm.fused_add_rms_norm, VERSION,

@@ -10,12 +10,23 @@ reference: every routed (token, expert) pair as its own row, the rows of each ex
 that expert's weights in one matmul, then scattered back weighted (on the CPU this reads each routed expert once, at the
 memory bound: benchmarks/reports/moe_cpu.md). `fused_moe_gathered` is the graph-safe path for few tokens on CUDA: each
 pair's expert weights gathered and applied in one batched matmul, no host sync and no loop.
+
+`fused_moe_int4` and `fused_moe_w8` are the same sum over experts kept quantized (a GGUF's 4-bit or Q8_0 experts, an
+FP8 checkpoint's): the reference dequantizes each routed expert's weights to float32 when it is used.
+- 4-bit: w13 [E, 2I, H/2] and w2 [E, H, I/2] uint8, column 2j in the low nibble of byte j and 2j + 1 in the high one;
+  scales [2, E, N, K/group] float32, the (scale, offset) of each row's groups: w = q * scale + offset, q in 0..15.
+- 8-bit: w13 [E, 2I, H] and w2 [E, H, I] int8 or float8_e4m3fn, scales [E, ceil(N/bn), ceil(K/bk)] float32 for
+  block_size (bn, bk): w = q * scale of its block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+from layerzero.kernels.reference.quantize import dequantize_w8
 
 SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = ("silu", "gelu_tanh")
@@ -44,20 +55,53 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
               activation: str = "silu") -> torch.Tensor:
     """x [T, H] through each token's routed experts, summed with their weights; [T, H] in x's dtype. Reads the
     routing on the host (one sync) and loops over the experts that received tokens."""
+    return _each_expert(x, w13.shape[0], lambda e: (w13[e], w2[e]), weights, ids, activation)
+
+
+def _each_expert(x: torch.Tensor, experts: int, expert: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+                 weights: torch.Tensor, ids: torch.Tensor, activation: str) -> torch.Tensor:
+    """The sum over routed experts, `expert(e)` giving expert e's (w13, w2) when it has tokens."""
     tokens, k = ids.shape
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert, in token order within one
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=experts).tolist()
     rows = order // k
     out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
     start = 0
-    for expert, count in enumerate(counts):
+    for e, count in enumerate(counts):
         if count:
             pairs = order[start : start + count]
-            y = _expert_mlp(x[rows[start : start + count]], w13[expert], w2[expert], activation)
+            w13, w2 = expert(e)
+            xs = x[rows[start : start + count]]
+            y = _expert_mlp(xs if w13.dtype == x.dtype else xs.float(), w13, w2, activation)
             out.index_add_(0, rows[start : start + count], y.float() * weights.reshape(-1)[pairs, None].float())
             start += count
     return out.to(x.dtype)
+
+
+def dequantize_int4_rows(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The float32 weight [N, K] of 4-bit rows q [N, K/2] with (scale, offset) [2, N, K/group]."""
+    values = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(q.shape[0], -1).float()
+    return values * scales[0].repeat_interleave(group_size, dim=1) + scales[1].repeat_interleave(group_size, dim=1)
+
+
+def fused_moe_int4(x: torch.Tensor, w13: torch.Tensor, w13_scales: torch.Tensor, w2: torch.Tensor,
+                   w2_scales: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *, group_size: int,
+                   activation: str = "silu") -> torch.Tensor:
+    """fused_moe over 4-bit experts, each routed expert dequantized to float32 when used; [T, H] in x's dtype."""
+    def expert(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (dequantize_int4_rows(w13[e], w13_scales[:, e], group_size),
+                dequantize_int4_rows(w2[e], w2_scales[:, e], group_size))
+    return _each_expert(x, w13.shape[0], expert, weights, ids, activation)
+
+
+def fused_moe_w8(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                 weights: torch.Tensor, ids: torch.Tensor, *, block_size: tuple[int, int],
+                 activation: str = "silu") -> torch.Tensor:
+    """fused_moe over 8-bit experts, each routed expert dequantized to float32 when used; [T, H] in x's dtype."""
+    def expert(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return dequantize_w8(w13[e], w13_scale[e], block_size), dequantize_w8(w2[e], w2_scale[e], block_size)
+    return _each_expert(x, w13.shape[0], expert, weights, ids, activation)
 
 
 def fused_moe_gathered(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,

@@ -117,6 +117,8 @@ _EXTRA = {
     "broadcast": ("collectives", "broadcast"),
     "moe_route": ("moe", "moe_route"),
     "fused_moe": ("moe", "fused_moe"),
+    "fused_moe_int4": ("moe", "fused_moe_int4"),
+    "fused_moe_w8": ("moe", "fused_moe_w8"),
     "lora_shrink": ("lora", "lora_shrink"),
     "lora_expand": ("lora", "lora_expand"),
 }
