@@ -2,6 +2,7 @@
 on one GPU in one run: decode at batch 1 to 256 and a 1k-token prefill against their bounds, beside gpt-fast's MoE.
 
     python benchmarks/moe_decode.py --peer .peers/gptfast_moe --out benchmarks/reports/moe_decode_h200
+    python benchmarks/moe_decode.py --quantization fp8 --no-peer --out benchmarks/reports/moe_decode_fp8_h200
     python benchmarks/moe_decode.py --shape tiny-qwen3-moe --device cpu --dtype float32 --batches 1,4 \\
         --prefill 64 --kv-gb 0.1 --out /tmp/moe_smoke  # CPU smoke of the harness (no bounds, gpt-fast eager)
 
@@ -20,6 +21,9 @@ second, over the FLOP rate of lz.fused_moe alone on `--prefill` tokens at this s
 random routing): the experts are 2/3 of a token's matmul FLOPs at this shape (3.6 of 5.5 GFLOP) and the grouped
 GEMM (64 rows per expert) runs below the dense projections' rate, so 1.0 means the whole prefill ran as fast as its
 expert GEMMs alone; `moe_share` is one such call's time per sparse layer (48) over the prefill's.
+With `--quantization fp8` every projection, the LM head and the experts are float8 e4m3 in 128 x 128 blocks
+(quantized at load, as `infer serve --quantization fp8` does): the bounds count one byte per weight (the block
+scales add 1/4096), and the prefill's reference is lz.fused_moe_w8 on the same fp8 experts.
 Then the engine is freed and gpt-fast's mixtral-moe/model.py (carried in --peer, unedited) runs at the same shape:
 head_dim 128 (its ModelArgs derives 64 = dim // n_head; set back after construction, with q-wide wo and q split and
 a head_dim-128 KV cache and rope), no q/k norms; its one-token decode compiled with torch.compile(mode=
@@ -49,6 +53,7 @@ from gpu_decode.engine import decode_once, greedy, prefill_once, step
 from gpu_decode.plan import prompt_ids
 from infer import LLM
 from infer.families.config import ModelConfig
+from infer.models.quant import W8Experts
 from report_files import write_report
 
 
@@ -68,17 +73,26 @@ def batched(llm: LLM, batch: int, tokens: int, prompt_len: int) -> float:
     return produced / (time.perf_counter() - start)
 
 
-def moe_flop_rate(cfg: ModelConfig, tokens: int, device: str, dtype: torch.dtype) -> tuple[float, float]:
-    """(FLOP/s, seconds) of one lz.fused_moe call on `tokens` tokens at cfg's expert shape, randomly routed."""
+def moe_flop_rate(cfg: ModelConfig, tokens: int, device: str, dtype: torch.dtype, fp8: bool = False
+                  ) -> tuple[float, float]:
+    """(FLOP/s, seconds) of one lz.fused_moe call (`fp8`: lz.fused_moe_w8 on fp8 experts) on `tokens` tokens at
+    cfg's expert shape, randomly routed."""
     e, h, i, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
     gen = torch.Generator(device).manual_seed(0)
     w13 = torch.randn(e, 2 * i, h, device=device, dtype=dtype, generator=gen) * 0.02
     w2 = torch.randn(e, h, i, device=device, dtype=dtype, generator=gen) * 0.02
     x = torch.randn(tokens, h, device=device, dtype=dtype, generator=gen)
     weights, ids = lz.moe_route(torch.randn(tokens, e, device=device, generator=gen), k, renormalize=True)
-    fn = lambda: lz.fused_moe(x, w13, w2, weights, ids)  # noqa: E731
-    print(f"lz.fused_moe on {tokens} tokens: {lz.which('fused_moe', x, w13, w2, weights, ids)['kernel_id']}",
-          flush=True)
+    if fp8:
+        q13, q2 = W8Experts.quantize(w13), W8Experts.quantize(w2)
+        del w13, w2
+        args = (x, q13.weight, q13.scale, q2.weight, q2.scale, weights, ids)
+        fn = lambda: lz.fused_moe_w8(*args, block_size=q13.block_size)  # noqa: E731
+        kernel = lz.which("fused_moe_w8", *args, block_size=q13.block_size)["kernel_id"]
+    else:
+        fn = lambda: lz.fused_moe(x, w13, w2, weights, ids)  # noqa: E731
+        kernel = lz.which("fused_moe", x, w13, w2, weights, ids)["kernel_id"]
+    print(f"experts on {tokens} tokens: {kernel}", flush=True)
     if device.startswith("cuda"):
         seconds = graph_us([fn]) * 1e-6
     else:
@@ -155,19 +169,22 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--prefill", type=int, default=1024)
     parser.add_argument("--kv-gb", type=float, default=8.0)
+    parser.add_argument("--quantization", default="auto", choices=["auto", "fp8"],
+                        help="fp8: projections, head and experts float8 e4m3 at load")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
     args = parser.parse_args()
     cfg, cuda, dtype = ms.model_config(args.shape), args.device.startswith("cuda"), getattr(torch, args.dtype)
     batches = [int(b) for b in args.batches.split(",")]
     bw = copy_bandwidth() if cuda else float("nan")
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
-    nbytes = dtype.itemsize
+    fp8 = args.quantization == "fp8"
+    nbytes = 1 if fp8 else dtype.itemsize
     context = args.prompt_len + args.tokens // 2  # mean context over a reply
     result: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "shape": ms.SHAPES[args.shape],
                               "copy_bandwidth": bw, "args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
     lines = [f"# {args.shape} decode and prefill ({gpu})", "",
              f"`python benchmarks/moe_decode.py --shape {args.shape}`; torch {torch.__version__}; random "
-             f"{args.dtype} weights; {args.prompt_len}-token prompts, {args.tokens} tokens greedy; copy bandwidth "
+             f"{args.dtype} weights{' quantized to fp8 at load' if fp8 else ''}; {args.prompt_len}-token prompts, {args.tokens} tokens greedy; copy bandwidth "
              f"{bw / 1e12:.2f} TB/s; bound = bandwidth over the weights a step reads (attention, routers, LM head, the "
              f"expected distinct experts per sparse layer) + KV at context {context}. Method: the module docstring.",
              "", "| engine | batch | experts read / layer | bound tok/s | tok/s | fraction |",
@@ -181,19 +198,20 @@ def main() -> None:
 
     def decode_row(engine: str, batch: int, rate: float) -> None:
         experts = ms.expected_experts(cfg, batch)
-        step_bytes = ms.active_weight_bytes(cfg, experts, nbytes) + batch * ms.kv_read_bytes(cfg, context, nbytes)
+        step_bytes = (ms.active_weight_bytes(cfg, experts, nbytes)
+                      + batch * ms.kv_read_bytes(cfg, context, dtype.itemsize))
         bound = batch * bw / step_bytes
         row("decode", {"engine": engine, "batch": batch, "experts_read": experts, "step_bytes": step_bytes,
                        "bound_tok_s": bound, "tok_s": rate, "fraction": rate / bound},
             f"| {engine} | {batch} | {experts:.1f} | {bound:.0f} | {rate:.1f} | {rate / bound:.2f} |")
 
-    moe_rate, moe_s = moe_flop_rate(cfg, args.prefill, args.device, dtype)
+    moe_rate, moe_s = moe_flop_rate(cfg, args.prefill, args.device, dtype, fp8)
     free(args.device)
     with tempfile.TemporaryDirectory() as root:
         llm = LLM(str(ms.write_model_dir(args.shape, Path(root))), load_format="dummy", dtype=args.dtype,
                   device=args.device, max_batch_size=max(batches), kv_cache_memory_gb=args.kv_gb,
                   max_seq_len=max(args.prompt_len + args.tokens, args.prefill) + 128, use_prefix_caching=False,
-                  prefill_chunk_size=args.prefill)
+                  prefill_chunk_size=args.prefill, quantization=args.quantization)
         print(f"loaded in {llm.load_seconds:.1f} s", flush=True)
         ids = prompt_ids(llm.runner.vocab_size, args.prompt_len, seed=1)
         decode_once(llm, ids, 16)  # warm-up

@@ -2,12 +2,14 @@
 bandwidth: which (BLOCK_N, BLOCK_K, warps) reads the routed experts fastest at the Qwen3-30B-A3B shape.
 
     python benchmarks/moe_decode_tiles.py [--out STEM]
+    python benchmarks/moe_decode_tiles.py --fp8 --out benchmarks/reports/moe_decode_tiles_fp8_h200
 
 Hidden 2048, 128 experts, top 8, expert intermediate 768, bf16 random weights; batch 1 and 4, routing from a random
 router; µs per call: 20 calls captured in one CUDA graph cycling over 4 routings (so the experts come from HBM, not
 L2), median of 10 replays. Floor = the routed experts' gate+up (first kernel) or down (second) bytes at the copy
 bandwidth measured first. The tiles in use are DECODE_GATE_UP_TILE / DECODE_DOWN_TILE in
-layerzero/kernels/triton/moe.py.
+layerzero/kernels/triton/moe.py; with --fp8 the same experts as float8 e4m3 in 128 x 128 blocks (lz.fused_moe_w8's
+decode path), against DECODE_*_TILE_W8.
 """
 
 from __future__ import annotations
@@ -20,22 +22,33 @@ import torch
 
 import layerzero as lz
 from device_rates import copy_bandwidth, graph_us
+from infer.models.quant import W8Experts
 from layerzero.kernels.triton import moe
 from report_files import write_report
 
 HIDDEN, EXPERTS, TOP_K, INNER = 2048, 128, 8, 768
 GATE_UP = list(itertools.product((8, 16, 32), (128, 256, 512), (4, 8)))
 DOWN = list(itertools.product((2, 4, 8), (64, 128, 256), (4, 8)))
+GATE_UP_W8 = list(itertools.product((8, 16, 32), (128, 256, 512), (4, 8)))
+DOWN_W8 = list(itertools.product((4, 8, 16), (128, 256, 512), (4, 8)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/reports/moe_decode_tiles"))
+    parser.add_argument("--fp8", action="store_true", help="the experts as float8 e4m3 in 128 x 128 blocks")
     args = parser.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
     w13 = torch.randn(EXPERTS, 2 * INNER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
     w2 = torch.randn(EXPERTS, HIDDEN, INNER, device="cuda", dtype=torch.bfloat16) * 0.02
+    scales, weight_bytes = None, 2
+    if args.fp8:
+        q13, q2 = W8Experts.quantize(w13), W8Experts.quantize(w2)
+        w13, w2, weight_bytes = q13.weight, q2.weight, 1
+        scales = moe.Scales(q13.scale, q2.scale, q13.block_size)
+    tiles = {"gate_up": (GATE_UP_W8, moe.DECODE_GATE_UP_TILE_W8) if args.fp8 else (GATE_UP, moe.DECODE_GATE_UP_TILE),
+             "down": (DOWN_W8, moe.DECODE_DOWN_TILE_W8) if args.fp8 else (DOWN, moe.DECODE_DOWN_TILE)}
     router = torch.randn(EXPERTS, HIDDEN, device="cuda", dtype=torch.bfloat16)
     rows = []
     for batch in (1, 4):
@@ -44,22 +57,24 @@ def main() -> None:
         routed = sum(ids.unique().numel() for _, ids in routes) / len(routes)
         h = torch.empty(batch * TOP_K, INNER, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
-        for kernel, tiles, nbytes in (("gate_up", GATE_UP, 2 * INNER * HIDDEN * 2), ("down", DOWN, HIDDEN * INNER * 2)):
+        for kernel, nbytes in (("gate_up", 2 * INNER * HIDDEN * weight_bytes), ("down", HIDDEN * INNER * weight_bytes)):
             floor = routed * nbytes / bw * 1e6
-            for tile in tiles:
+            candidates, in_use = tiles[kernel]
+            for tile in candidates:
                 if kernel == "gate_up":
-                    calls = [lambda x=x, ids=ids: moe.decode_gate_up(x, w13, h, ids, "silu", *tile)
+                    calls = [lambda x=x, ids=ids: moe.decode_gate_up(x, w13, h, ids, "silu", *tile, scales=scales)
                              for x, (_, ids) in zip(xs, routes)]
                 else:
-                    calls = [lambda w=w, ids=ids: moe.decode_down(h, w2, out, ids, w, *tile) for w, ids in routes]
+                    calls = [lambda w=w, ids=ids: moe.decode_down(h, w2, out, ids, w, *tile, scales=scales)
+                             for w, ids in routes]
                 us = graph_us(calls)
-                chosen = tile == (moe.DECODE_GATE_UP_TILE if kernel == "gate_up" else moe.DECODE_DOWN_TILE)
+                chosen = tile == in_use
                 rows.append({"batch": batch, "kernel": kernel, "tile": tile, "us": us, "floor_us": floor,
                              "fraction": floor / us, "chosen": chosen})
                 print(rows[-1], flush=True)
     gpu = torch.cuda.get_device_name()
-    lines = [f"# MoE decode path tiles ({gpu})", "",
-             f"`python benchmarks/moe_decode_tiles.py`; torch {torch.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s; "
+    lines = [f"# MoE decode path tiles{', fp8 experts' if args.fp8 else ''} ({gpu})", "",
+             f"`python benchmarks/moe_decode_tiles.py{' --fp8' if args.fp8 else ''}`; torch {torch.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s; "
              "µs per call from a CUDA graph over 4 routings; floor = the routed experts' bytes at copy bandwidth.", "",
              "| batch | kernel | best tile (BLOCK_N, BLOCK_K, warps) | µs | fraction | chosen tile | µs | fraction |",
              "|---:|---|---|---:|---:|---|---:|---:|"]

@@ -78,8 +78,8 @@ def _add_quantization_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup)
                    help="auto: weights stay as the checkpoint stores them (FP8 / INT8 checkpoints 8-bit; a GGUF's 4-bit "
                         "weights 4-bit and Q8_0 ones 8-bit); none: dequantize everything to --dtype (exact parity work); "
                         "int4 / int8 / fp8: quantize every linear weight at load to 4-bit groups of 32, int8 "
-                        "per output row, or float8 e4m3 in 128x128 blocks (CUDA SM89+, or slowly on the CPU). "
-                        "See docs/quantization.md")
+                        "per output row, or float8 e4m3 in 128x128 blocks (CUDA SM89+, or slowly on the CPU; fp8 "
+                        "also quantizes a mixture of experts' experts on CUDA). See docs/quantization.md")
 
 
 def _add_runner_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

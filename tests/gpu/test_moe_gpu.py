@@ -84,3 +84,74 @@ def test_engine_with_graphs_equals_the_cpu_runner_and_transformers(family, tmp_p
         got = ours.compute_logits(ours(ids, ForwardBatch.for_prompts([ids.numel()], "cuda")))
         want = hf(ids[None]).logits[0].float()
     assert (got - want).abs().max().item() <= 1e-3
+
+
+def _quantized(w: torch.Tensor, wdtype: torch.dtype, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] as 8-bit values with amax block scales (each expert's own)."""
+    from layerzero.kernels.reference.quantize import expand_block_scales
+
+    bn, bk = block
+    e, n, k = w.shape
+    padded = torch.zeros(e, -(-n // bn) * bn, -(-k // bk) * bk, device=w.device)
+    padded[:, :n, :k] = w.float()
+    amax = padded.view(e, padded.shape[1] // bn, bn, -1, bk).abs().amax(dim=(2, 4))
+    qmax = 127.0 if wdtype == torch.int8 else 448.0
+    scale = (amax / qmax).clamp(min=1e-12)
+    full = torch.stack([expand_block_scales(s, block, (n, k)) for s in scale])
+    q = (w.float() / full).clamp(-qmax, qmax)
+    return (q.round() if wdtype == torch.int8 else q).to(wdtype), scale
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64, 300])
+@pytest.mark.parametrize("wdtype, block", [(torch.float8_e4m3fn, (128, 128)), (torch.int8, (1, 32))],
+                         ids=["fp8-blocks", "q8_0"])
+def test_triton_8bit_experts_match_the_definition(tokens, wdtype, block):
+    """lz.fused_moe_w8 compiled, both paths, bf16 activations, against the definition over the dequantized experts."""
+    from layerzero.kernels.reference.quantize import dequantize_w8
+    from layerzero.kernels.triton import moe as triton_moe
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, hidden, inner, k = 16, 256, 192, 4
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
+    w13, s13 = _quantized(torch.randn(experts, 2 * inner, hidden, device="cuda", generator=gen) * 0.05, wdtype, block)
+    w2, s2 = _quantized(torch.randn(experts, hidden, inner, device="cuda", generator=gen) * 0.05, wdtype, block)
+    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+    logits[:, -3:] -= 100
+    weights, ids = lz.moe_route(logits, k, renormalize=True)
+    few = tokens * k <= MOE_DECODE_PAIRS
+    assert lz.which("fused_moe_w8", x, w13, s13, w2, s2, weights, ids, block_size=block)["kernel_id"] == (
+        "triton.fused_moe_w8_decode" if few else "triton.fused_moe_w8")
+    d13, d2 = (torch.stack([dequantize_w8(q, s, block) for q, s in zip(w, sc)]) for w, sc in ((w13, s13), (w2, s2)))
+    want = _definition(x.float(), d13, d2, weights, ids)
+    for fn in (triton_moe.fused_moe_w8, triton_moe.fused_moe_w8_decode):
+        got = fn(x, w13, s13, w2, s2, weights, ids, block_size=block)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_fp8_checkpoint_keeps_its_experts_8bit_through_the_engine(tmp_path, monkeypatch):
+    """A Qwen 3 MoE checkpoint in the FP8 block format (experts and projections e4m3, 128 x 128 blocks) on CUDA: the
+    experts stay 8-bit (`W8Experts`, triton.fused_moe_w8*), the logits equal the same checkpoint dequantized on the
+    CPU, and the engine with decode and prefill graphs under strict sync decodes the CPU runner's greedy tokens."""
+    from checkpoints import quantize_checkpoint
+    from infer.models.quant import W8Experts
+
+    path = quantize_checkpoint(save_tiny_with_tokenizer("qwen3_moe", tmp_path / "f", seed=4), tmp_path / "fp8",
+                               "fp8_block")
+    ours = load_model(path, torch.float32, "cuda", quantization="auto").model
+    cpu = load_model(path, torch.float32, "cpu").model  # dequantized at load
+    sparse = [b.mlp for b in ours.blocks if hasattr(b.mlp, "w13")]
+    assert sparse and all(isinstance(m.w13, W8Experts) and isinstance(m.w2, W8Experts) for m in sparse)
+    ids = torch.tensor(list(range(40, 77)))
+    with torch.no_grad():
+        got = ours.compute_logits(ours(ids.cuda(), ForwardBatch.for_prompts([ids.numel()], "cuda"))).cpu()
+        want = cpu.compute_logits(cpu(ids, ForwardBatch.for_prompts([ids.numel()])))
+    assert (got - want).abs().max().item() <= 1e-3 * want.abs().max().item()
+    prompts = [[5, 9, 33, 2], list(range(40, 77)), [7]]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want_ids = [o.token_ids for o in LLM(str(path), device="cpu", dtype="float32", max_seq_len=128)
+                .generate_ids(prompts, greedy)]
+    monkeypatch.setenv("INFER_STRICT_SYNC", "1")
+    llm = LLM(str(path), device="cuda", dtype="float32", max_seq_len=128, max_batch_size=8)
+    assert llm.runner.graph_stats.batch_sizes
+    assert [o.token_ids for o in llm.generate_ids(prompts, greedy)] == want_ids

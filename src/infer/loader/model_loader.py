@@ -190,6 +190,9 @@ def load_model(
     if quantization in AT_LOAD:
         with torch.no_grad():
             quantize_linears(model, model.linear_weights(), quantization)
+            for block in model.blocks if quantization == "fp8" else ():
+                if isinstance(block.mlp, SparseMLP) and not block.mlp.quantize_experts_fp8(dtype):
+                    break  # no kernel for fp8 experts on this device: every layer keeps them as they are
     if matmul_dtype is not None:
         with torch.no_grad():
             tied = model.lm_head is model.embed  # the lookup keeps the float32 embedding, the head its own copy

@@ -52,6 +52,19 @@ class SparseMLP(nn.Module):
         out = self.experts_site(x, self.w13, self.w2, weights, ids, self.activation)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
 
+    def quantize_experts_fp8(self, dtype: torch.dtype) -> bool:
+        """Quantize dense experts to float8 e4m3 in 128 x 128 blocks (`--quantization fp8`) where a kernel other
+        than the reference takes them; returns whether it did (elsewhere they stay as they are)."""
+        if isinstance(self.w13, (Int4Experts, W8Experts)):
+            return False
+        w13, w2 = W8Experts.quantize(self.w13.detach()), W8Experts.quantize(self.w2.detach())
+        if self.experts_site.kernel_for(w13, w2, self.top_k, dtype).startswith("reference."):
+            return False
+        for name, stack in (("w13", w13), ("w2", w2)):
+            delattr(self, name)
+            setattr(self, name, stack)
+        return True
+
     def settle_experts(self, dtype: torch.dtype) -> None:
         """Keep quantized experts only where a kernel other than the reference takes both stacks (one form): the
         reference would dequantize each routed expert on every call. Otherwise they are dequantized to `dtype` here,
@@ -59,8 +72,11 @@ class SparseMLP(nn.Module):
         w13, w2 = self.w13, self.w2
         if not isinstance(w13, (Int4Experts, W8Experts)) and not isinstance(w2, (Int4Experts, W8Experts)):
             return
-        if type(w13) is type(w2) and not self.experts_site.kernel_for(w13, w2, self.top_k, dtype).startswith(
-                "reference."):
+        if isinstance(w13, W8Experts) and isinstance(w2, W8Experts) and w13.block_size != w2.block_size \
+                and w13.block_size[1] == w2.block_size[1]:
+            self.w13, self.w2 = w13, w2 = w13.per_row(), w2.per_row()  # the op takes one block for both
+        same_form = type(w13) is type(w2) and (not isinstance(w13, W8Experts) or w13.block_size == w2.block_size)
+        if same_form and not self.experts_site.kernel_for(w13, w2, self.top_k, dtype).startswith("reference."):
             return
         for name in ("w13", "w2"):
             stack = getattr(self, name)

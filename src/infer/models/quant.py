@@ -158,8 +158,21 @@ class W8Experts(nn.Module):
     def shape(self) -> tuple[int, int, int]:
         return tuple(self.weight.shape)
 
+    @classmethod
+    def quantize(cls, stack: torch.Tensor) -> W8Experts:
+        """float8_e4m3fn in 128 x 128 blocks, each expert as `W8Weight.quantize(w, "fp8")` rounds a weight."""
+        parts = [W8Weight.quantize(w, "fp8") for w in stack]
+        return cls(torch.stack([p.weight for p in parts]), torch.stack([p.scale for p in parts]), FP8_BLOCK)
+
     def dequantize(self) -> torch.Tensor:
         return torch.stack([dequantize_w8(w, s, self.block_size) for w, s in zip(self.weight, self.scale)])
+
+    def per_row(self) -> W8Experts:
+        """The same weights with one scale per row and block of columns (each block's scale repeated over its rows):
+        the form two stacks whose row blocks differ share (gate and up rows that do not fill a block)."""
+        bn, bk = self.block_size
+        rows = self.weight.shape[1]
+        return W8Experts(self.weight, self.scale.repeat_interleave(bn, dim=1)[:, :rows].contiguous(), (1, bk))
 
 
 ExpertStack = Int4Experts | W8Experts

@@ -175,7 +175,7 @@ def _fused_moe_quant(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, 
     fmt = _w8_format(w13.dtype) if "block_size" in kw else None
     return dict(tokens=_rows(x), hidden=x.shape[-1], quant_format=fmt, params=(
         ("experts", w13.shape[0]), ("inner", w13.shape[1] // 2), ("top_k", ids.shape[-1]),
-        ("activation", kw.get("activation", "silu")), block))
+        ("activation", kw.get("activation", "silu")), ("decode_pairs", ids.numel() <= MOE_DECODE_PAIRS), block))
 
 
 def _lora(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:

@@ -78,9 +78,7 @@ def _w8_blocks(ctx: SelectionContext) -> list[Reason]:
         if bk < ctx.hidden and (bk < 16 or bk & (bk - 1)):
             reasons.append(Reason(R.CONSTRAINT_FAILED, f"scale blocks of {bk} columns: needs all {ctx.hidden} columns "
                                                        "or a power of two >= 16"))
-    if ctx.quant_format == "fp8_e4m3" and ctx.platform == "cuda" and (ctx.sm or 0) < 89:
-        reasons.append(Reason(R.SM_TOO_OLD, f"float8_e4m3fn weights need SM89+, device is SM{ctx.sm}"))
-    return reasons
+    return reasons + _fp8_sm(ctx)
 
 
 def _int4_groups(ctx: SelectionContext) -> list[Reason]:
@@ -163,6 +161,25 @@ def _moe_decode_pairs(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _fp8_sm(ctx: SelectionContext) -> list[Reason]:
+    if ctx.quant_format == "fp8_e4m3" and ctx.platform == "cuda" and (ctx.sm or 0) < 89:
+        return [Reason(R.SM_TOO_OLD, f"float8_e4m3fn weights need SM89+, device is SM{ctx.sm}")]
+    return []
+
+
+def _moe_w8(ctx: SelectionContext) -> list[Reason]:
+    """A K tile must sit inside one scale block of both projections: blocks span K or are powers of two >= 16."""
+    bk, widest = ctx.param("block_size")[1], max(ctx.hidden, ctx.param("inner"))
+    if bk < widest and (bk < 16 or bk & (bk - 1)):
+        return [Reason(R.CONSTRAINT_FAILED, f"scale blocks of {bk} columns: needs blocks spanning the {widest} "
+                                            "inputs or a power of two >= 16")] + _fp8_sm(ctx)
+    return _fp8_sm(ctx)
+
+
+def _moe_w8_decode(ctx: SelectionContext) -> list[Reason]:
+    return _moe_w8(ctx) + _moe_decode_pairs(ctx)
+
+
 def _varlen_launch(ctx: SelectionContext) -> LaunchConfig:
     # Grid (query tiles over every sequence's tokens, heads): T / 64 + N tiles, 64 the smallest tile used on CUDA.
     return LaunchConfig((max(1, ctx.tokens // 64 + ctx.batch), max(ctx.num_heads, 1), 1), 256)
@@ -212,6 +229,11 @@ def kernel_specs() -> list[KernelSpec]:
                    check=_route_experts, **common),
         KernelSpec("triton.fused_moe_decode", "fused_moe", impl=_lazy("moe", "fused_moe_decode"),
                    priority=DECODE_PRIORITY, check=_moe_decode_pairs, **common),
+        KernelSpec("triton.fused_moe_w8", "fused_moe_w8", impl=_lazy("moe", "fused_moe_w8"), priority=PRIORITY,
+                   quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_moe_w8, **common),
+        KernelSpec("triton.fused_moe_w8_decode", "fused_moe_w8", impl=_lazy("moe", "fused_moe_w8_decode"),
+                   priority=DECODE_PRIORITY, quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_moe_w8_decode,
+                   **common),
         KernelSpec("triton.lora_shrink", "lora_shrink", impl=_lazy("lora", "lora_shrink"), priority=PRIORITY,
                    check=_lora_rank, **common),
         KernelSpec("triton.lora_expand", "lora_expand", impl=_lazy("lora", "lora_expand"), priority=PRIORITY,

@@ -9,6 +9,7 @@ import torch
 
 import layerzero as lz
 from layerzero.kernels.reference.moe import moe_route as reference_route
+from layerzero.kernels.reference.quantize import dequantize_w8
 from layerzero.kernels.triton import specs
 from layerzero.select.signatures import MOE_DECODE_PAIRS
 from test_moe_ops import moe_definition
@@ -89,6 +90,48 @@ def test_a_top_k_that_is_no_power_of_two(kernels, path):
     x, w13, w2, weights, ids = _inputs(5, 8, 3, seed=9)
     got = getattr(kernels, path)(x, w13, w2, weights, ids)
     torch.testing.assert_close(got.double(), moe_definition(x, w13, w2, weights, ids, "silu"), atol=1e-4, rtol=1e-4)
+
+
+def _w8_inputs(tokens: int, wdtype: torch.dtype, block: tuple[int, int], seed: int):
+    """The float inputs' experts as 8-bit values with block scales (values amax-scaled per block, as quantizers do)."""
+    x, w13, w2, weights, ids = _inputs(tokens, 8, 2, seed=seed)
+    out = []
+    for w in (w13, w2):
+        bn, bk = block
+        e, n, k = w.shape
+        scale = torch.rand(e, -(-n // bn), -(-k // bk), generator=torch.Generator().manual_seed(seed)) * 0.01 + 1e-3
+        full = scale.repeat_interleave(bn, 1)[:, :n].repeat_interleave(bk, 2)[:, :, :k]
+        q = (w / full).clamp(-127, 127)
+        out += [q.round().to(torch.int8) if wdtype == torch.int8 else q.to(wdtype), scale]
+    return x, *out, weights, ids
+
+
+@pytest.mark.parametrize("block", [(1, 32), (16, 32), (128, 128)], ids=["q8_0", "small-blocks", "fp8-checkpoint"])
+@pytest.mark.parametrize("wdtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
+@pytest.mark.parametrize("path, tokens", [("fused_moe_w8_decode", 1), ("fused_moe_w8_decode", 7), ("fused_moe_w8", 5),
+                                          ("fused_moe_w8", 37)])
+def test_8bit_experts_match_the_definition(kernels, path, tokens, wdtype, block):
+    """Blocks that cut rows and columns part way (hidden 96, intermediate 80), and the experts' dequantized weights
+    as the definition's."""
+    x, w13, s13, w2, s2, weights, ids = _w8_inputs(tokens, wdtype, block, seed=tokens)
+    got = getattr(kernels, path)(x, w13, s13, w2, s2, weights, ids, block_size=block)
+    d13, d2 = (torch.stack([dequantize_w8(q, s, block) for q, s in zip(w, sc)]) for w, sc in ((w13, s13), (w2, s2)))
+    want = moe_definition(x, d13, d2, weights, ids, "silu")
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    half = getattr(kernels, path)(x.bfloat16(), w13, s13, w2, s2, weights, ids, block_size=block)
+    assert half.dtype == torch.bfloat16 and (half.double() - want).abs().max() <= 3e-2 * want.abs().max()
+
+
+def test_8bit_experts_take_the_decode_path_for_few_pairs():
+    [decode] = [s for s in specs.kernel_specs() if s.kernel_id == "triton.fused_moe_w8_decode"]
+    [grouped] = [s for s in specs.kernel_specs() if s.kernel_id == "triton.fused_moe_w8"]
+    assert decode.priority > grouped.priority and decode.quant_formats == grouped.quant_formats
+    for tokens, applies in ((MOE_DECODE_PAIRS // 2, True), (MOE_DECODE_PAIRS // 2 + 1, False)):
+        x, w13, s13, w2, s2, weights, ids = _w8_inputs(tokens, torch.int8, (1, 32), seed=tokens)
+        ctx = lz.SelectionContext.from_tensors("fused_moe_w8", x, w13, s13, w2, s2, weights, ids, block_size=(1, 32),
+                                               activation="silu")
+        reasons = decode.check(ctx)
+        assert not reasons if applies else f"more than {MOE_DECODE_PAIRS} (token, expert) pairs" in reasons[0].message
 
 
 @pytest.fixture(scope="module")
