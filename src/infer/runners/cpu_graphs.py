@@ -63,6 +63,26 @@ def _run_into(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outs: li
         out.copy_(value)
 
 
+def _copy_into(out: torch.Tensor, src: torch.Tensor) -> None:
+    out.copy_(src)
+
+
+def _cast(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[torch.Tensor]) -> bool:
+    """A dtype cast of a CPU tensor (aten.to.dtype under inference mode, aten._to_copy otherwise): replayed as one
+    copy_ into its recorded output, not as a cast into a new tensor and then a copy (the bf16 path's casts around
+    each matmul: 242 a decode step of the bundled model)."""
+    if func is torch.ops.aten.to.dtype:
+        extra = args[2:] + tuple(kwargs.values())
+        if any(bool(v) for v in extra if not isinstance(v, torch.memory_format)):  # non_blocking / copy flags
+            return False
+    elif func is not torch.ops.aten._to_copy.default or set(kwargs) - {"dtype", "device", "layout"} or len(args) != 1:
+        return False
+    src = args[0]
+    return (isinstance(src, torch.Tensor) and src.device.type == "cpu" and len(outs) == 1
+            and outs[0].device.type == "cpu" and outs[0].shape == src.shape
+            and kwargs.get("layout") in (None, torch.strided) and outs[0].data_ptr() != src.data_ptr())
+
+
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     func(*args, **kwargs)
 
@@ -92,6 +112,8 @@ class _Recorder(TorchDispatchMode):
             self.ops.append((_run, (func, args, kwargs)))  # in place or out=: it writes the same memory again
         elif func.overloadpacket in _ALLOCATIONS:
             pass
+        elif _cast(func, args, kwargs, outs):  # a dtype cast: one copy_ into the recorded output casts and places it
+            self.ops.append((_copy_into, (outs[0], args[0])))
         elif not any(r.alias_info is not None for r in schema.returns) or not _views(outs, args, kwargs):
             # a computed result; or an op that may return a view but copied (reshape, contiguous, under inference mode)
             self.ops.append((_run_into, (func, args, kwargs, outs)))

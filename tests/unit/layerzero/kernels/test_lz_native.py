@@ -166,7 +166,7 @@ def _paged(seed: int, lens: list[int], heads: int, kv_heads: int, dim: int, bloc
 
 
 @pytest.mark.parametrize("window", [None, 5])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (3, 3, 20)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (3, 3, 20), (9, 3, 64), (4, 1, 128)])
 def test_paged_attention_decode_and_prefill_match_the_reference(window: int | None, heads: int, kv_heads: int,
                                                                 dim: int) -> None:
     lens, q_lens = [9, 1, 14], [3, 1, 14]  # a chunk after cached tokens, a decode row, a whole prompt
@@ -203,6 +203,24 @@ def test_long_prefill_chunks_go_through_sdpa_and_decode_rows_keep_their_bits() -
     decode = attention.paged_attention(q[[long - 1, long]].contiguous(), kc, vc, block_tables=tables,
                                        context_lens=context, scale=0.25, sliding_window=None, max_context_len=max(lens))
     assert torch.equal(decode[1], got[long])  # the decode row: C in both steps
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_a_decode_row_gets_the_same_bits_alone_and_among_many(dim: int) -> None:
+    """The registers path (head sizes 64 and 128) splits work per head for a few rows and per KV head's group of
+    query heads for many: a row's result must not depend on which."""
+    lens = [40 + 7 * i for i in range(12)]
+    gen, kc, vc, tables = _paged(dim, lens, 8, 2, dim)
+    q = torch.randn(len(lens), 8, dim, generator=gen)
+    context = torch.tensor(lens, dtype=torch.int32)
+    kwargs = dict(scale=dim**-0.5, sliding_window=None, max_context_len=max(lens))
+    many = attention.paged_attention(q, kc, vc, block_tables=tables, context_lens=context, **kwargs)
+    for i in (0, 5, 11):
+        alone = attention.paged_attention(q[i : i + 1].contiguous(), kc, vc, block_tables=tables[i : i + 1],
+                                          context_lens=context[i : i + 1], **kwargs)
+        assert torch.equal(alone[0], many[i])
+    ref = attn_ref.paged_attention(q.double(), kc.double(), vc.double(), tables, context, dim**-0.5, None, max(lens))
+    assert torch.allclose(many.double(), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_paged_attention_takes_a_strided_query_and_zeroes_padding_rows() -> None:
