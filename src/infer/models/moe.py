@@ -73,8 +73,9 @@ class SparseMLP(nn.Module):
         if not isinstance(w13, (Int4Experts, W8Experts)) and not isinstance(w2, (Int4Experts, W8Experts)):
             return
         if isinstance(w13, W8Experts) and isinstance(w2, W8Experts) and w13.block_size != w2.block_size \
-                and w13.block_size[1] == w2.block_size[1]:
-            self.w13, self.w2 = w13, w2 = w13.per_row(), w2.per_row()  # the op takes one block for both
+                and w13.block_size[1] == w2.block_size[1]:  # the op takes one block for both stacks
+            w13, w2 = w13.per_row(), w2.per_row()
+            self.w13, self.w2 = w13, w2
         same_form = type(w13) is type(w2) and (not isinstance(w13, W8Experts) or w13.block_size == w2.block_size)
         if same_form and not self.experts_site.kernel_for(w13, w2, self.top_k, dtype).startswith("reference."):
             return

@@ -29,10 +29,10 @@ def attention_bhsd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, window: int | None
 ) -> torch.Tensor:
     """q: [B, H, Sq, D], k/v: [B, Hkv, Sk, D] -> [B, H, Sq, D]."""
-    mask = _mask(q.shape[-2], k.shape[-2], causal, window, q.device)
     gqa = q.shape[1] != k.shape[1]
-    if mask is not None and causal and window is None and q.shape[-2] == k.shape[-2]:
+    if causal and window is None and q.shape[-2] == k.shape[-2]:  # no mask to build: SDPA skips the future's blocks
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    mask = _mask(q.shape[-2], k.shape[-2], causal, window, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
