@@ -167,7 +167,8 @@ class EngineCore:
 
     def step_core(self) -> CoreStep:
         """One step, top to bottom: resolve the step in flight (unless this one may launch ahead of it), apply aborts,
-        schedule, forward, the grammar masks, sample, then read the step before (the overlap: overlap.py)."""
+        schedule, forward, the grammar masks, sample, then read the step before (the overlap: overlap.py). A runner
+        that does not launch ahead (the CPU's) has its step read at once."""
         s = self.scheduler
         ahead = self.runner.launches_ahead and InFlight.may_launch_ahead(
             bool(self._aborts), s.needs_history, s.wants_pooling, s.proposer is not None)
@@ -198,6 +199,8 @@ class EngineCore:
         self.scheduler.launched(batch)
         outputs += self._resolve()
         self._in_flight.step = (batch, launched)
+        if not self.runner.launches_ahead:  # its forward ran inside the calls: nothing to overlap, so its tokens go out
+            outputs += self._resolve()      # now rather than after the next step's forward
         return self.outputs.take_step(outputs)
 
     def _resolve(self, on_advanced: Callable[[], None] | None = None) -> list[CoreOutput]:
