@@ -84,6 +84,7 @@ _LAZY = {
     "mask_top_k_top_p": "layerzero.kernels.reference.sampling",
     "pack_int4": "layerzero.kernels.reference.quantize",
     "dequantize_int4": "layerzero.kernels.reference.quantize",
+    "dequantize_int4_rows": "layerzero.kernels.reference.moe",
     "dequantize_w8": "layerzero.kernels.reference.quantize",
     "expand_block_scales": "layerzero.kernels.reference.quantize",
     "calls_into": "layerzero.kernels.native.build",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,18 +209,10 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
         # a cut of q / k holds whole heads: llama.cpp's permutation is undone per head
         heads = qk_heads.get(base, 0) * data.shape[0] // max(tensor.data.shape[0], 1)
         unpermute = fam.gguf_permuted_qk and base in qk_heads
-        value: torch.Tensor | Int4Groups | W8Tensor
-        if keep_int4 and tensor.tensor_type in INT4_TYPES:
-            groups = read_int4(data, tensor.tensor_type)
-            if unpermute:  # rows move; each row keeps its groups
-                groups = Int4Groups(*(_unpermute(a, heads) for a in groups))
-            value = Int4Groups(*(np.ascontiguousarray(a) for a in groups))
-        elif keep_q8_0 and tensor.tensor_type == GGMLQuantizationType.Q8_0:
-            q, scale = read_q8_0(data)
-            if unpermute:
-                q, scale = _unpermute(q, heads), _unpermute(scale, heads)
-            value = _q8_0_tensor(q, scale)
-        else:
+        # rows move when llama.cpp's permutation is undone; each row keeps its groups or blocks
+        rows = (lambda a: _unpermute(a, heads)) if unpermute else None
+        value: torch.Tensor | Int4Groups | W8Tensor | None = _kept(data, tensor.tensor_type, keep_int4, keep_q8_0, rows)
+        if value is None:
             w = dequantize(data, tensor.tensor_type)
             if unpermute:
                 w = _unpermute(w, heads)
@@ -240,17 +232,25 @@ def _experts(name: str, tensor: Any, cut: CutFor | None, keep_int4: bool, keep_q
     for e in range(stack.shape[0]):
         expert = name.format(e=e)
         part = cut(expert) if cut is not None else None
-        value: torch.Tensor | Int4Groups | W8Tensor
         if kept:
             data = stack[e] if part is None else cut_gguf_raw(expert, stack[e], kind, part)
-            if kind in INT4_TYPES:
-                value = Int4Groups(*(np.ascontiguousarray(a) for a in read_int4(data, kind)))
-            else:
-                value = _q8_0_tensor(*read_q8_0(data))
+            value = _kept(data, kind, keep_int4, keep_q8_0)
             yield expert, value if part is None else pad_value(expert, value, part)
         else:
             w = torch.from_numpy(np.require(stack[e], dtype=np.float32, requirements=["C", "W"]))
             yield expert, w if part is None else cut_tensor(w, part)
+
+
+def _kept(data: np.ndarray, kind: GGMLQuantizationType, keep_int4: bool, keep_q8_0: bool,
+          rows: Callable[[np.ndarray], np.ndarray] | None = None) -> Int4Groups | W8Tensor | None:
+    """A tensor's raw blocks (`data` [N, bytes per row]) kept as stored: Q4_0 / Q4_1 / Q4_K as 4-bit groups with
+    keep_int4, Q8_0 as int8 blocks with keep_q8_0, `rows` applied to each array's rows; None when it is dequantized."""
+    move = rows or (lambda a: a)
+    if keep_int4 and kind in INT4_TYPES:
+        return Int4Groups(*(np.ascontiguousarray(move(a)) for a in read_int4(data, kind)))
+    if keep_q8_0 and kind == GGMLQuantizationType.Q8_0:
+        return _q8_0_tensor(*(move(a) for a in read_q8_0(data)))
+    return None
 
 
 def gguf_head_q8_0(path: str | Path) -> W8Tensor | None:

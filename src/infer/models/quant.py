@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import layerzero as lz
-from layerzero import dequantize_int4, dequantize_w8, expand_block_scales, pack_int4
+from layerzero import dequantize_int4, dequantize_int4_rows, dequantize_w8, expand_block_scales, pack_int4
 
 
 W8_FORMATS = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
@@ -139,9 +139,8 @@ class Int4Experts(nn.Module):
         return cls(q.to(device), torch.stack([scale, offset]).to(device), group_size)
 
     def dequantize(self) -> torch.Tensor:
-        q = torch.stack([self.qweight & 0xF, self.qweight >> 4], dim=-1).reshape(self.shape).float()
-        scale, offset = (s.repeat_interleave(self.group_size, dim=-1) for s in self.scales)
-        return q * scale + offset
+        return torch.stack([dequantize_int4_rows(q, self.scales[:, e], self.group_size)
+                            for e, q in enumerate(self.qweight)])
 
 
 class W8Experts(nn.Module):

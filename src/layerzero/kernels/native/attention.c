@@ -21,11 +21,21 @@
 #include "lanes.h"
 #include "vexp.h"
 
+/* sc[j] = exp(sc[j] - top) for j < n: 16 lanes at a time, key j's lane fixed by its index from the window's start. */
+static inline void exp_shifted(float *sc, int64_t n, float top) {
+    int64_t j0 = 0;
+#if defined(__AVX512F__)
+    for (const __m512 m = _mm512_set1_ps(top); j0 + 16 <= n; j0 += 16)
+        _mm512_storeu_ps(sc + j0, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), m)));
+#endif
+    for (int64_t j = j0; j < n; j++) sc[j] = expf(sc[j] - top);
+}
+
 #if defined(__AVX512F__)
 /* One work item (query row at q, `per` heads sharing one KV head) for a head size of C * 16 floats, C a constant, so
  * a key row and each head's output stay in registers: per key, each head's score is one vector of products reduced
- * by a fixed shuffle tree; per value row, each head's output accumulates in C vectors. `keys`/`values`(j) give row j
- * of the item's KV head. The same arithmetic for a head whatever `per` is: a row's result depends on nothing else. */
+ * by a fixed shuffle tree; per value row, each head's output accumulates in C vectors. Key and value rows are found
+ * through the block table. The same arithmetic for a head whatever `per` is: a row's result depends on nothing else. */
 #define ATTEND(C)                                                                                                  \
     static void attend_##C(const float *q, int64_t per, int64_t d, const float *kc, const float *vc,              \
                            const int32_t *table, int64_t bs, int64_t row_stride, int64_t kv_offset, int64_t lo,   \
@@ -52,10 +62,7 @@
         }                                                                                                         \
         for (int64_t g = 0; g < per; g++) {                                                                       \
             float *sc = scores + g * max_ctx, total = 0.0f;                                                       \
-            int64_t j0 = 0;                                                                                       \
-            for (const __m512 m = _mm512_set1_ps(top[g]); j0 + 16 <= n; j0 += 16)                                 \
-                _mm512_storeu_ps(sc + j0, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), m)));                     \
-            for (int64_t j = j0; j < n; j++) sc[j] = expf(sc[j] - top[g]);                                        \
+            exp_shifted(sc, n, top[g]);                                                                           \
             __m512 o[C];                                                                                          \
             for (int c = 0; c < C; c++) o[c] = _mm512_setzero_ps();                                               \
             for (int64_t j = lo; j <= pos; j++) {                                                                 \
@@ -142,13 +149,8 @@ int paged_attention(const float *q, int64_t q_stride, const float *kc, const flo
                 }
             }
             for (int64_t g = 0; g < per; g++) {
-                float *sc = scores + g * max_ctx, *o = out + (t * heads + h0 + g) * d;
-                int64_t j0 = 0;
-#if defined(__AVX512F__)
-                for (const __m512 m = _mm512_set1_ps(top[g]); j0 + 16 <= n; j0 += 16)
-                    _mm512_storeu_ps(sc + j0, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), m)));
-#endif
-                for (int64_t j = j0; j < n; j++) sc[j] = expf(sc[j] - top[g]);
+                float *o = out + (t * heads + h0 + g) * d;
+                exp_shifted(scores + g * max_ctx, n, top[g]);
                 total[g] = 0.0f;
                 for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
             }

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from layerzero.kernels.reference.quantize import dequantize_w8
+from layerzero.kernels.reference.quantize import dequantize_w8, unpack_int4
 
 SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = ("silu", "gelu_tanh")
@@ -81,8 +81,8 @@ def _each_expert(x: torch.Tensor, experts: int, expert: Callable[[int], tuple[to
 
 def dequantize_int4_rows(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """The float32 weight [N, K] of 4-bit rows q [N, K/2] with (scale, offset) [2, N, K/group]."""
-    values = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(q.shape[0], -1).float()
-    return values * scales[0].repeat_interleave(group_size, dim=1) + scales[1].repeat_interleave(group_size, dim=1)
+    scale, offset = (s.float().repeat_interleave(group_size, dim=1) for s in scales)
+    return unpack_int4(q).float() * scale + offset
 
 
 def fused_moe_int4(x: torch.Tensor, w13: torch.Tensor, w13_scales: torch.Tensor, w2: torch.Tensor,
