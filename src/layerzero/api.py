@@ -177,7 +177,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_of
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_offset: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual), x + residual): the residual update and the next norm in one op."""
+    """Returns (rms_norm(x + residual), x + residual): the residual update and the next norm in one op. The norm comes
+    back in x's dtype, the sum in the wider dtype: bf16 x (a projection's output) on a float32 residual gives the
+    next bf16 matmul its rows and keeps the stream float32."""
     return _call("fused_add_rms_norm", x, residual, weight, eps=float(eps), weight_offset=float(weight_offset))
 
 

@@ -13,8 +13,9 @@ from infer.models.forward_batch import ForwardBatch
 from infer.models.layers import (Attention, GatedMLP, HookPoint, RMSNorm, RotaryEmbedding, WeightMap, WeightSlot,
                                  empty_param, prefixed)
 from infer.models.moe import SparseMLP
-from infer.models.quant import LinearSite, QuantWeight
+from infer.models.quant import HalfWeight, LinearSite, QuantWeight
 from infer.models.shard import Shard
+from layerzero.kernels.native.linear import BF16_MAX_ROWS
 
 LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block's weights that only feed matmuls
 
@@ -64,7 +65,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h, x = self.enter(x, pending)
+        h, x = self.enter(x, pending, self.half_rows(x))
         out = self.attn(h, cos, sin, batch)
         if self.post_attn_norm is not None:
             out = self.post_attn_norm(out)
@@ -74,11 +75,34 @@ class Block(nn.Module):
             out = self.post_mlp_norm(out)
         return self.leave(x, out)
 
-    def enter(self, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input_norm(stream), stream): the previous block's add done inside the norm's kernel."""
+    def half_rows(self, x: torch.Tensor) -> torch.dtype | None:
+        """The dtype this block's projections take their rows in when it is not the stream's: bfloat16 where the
+        projections are `HalfWeight`s and the step has more rows than the exact bf16 GEMV takes (a prefill, a batched
+        decode), None otherwise. layerzero's linear rounds such rows to bf16 for oneDNN's bf16 GEMM anyway, so the
+        block keeps them in bf16 from its input norm to its last projection (the add-norms write bf16, the gated
+        activation reads and writes it) and skips a float32 round trip around every GEMM; the residual stream,
+        attention and the KV cache stay float32 (docs/engine.md, "bfloat16 on the CPU"). Not with experts, LoRA or
+        tensor parallelism, whose ops take the stream's dtype."""
+        if x.shape[0] <= BF16_MAX_ROWS or not isinstance(self.mlp, GatedMLP):
+            return None
+        attn, mlp = self.attn, self.mlp
+        weights = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not all(isinstance(w, HalfWeight) for w in weights) or attn.tp_group is not None or any(
+                stack is not None for stack in (attn.qkv_lora, attn.o_lora, mlp.gate_up_lora, mlp.down_lora)):
+            return None
+        return attn.qkv_proj.weight.dtype
+
+    def enter(self, x: torch.Tensor, pending: torch.Tensor | None,
+              half: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_norm(stream), stream): the previous block's add done inside the norm's kernel; the normed rows in
+        `half` when given (`half_rows`), the stream in x's dtype."""
         if pending is None:
-            return self.input_norm(x), x
-        return self.input_norm.add_and_norm(pending, x)
+            h = self.input_norm(x)
+        else:
+            if half is None and pending.dtype != x.dtype:  # a bf16 block's output into a float32 one
+                pending = pending.to(x.dtype)
+            h, x = self.input_norm.add_and_norm(pending, x)
+        return (h if half is None or h.dtype == half else h.to(half)), x
 
     def leave(self, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The stream after the block, x + out: left pending for the next block's norm unless it is observed."""
@@ -162,7 +186,10 @@ class CausalLM(nn.Module):
             for block in self.blocks:
                 cos, sin = tables[block.rope_kind]
                 x, pending = block(x, pending, cos, sin, batch)
-            return self.final_norm(x) if pending is None else self.final_norm.add_and_norm(pending, x)[0]
+            if pending is None:
+                return self.final_norm(x)
+            # float32 hidden states whatever the last block's rows were: the head's few rows take the exact GEMV
+            return self.final_norm.add_and_norm(pending if pending.dtype == x.dtype else pending.to(x.dtype), x)[0]
 
     def hold_head_in(self, dtype: torch.dtype) -> None:
         """Keep the LM head as its own copy in `dtype` (a tied embedding stays as it is, for the lookup)."""

@@ -14,7 +14,7 @@ from torch import nn
 import layerzero as lz
 from infer.families.config import ModelConfig, RopeConfig
 from infer.models.forward_batch import ForwardBatch, KVCache
-from infer.models.quant import LinearSite
+from infer.models.quant import HalfWeight, LinearSite
 
 if TYPE_CHECKING:
     from infer.lora.stacks import LoRAStack
@@ -189,13 +189,17 @@ class Attention(nn.Module):
         qkv = self.qkv_site(x, self.qkv_proj, self.qkv_bias)
         if self.qkv_lora is not None:
             qkv = self.qkv_lora(x, qkv, batch.lora_ids)
+        # bf16 rows of a HalfWeight model (Block.half_rows): rope, the KV cache and attention take the model's float32
+        half = isinstance(self.qkv_proj, HalfWeight) and x.dtype == self.qkv_proj.weight.dtype
+        if half:
+            qkv = qkv.float()
         if batch.kv_caches is not None:
             qkv_heads = qkv.view(tokens, heads + 2 * kv_heads, dim)
             o = self._attend_cached(qkv_heads, cos, sin, batch.kv_caches[self.layer], batch)
         else:
             o = self._attend_uncached(qkv, cos, sin, batch)
         o = o.reshape(tokens, self.q_size)
-        out = self.o_site(o, self.o_proj)
+        out = self.o_site(o.to(x.dtype) if half else o, self.o_proj)  # the output in x's dtype
         if self.o_lora is not None:
             out = self.o_lora(o, out, batch.lora_ids)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)

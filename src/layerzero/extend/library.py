@@ -183,7 +183,7 @@ def _(x, weight, *, eps, weight_offset):
 def fused_add_rms_norm(
     x: Tensor, residual: Tensor, weight: Tensor, *, eps: float, weight_offset: float
 ) -> tuple[Tensor, Tensor]:
-    """(rms_norm(x + residual), x + residual), inputs untouched."""
+    """(rms_norm(x + residual) in x.dtype, x + residual), inputs untouched."""
     normed, summed = _dispatch("fused_add_rms_norm", x, residual, weight, eps=eps, weight_offset=weight_offset)
     inputs = (x, residual, weight)
     return _fresh(normed, inputs), _fresh(summed, (*inputs, normed))
@@ -192,8 +192,7 @@ def fused_add_rms_norm(
 @fused_add_rms_norm.register_fake
 def _(x, residual, weight, *, eps, weight_offset):
     shape = torch.broadcast_shapes(x.shape, residual.shape)
-    dtype = torch.result_type(x, residual)
-    return x.new_empty(shape, dtype=dtype), x.new_empty(shape, dtype=dtype)
+    return x.new_empty(shape), x.new_empty(shape, dtype=torch.result_type(x, residual))
 
 
 @custom_op("layerzero::layer_norm", mutates_args=())

@@ -102,6 +102,11 @@ def _rowwise(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     return dict(tokens=_rows(x), hidden=x.shape[-1] if x.dim() else 1, params=extra)
 
 
+def _add_norm(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    """fused_add_rms_norm: x's rows, and the residual's dtype (bf16 x may be added to a float32 residual stream)."""
+    return {**_rowwise(args, kw), "params": (("residual_dtype", str(args[1].dtype).removeprefix("torch.")),)}
+
+
 def _rope(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x = args[0]
     return dict(tokens=x.shape[0], num_heads=x.shape[-2], head_dim=x.shape[-1], hidden=x.shape[-1],
@@ -236,7 +241,7 @@ SIGNATURES: dict[str, OpSignature] = {
     "store_kv_cache": OpSignature(_store, (0, 1, 2, 3), ()),
     "rope_store_kv": OpSignature(_rope_store, (0, 1, 2, 3, 4, 6, 7), ("num_heads", "interleaved")),
     "rms_norm": OpSignature(_rowwise, (0, 1), ()),
-    "fused_add_rms_norm": OpSignature(_rowwise, (0, 1, 2), ()),
+    "fused_add_rms_norm": OpSignature(_add_norm, (0, 1, 2), ()),
     "layer_norm": OpSignature(_layer_norm, (0, 1, 2, 3), ()),
     "rope": OpSignature(_rope, (0, 1, 2), ("interleaved",)),
     "silu_and_mul": OpSignature(_rowwise, (0,), ()),

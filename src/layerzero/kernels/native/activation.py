@@ -1,5 +1,6 @@
-"""The native gated activations (SiLU and GeLU times up) for float32 on the CPU: one C call instead of a chunk,
-an activation and a product."""
+"""The native gated activations (SiLU and GeLU times up) on the CPU: one C call instead of a chunk, an activation and
+a product. float32 rows, or bfloat16 rows computed in float32 and rounded once (a CPU bf16 model's gate_up GEMM output
+straight into its down GEMM's input, no float32 round trip: docs/engine.md, "bfloat16 on the CPU")."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from layerzero.kernels.native.build import kernel
 
 ARGS = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
 GELU = {"tanh": 1, "none": 2}
+SYMBOLS = {torch.float32: "gated_activation", torch.bfloat16: "gated_activation_bf16"}
 
 
 def _gated(x: torch.Tensor, act: int) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     inner = rows.shape[1] // 2
-    out = torch.empty(rows.shape[0], inner, dtype=torch.float32)
-    kernel("activation", "gated_activation", ARGS)(rows.data_ptr(), rows.shape[0], inner, act, out.data_ptr())
+    out = torch.empty(rows.shape[0], inner, dtype=rows.dtype)
+    kernel("activation", SYMBOLS[rows.dtype], ARGS)(rows.data_ptr(), rows.shape[0], inner, act, out.data_ptr())
     return out.view(*x.shape[:-1], inner)
 
 

@@ -15,6 +15,7 @@ from layerzero.select.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
 PRIORITY = 70  # above torch's and oneDNN's CPU kernels and the reference
 VERSION = "1"
 FLOAT32 = frozenset({torch.float32})
+BF16 = frozenset({torch.bfloat16})
 
 
 def _builds(library: str, symbol: str, argtypes: tuple[type, ...]) -> Callable[[], Reason | None]:
@@ -85,11 +86,20 @@ def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _float32_residual(ctx: SelectionContext) -> list[Reason]:
+    """bf16 rows added to a float32 residual stream (a CPU bf16 model's projection output): the sum stays float32."""
+    if ctx.param("residual_dtype") != "float32":
+        return [Reason(CONSTRAINT_FAILED, f"a {ctx.param('residual_dtype')} residual: adds bfloat16 rows to a float32 "
+                                          "residual only")]
+    return []
+
+
 def kernel_specs() -> list[KernelSpec]:
     cpu = frozenset({"cpu"})
     norms = _builds("norm", "rms_norm", norm.ARGS)
     paged = _builds("attention", "paged_attention", attention.ARGS)
     gates = _builds("activation", "gated_activation", activation.ARGS)
+    gates_bf16 = _builds("activation", "gated_activation_bf16", activation.ARGS)
     ropes = _builds("rope", "rope", rope_kv.ROPE_ARGS)
     stores = _builds("kv_cache", "store_kv_cache", rope_kv.STORE_ARGS)
     experts = _builds("quant_linear", "moe_quant", moe.ARGS)
@@ -113,6 +123,9 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, available=norms),
         KernelSpec("native.fused_add_rms_norm_cpu", "fused_add_rms_norm", "native", norm.fused_add_rms_norm, VERSION,
                    platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=norms),
+        KernelSpec("native.add_rms_norm_bf16_cpu", "fused_add_rms_norm", "native", norm.fused_add_rms_norm, VERSION,
+                   platforms=cpu, dtypes=BF16, priority=PRIORITY, check=_float32_residual,
+                   available=_builds("norm", "add_rms_norm_bf16", norm.ARGS)),
         KernelSpec("native.paged_attention_cpu", "paged_attention", "native", attention.paged_attention, VERSION,
                    platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=paged),
         KernelSpec("native.paged_prefill_attention_cpu", "paged_prefill_attention", "native",
@@ -122,6 +135,10 @@ def kernel_specs() -> list[KernelSpec]:
                    platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=gates),
         KernelSpec("native.gelu_and_mul_cpu", "gelu_and_mul", "native", activation.gelu_and_mul, VERSION,
                    platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=gates),
+        KernelSpec("native.silu_and_mul_bf16_cpu", "silu_and_mul", "native", activation.silu_and_mul, VERSION,
+                   platforms=cpu, dtypes=BF16, priority=PRIORITY, available=gates_bf16),
+        KernelSpec("native.gelu_and_mul_bf16_cpu", "gelu_and_mul", "native", activation.gelu_and_mul, VERSION,
+                   platforms=cpu, dtypes=BF16, priority=PRIORITY, available=gates_bf16),
         KernelSpec("native.rope_cpu", "rope", "native", rope_kv.rope, VERSION, platforms=cpu, dtypes=FLOAT32,
                    priority=PRIORITY, available=ropes),
         KernelSpec("native.store_kv_cache_cpu", "store_kv_cache", "native", rope_kv.store_kv_cache, VERSION,

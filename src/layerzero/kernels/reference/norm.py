@@ -12,8 +12,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual) in x's dtype, x + residual in the wider of the two): bf16 rows added to a float32 residual
+    stream come back normed in bf16, for the next bf16 matmul (a CPU bf16 model's prefill), the stream in float32."""
     summed = x + residual
-    return rms_norm(summed, weight, eps, weight_offset), summed
+    return rms_norm(summed, weight, eps, weight_offset).to(x.dtype), summed
 
 
 def layer_norm(
