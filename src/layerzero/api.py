@@ -318,6 +318,18 @@ def moe_route(logits: torch.Tensor, top_k: int, *, renormalize: bool, scoring: s
     return _call("moe_route", logits, int(top_k), renormalize=bool(renormalize), scoring=scoring)
 
 
+def moe_gate(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: bool, scoring: str = "softmax"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixture of experts' router and routing: `moe_route` of the float32 logits x [T, H] @ router [E, H]^T
+    (computed in float32 whatever x's dtype, so a token's experts do not depend on its step's other tokens)."""
+    if x.dim() != 2 or router.dim() != 2 or router.shape[1] != x.shape[1] or not 0 < top_k <= router.shape[0]:
+        raise ValueError(f"moe_gate expects x [T, H], router [E, H] and 0 < top_k <= E, got {tuple(x.shape)}, "
+                         f"{tuple(router.shape)}, top_k={top_k}")
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"moe_gate: scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    return _call("moe_gate", x, router, int(top_k), renormalize=bool(renormalize), scoring=scoring)
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *,
               activation: str = "silu") -> torch.Tensor:
     """x [T, H] through each token's routed experts: sum_j weights[t, j] * w2[e] @ (act(gate) * up), gate and up the

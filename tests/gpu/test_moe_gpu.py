@@ -66,6 +66,31 @@ def test_triton_moe_route_matches_the_reference(tokens, scoring):
     torch.testing.assert_close(weights, want_w, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("tokens", [1, 4, 16, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_moe_gate_matches_the_reference_in_a_graph(tokens, dtype):
+    """The one-launch router (<= 16 tokens) replayed from a CUDA graph with fresh inputs, and the matmul path."""
+    from layerzero.kernels.reference.moe import moe_gate
+    from layerzero.kernels.triton import moe_route as triton_route
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, 2048, device="cuda", generator=gen).to(dtype)
+    router = (torch.randn(128, 2048, device="cuda", generator=gen) * 0.02).to(dtype)
+    kernel = lz.which("moe_gate", x, router, 8, renormalize=True)["kernel_id"]
+    assert kernel == ("triton.moe_gate_decode" if tokens <= 16 else "triton.moe_gate")
+    lz.moe_gate(x, router, 8, renormalize=True)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = lz.moe_gate(x, router, 8, renormalize=True)
+    for _ in range(3):
+        x.copy_(torch.randn(tokens, 2048, device="cuda", generator=gen).to(dtype))
+        graph.replay()
+        want_w, want_ids = moe_gate(x, router, 8, renormalize=True)
+        assert (ids == want_ids).float().mean() > 0.99  # float32 sums in another order may swap a near-tie
+        torch.testing.assert_close(weights[ids == want_ids], want_w[ids == want_ids], atol=1e-5, rtol=1e-4)
+    assert all(counter.item() == 0 for counter in triton_route._COUNTERS.values())
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_engine_with_graphs_equals_the_cpu_runner_and_transformers(family, tmp_path, monkeypatch):
     path = save_tiny_with_tokenizer(family, tmp_path, seed=4)

@@ -1,5 +1,5 @@
 """A mixture of experts' sparse MLP: a router picks each token's k experts, whose gated MLPs run on it and are summed
-with the router's weights (layerzero's moe_route and fused_moe). The experts' weights are stacked, one tensor per
+with the router's weights (layerzero's moe_gate and fused_moe). The experts' weights are stacked, one tensor per
 projection: gate and up as w13 [E, 2I, H] (gate rows first), down as w2 [E, H, I]; the checkpoint's per-expert
 tensors are copied into their slices at load, so no second copy of the experts ever exists. Experts a checkpoint
 stores quantized (a GGUF's 4-bit or Q8_0 ones) stay so where a kernel takes them (`Int4Experts`, `W8Experts`)."""
@@ -13,7 +13,7 @@ import layerzero as lz
 from infer.families.catalog import MoE
 from infer.families.config import ModelConfig
 from infer.models.layers import WeightMap, WeightSlot, empty_param
-from infer.models.quant import ExpertStack, Int4Experts, LinearSite, W8Experts
+from infer.models.quant import ExpertStack, Int4Experts, W8Experts
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # the config's name -> fused_moe's
 
@@ -31,8 +31,7 @@ class SparseMLP(nn.Module):
         self.router = empty_param(experts, hidden)
         self.w13 = empty_param(experts, 2 * inner, hidden)
         self.w2 = empty_param(experts, hidden, inner)
-        self.router_site = LinearSite()
-        self.route_site, self.experts_site = lz.bind("moe_route"), ExpertsSite()
+        self.gate_site, self.experts_site = lz.bind("moe_gate"), ExpertsSite()
         self.tp_group: object | None = None  # tensor parallel: w2 holds this rank's columns, summed over ranks
         self.reduce_site = lz.bind("all_reduce")
 
@@ -47,8 +46,7 @@ class SparseMLP(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.router_site(x, self.router)
-        weights, ids = self.route_site(logits, self.top_k, renormalize=self.renormalize)
+        weights, ids = self.gate_site(x, self.router, self.top_k, renormalize=self.renormalize)
         out = self.experts_site(x, self.w13, self.w2, weights, ids, self.activation)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
 

@@ -166,6 +166,13 @@ def _moe_route(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
         ("top_k", int(args[1])), ("renormalize", bool(kw["renormalize"])), ("scoring", kw.get("scoring", "softmax"))))
 
 
+def _moe_gate(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, router = args[0], args[1]
+    return dict(tokens=_rows(x), hidden=x.shape[-1], params=(
+        ("experts", router.shape[0]), ("top_k", int(args[2])), ("renormalize", bool(kw["renormalize"])),
+        ("scoring", kw.get("scoring", "softmax"))))
+
+
 def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x, w13, _, _, ids = args[:5]
     pairs = ids.numel()
@@ -252,6 +259,7 @@ SIGNATURES: dict[str, OpSignature] = {
     "embedding": OpSignature(_embedding, (0, 1), ()),
     "argmax": OpSignature(_argmax, (0,), ()),
     "moe_route": OpSignature(_moe_route, (0,), ("renormalize", "scoring")),
+    "moe_gate": OpSignature(_moe_gate, (0, 1), ("renormalize", "scoring")),
     "fused_moe": OpSignature(_fused_moe, (0, 1, 2, 3, 4), ("activation",)),
     "fused_moe_int4": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("group_size", "activation")),
     "fused_moe_w8": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("block_size", "activation")),

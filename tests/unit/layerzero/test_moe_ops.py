@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import layerzero as lz
 from layerzero.kernels.reference.moe import fused_moe_gathered
@@ -43,6 +43,25 @@ def test_route_picks_the_best_experts_with_their_weights(tokens, experts, k, ren
     assert weights.dtype == torch.float32 and ids.dtype == torch.int64
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(weights.double(), want_w, atol=1e-6, rtol=1e-5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(tokens=st.integers(1, 24), experts=st.integers(2, 16), k=st.integers(1, 4), hidden=st.integers(1, 48),
+       seed=st.integers(0, 2**31))
+def test_gate_routes_the_float32_logits_of_the_router(tokens, experts, k, hidden, seed):
+    k = min(k, experts)
+    gen = torch.Generator().manual_seed(seed)
+    x, router = torch.randn(tokens, hidden, generator=gen).bfloat16(), torch.randn(experts, hidden, generator=gen)
+    weights, ids = lz.moe_gate(x, router.bfloat16(), k, renormalize=True)
+    logits = x.double() @ router.bfloat16().double().t()  # float32 sums of bf16 products: within float32 rounding
+    top = logits.softmax(-1).sort(-1, descending=True).values[:, : k + 1]
+    assume(bool((top.diff(dim=-1).abs() > 1e-5).all()))  # no near-ties, whose order float32 rounding may flip
+    want_w, want_ids = route_definition(logits, k, True, "softmax")
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights.double(), want_w, atol=1e-5, rtol=1e-5)
+    assert weights.dtype == torch.float32 and weights.shape == ids.shape == (tokens, k)
+    with pytest.raises(ValueError, match="moe_gate expects"):
+        lz.moe_gate(x, router[:, :-1] if hidden > 1 else torch.randn(experts, 2), k, renormalize=True)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, MOE_GATHER_PAIRS // 2, MOE_GATHER_PAIRS, 100])

@@ -3,6 +3,7 @@
 `moe_route` turns router logits [T, E] into each token's top-k experts and their weights: scores are the softmax (or
 sigmoid) of the logits in float32, the k highest are taken (ties in torch.topk's own order), and
 with `renormalize` their weights are divided by their sum (Mixtral always; Qwen 3 MoE when `norm_topk_prob`).
+`moe_gate` is the router's matmul (in float32) and `moe_route` together.
 
 `fused_moe` computes sum_j weight[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)) with e = ids[t, j], the experts'
 weights stacked: gate and up as w13 [E, 2I, H] (gate rows first), down as w2 [E, H, I]. `fused_moe` here is the
@@ -40,6 +41,12 @@ def moe_route(logits: torch.Tensor, top_k: int, *, renormalize: bool, scoring: s
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def moe_gate(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: bool, scoring: str = "softmax"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`moe_route` of the router's logits x [T, H] @ router [E, H]^T, computed in float32."""
+    return moe_route(x.float() @ router.float().t(), top_k, renormalize=renormalize, scoring=scoring)
 
 
 def _act(gate: torch.Tensor, activation: str) -> torch.Tensor:

@@ -116,6 +116,7 @@ _EXTRA = {
     "all_gather": ("collectives", "all_gather"),
     "broadcast": ("collectives", "broadcast"),
     "moe_route": ("moe", "moe_route"),
+    "moe_gate": ("moe", "moe_gate"),
     "fused_moe": ("moe", "fused_moe"),
     "fused_moe_int4": ("moe", "fused_moe_int4"),
     "fused_moe_w8": ("moe", "fused_moe_w8"),
@@ -150,5 +151,5 @@ def kernel_specs() -> list[KernelSpec]:
             continue
         specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4",
                                                                "linear_w8", "all_reduce", "all_gather", "broadcast",
-                                                               "moe_route", "lora_shrink", "lora_expand")))
+                                                               "moe_route", "moe_gate", "lora_shrink", "lora_expand")))
     return specs

@@ -1,7 +1,17 @@
-"""A mixture of experts' routing in Triton: one program per token turns its router logits into the top-k experts
-and their weights (softmax or sigmoid scores in float32, k rounds of max with ties to the lower expert id,
-renormalized when asked) in one launch, where the torch composition takes six (softmax, top-k's sort and gather, a
-reduction, a copy, the division): at batch 1 those cost ~15 µs a layer on an H200, almost the routed experts' read.
+"""A mixture of experts' routing in Triton.
+
+`moe_route`: one program per token turns its router logits into the top-k experts and their weights (softmax or
+sigmoid scores in float32, k rounds of max with ties to the lower expert id, renormalized when asked) in one launch,
+where the torch composition takes six (softmax, top-k's sort and gather, a reduction, a copy, the division).
+
+`moe_gate_decode`: the router's matmul and the routing of at most ROWS tokens in one launch. At batch 1 the router
+(0.5 MiB on Qwen3-30B-A3B) and the routing cost a cuBLAS GEMV and a routing kernel, ~8 µs a layer on an H200, for
+~0.1 µs of bytes (benchmarks/reports/moe_kernel_profile_h200.md). Here the programs split the experts and the
+hidden dimension, each loads its slice of the router before waiting on the previous kernel (the router is never
+written by a step; see launch.py), writes its float32 partial logits, and the last program to finish (a counter
+in device memory, reset by that program) sums the partials in a fixed order and routes every token.
+`moe_gate` for more tokens: float32 logits from one matmul, then `moe_route`. Both compute the logits in float32,
+so a token's experts do not depend on how many tokens share its step.
 """
 
 from __future__ import annotations
@@ -10,12 +20,45 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
+from layerzero.kernels.triton.launch import (Launcher, await_inputs, dot_precision, interpreting, last_dim_contiguous,
+                                             next_pow2)
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
 
     interpreter_fixes.install()
+
+ROWS = 16  # tokens moe_gate_decode takes: tl.dot's smallest M
+BLOCK_E = 16  # experts per program
+MAX_CHUNK = 256  # hidden columns per program
+
+
+@triton.jit
+def _pick(logit, e, experts, R: tl.constexpr, K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr,
+          SOFTMAX: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """(weights, ids) [R, K_POW2] of R tokens' logits [R, E_POW2], e [1, E_POW2] (padding beyond `experts` ignored)."""
+    ok = e < experts
+    logit = tl.where(ok, logit, -float("inf"))
+    if SOFTMAX:
+        p = tl.exp(logit - tl.max(logit, 1)[:, None])
+        scores = p / tl.sum(p, 1)[:, None]
+    else:
+        scores = 1.0 / (1.0 + tl.exp(-logit))
+    # below every score, so padding is never picked; NaN too (a CUDA graph's padding rows hold whatever was there):
+    # every id stays a valid expert, which the experts' kernels index by
+    scores = tl.where(ok & (scores == scores), scores, -1.0)
+    slot = tl.arange(0, K_POW2)[None, :]
+    picked_w = tl.zeros((R, K_POW2), dtype=tl.float32)
+    picked_id = tl.zeros((R, K_POW2), dtype=tl.int64)
+    for j in tl.static_range(K):
+        best = tl.max(scores, 1)
+        idx = tl.min(tl.where(scores == best[:, None], e, E_POW2), 1)
+        picked_w = tl.where(slot == j, best[:, None], picked_w)
+        picked_id = tl.where(slot == j, idx[:, None].to(tl.int64), picked_id)
+        scores = tl.where(e == idx[:, None], -2.0, scores)
+    if RENORMALIZE:
+        picked_w = picked_w / tl.sum(picked_w, 1)[:, None]
+    return picked_w, picked_id
 
 
 @triton.jit
@@ -23,34 +66,66 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, experts, stride, K: tl.const
                   E_POW2: tl.constexpr, SOFTMAX: tl.constexpr, RENORMALIZE: tl.constexpr, PDL: tl.constexpr):
     await_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
-    e = tl.arange(0, E_POW2)
-    ok = e < experts
-    logit = tl.load(logits_ptr + token * stride + e, mask=ok, other=-float("inf")).to(tl.float32)
-    if SOFTMAX:
-        p = tl.exp(logit - tl.max(logit, 0))
-        scores = p / tl.sum(p, 0)
-    else:
-        scores = 1.0 / (1.0 + tl.exp(-logit))
-    # below every score, so padding is never picked; NaN too (a CUDA graph's padding rows hold whatever was there):
-    # every id stays a valid expert, which the experts' kernels index by
-    scores = tl.where(ok & (scores == scores), scores, -1.0)
-    slot = tl.arange(0, K_POW2)
-    picked_w = tl.zeros((K_POW2,), dtype=tl.float32)
-    picked_id = tl.zeros((K_POW2,), dtype=tl.int64)
-    for j in tl.static_range(K):
-        best = tl.max(scores, 0)
-        idx = tl.min(tl.where(scores == best, e, E_POW2), 0)
-        picked_w = tl.where(slot == j, best, picked_w)
-        picked_id = tl.where(slot == j, idx.to(tl.int64), picked_id)
-        scores = tl.where(e == idx, -2.0, scores)
-    if RENORMALIZE:
-        picked_w = picked_w / tl.sum(picked_w, 0)
-    keep = slot < K
-    tl.store(weights_ptr + token * K + slot, picked_w, mask=keep)
-    tl.store(ids_ptr + token * K + slot, picked_id, mask=keep)
+    e = tl.arange(0, E_POW2)[None, :]
+    logit = tl.load(logits_ptr + token * stride + e, mask=e < experts, other=0.0).to(tl.float32)
+    picked_w, picked_id = _pick(logit, e, experts, 1, K, K_POW2, E_POW2, SOFTMAX, RENORMALIZE)
+    slot = tl.arange(0, K_POW2)[None, :]
+    tl.store(weights_ptr + token * K + slot, picked_w, mask=slot < K)
+    tl.store(ids_ptr + token * K + slot, picked_id, mask=slot < K)
+
+
+@triton.jit
+def _gate_kernel(x_ptr, router_ptr, part_ptr, count_ptr, weights_ptr, ids_ptr, tokens, experts, hidden, x_stride,
+                 K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr, BLOCK: tl.constexpr,
+                 CHUNK: tl.constexpr, SPLITS: tl.constexpr, ROWS_: tl.constexpr, SOFTMAX: tl.constexpr,
+                 RENORMALIZE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    split = tl.program_id(1)
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = split * CHUNK + tl.arange(0, CHUNK)
+    e_ok, h_ok = e < experts, h < hidden
+    w = tl.load(router_ptr + e[:, None].to(tl.int64) * hidden + h[None, :], mask=e_ok[:, None] & h_ok[None, :],
+                other=0.0)  # before the wait: no step writes the router
+    await_inputs(PDL)
+    rows = tl.arange(0, ROWS_)[:, None]
+    live = rows < tokens
+    x = tl.load(x_ptr + rows * x_stride + h[None, :], mask=live & h_ok[None, :], other=0.0)
+    part = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [ROWS, BLOCK] float32
+    tl.store(part_ptr + (split * ROWS_ + rows) * experts + e[None, :], part, mask=live & e_ok[None, :])
+    tl.debug_barrier()  # every thread's partials stored before this program counts itself done
+    done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) * SPLITS - 1:  # the last program: every partial is visible
+        every = tl.arange(0, E_POW2)[None, :]
+        logit = tl.zeros((ROWS_, E_POW2), dtype=tl.float32)
+        for s in tl.static_range(SPLITS):  # a fixed order: the same bits whichever program finished last
+            logit += tl.load(part_ptr + (s * ROWS_ + rows) * experts + every, mask=live & (every < experts),
+                             other=0.0, cache_modifier=".cg")
+        picked_w, picked_id = _pick(logit, every, experts, ROWS_, K, K_POW2, E_POW2, SOFTMAX, RENORMALIZE)
+        slot = tl.arange(0, K_POW2)[None, :]
+        tl.store(weights_ptr + rows * K + slot, picked_w, mask=live & (slot < K))
+        tl.store(ids_ptr + rows * K + slot, picked_id, mask=live & (slot < K))
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
 
 
 _ROUTE = Launcher(_route_kernel)
+_GATE = Launcher(_gate_kernel)
+# one counter per device, zeroed when made and left zeroed by every launch (its last program resets it); gate
+# launches on a device run one after another (one stream), so they never share it at once
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    counter = _COUNTERS.get(device)
+    if counter is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("moe_gate_decode: the first call on a device must run outside a CUDA graph capture "
+                               "(its zeroed counter is made then); warm up before capturing")
+        counter = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
+
+
+def _outputs(tokens: int, top_k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(tokens, top_k, dtype=torch.float32, device=device),
+            torch.empty(tokens, top_k, dtype=torch.int64, device=device))
 
 
 def moe_route(logits: torch.Tensor, top_k: int, *, renormalize: bool, scoring: str = "softmax"
@@ -59,9 +134,41 @@ def moe_route(logits: torch.Tensor, top_k: int, *, renormalize: bool, scoring: s
     specs.MAX_ROUTED_EXPERTS (a token's scores stay in registers)."""
     tokens, experts = logits.shape
     logits = last_dim_contiguous(logits)
-    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    weights, ids = _outputs(tokens, top_k, logits.device)
     if tokens:
         _ROUTE((tokens,), logits, weights, ids, experts, logits.stride(0), K=top_k, K_POW2=next_pow2(top_k),
                E_POW2=next_pow2(experts), SOFTMAX=scoring == "softmax", RENORMALIZE=renormalize, num_warps=4)
+    return weights, ids
+
+
+def moe_gate(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: bool, scoring: str = "softmax"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """lz.moe_gate for any number of tokens: float32 logits x [T, H] @ router [E, H]^T, then `moe_route`."""
+    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and router.dtype == x.dtype:
+        logits = torch.mm(x, router.t(), out_dtype=torch.float32)  # float32 sums of the products, no casts
+    else:
+        logits = torch.matmul(x.float(), router.float().t())
+    return moe_route(logits, top_k, renormalize=renormalize, scoring=scoring)
+
+
+def moe_gate_decode(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: bool,
+                    scoring: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
+    """lz.moe_gate for at most ROWS tokens in one launch (module docstring)."""
+    tokens, hidden = x.shape
+    experts = router.shape[0]
+    if tokens > ROWS:
+        raise ValueError(f"moe_gate_decode takes at most {ROWS} tokens, got {tokens}")
+    x, router = last_dim_contiguous(x), router.contiguous()
+    if router.dtype != x.dtype:
+        router = router.to(x.dtype)
+    weights, ids = _outputs(tokens, top_k, x.device)
+    if not tokens:
+        return weights, ids
+    chunk = min(MAX_CHUNK, max(16, next_pow2(hidden)))
+    splits = triton.cdiv(hidden, chunk)
+    partials = torch.empty(splits, ROWS, experts, dtype=torch.float32, device=x.device)
+    _GATE((triton.cdiv(experts, BLOCK_E), splits), x, router, partials, _counter(x.device), weights, ids, tokens,
+          experts, hidden, x.stride(0), K=top_k, K_POW2=next_pow2(top_k), E_POW2=next_pow2(experts), BLOCK=BLOCK_E,
+          CHUNK=chunk, SPLITS=splits, ROWS_=ROWS, SOFTMAX=scoring == "softmax", RENORMALIZE=renormalize,
+          PRECISION=dot_precision(x.dtype), num_warps=4)
     return weights, ids

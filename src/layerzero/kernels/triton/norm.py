@@ -143,11 +143,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, weight_offset
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, weight_offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual) in one pass; x and residual are left untouched."""
+    """(rms_norm(x + residual) in x's dtype, x + residual in the wider dtype) in one pass (lz.fused_add_rms_norm);
+    x and residual are left untouched."""
     if x.shape != residual.shape:
         raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape")
-    dtype = torch.promote_types(x.dtype, residual.dtype)
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    summed = torch.empty(x.shape, dtype=dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    summed = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device)
     _launch(x, residual, weight, out, summed, eps, weight_offset)
     return out, summed

@@ -26,6 +26,7 @@ FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
 MAX_ATTENTION_HEAD_DIM = 256
 PRIORITY = 80  # above torch (40-60) and the reference (10): fused, graph safe, sync free
 MAX_ROUTED_EXPERTS = 1024  # the routing kernel keeps a token's scores in registers
+MOE_GATE_ROWS = 16  # tokens the one-launch router takes (moe_route.ROWS: one tl.dot tile of rows)
 DECODE_PRIORITY = 85  # the MoE decode path, above the grouped GEMM wherever its pair limit lets it run
 VARLEN_PRIORITY = 70  # prefill: a dedicated flash kernel may beat it; PerfDB timings decide
 
@@ -115,12 +116,29 @@ def _argmax_shape(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
-def _route_experts(ctx: SelectionContext) -> list[Reason]:
+def _experts_fit(experts: int) -> list[Reason]:
     """One program holds a token's scores in registers: at most MAX_ROUTED_EXPERTS of them."""
-    if ctx.hidden > MAX_ROUTED_EXPERTS:
-        return [Reason(R.CONSTRAINT_FAILED, f"{ctx.hidden} experts: the routing kernel holds at most "
+    if experts > MAX_ROUTED_EXPERTS:
+        return [Reason(R.CONSTRAINT_FAILED, f"{experts} experts: the routing kernel holds at most "
                                             f"{MAX_ROUTED_EXPERTS} scores per token")]
     return []
+
+
+def _route_experts(ctx: SelectionContext) -> list[Reason]:
+    return _experts_fit(ctx.hidden)  # moe_route's "hidden" is the logits' width: the experts
+
+
+def _gate_experts(ctx: SelectionContext) -> list[Reason]:
+    return _experts_fit(ctx.param("experts"))
+
+
+def _gate_decode(ctx: SelectionContext) -> list[Reason]:
+    """The one-launch router and routing: at most MOE_GATE_ROWS tokens, one tile of rows."""
+    reasons = _gate_experts(ctx)
+    if ctx.tokens > MOE_GATE_ROWS:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} tokens: the one-launch router takes at most "
+                                                   f"{MOE_GATE_ROWS}; more take the matmul and the routing kernel"))
+    return reasons
 
 
 MAX_LORA_RANK = 256  # lora_expand holds a row's whole (stacked) rank in one tile
@@ -227,6 +245,10 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("triton.fused_moe", "fused_moe", impl=_lazy("moe", "fused_moe"), priority=PRIORITY, **common),
         KernelSpec("triton.moe_route", "moe_route", impl=_lazy("moe_route", "moe_route"), priority=PRIORITY,
                    check=_route_experts, **common),
+        KernelSpec("triton.moe_gate", "moe_gate", impl=_lazy("moe_route", "moe_gate"), priority=PRIORITY,
+                   check=_gate_experts, **common),
+        KernelSpec("triton.moe_gate_decode", "moe_gate", impl=_lazy("moe_route", "moe_gate_decode"),
+                   priority=DECODE_PRIORITY, check=_gate_decode, **common),
         KernelSpec("triton.fused_moe_decode", "fused_moe", impl=_lazy("moe", "fused_moe_decode"),
                    priority=DECODE_PRIORITY, check=_moe_decode_pairs, **common),
         KernelSpec("triton.fused_moe_w8", "fused_moe_w8", impl=_lazy("moe", "fused_moe_w8"), priority=PRIORITY,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.kernels.reference.moe import moe_route as reference_route
+from layerzero.kernels.reference.moe import moe_gate as reference_gate, moe_route as reference_route
 from layerzero.kernels.reference.quantize import dequantize_w8
 from layerzero.kernels.triton import specs
 from layerzero.select.signatures import MOE_DECODE_PAIRS
@@ -165,3 +165,50 @@ def test_routing_declines_more_experts_than_it_holds():
     logits = torch.randn(2, specs.MAX_ROUTED_EXPERTS + 1)
     ctx = lz.SelectionContext.from_tensors("moe_route", logits, 4, renormalize=True, scoring="softmax")
     assert f"at most {specs.MAX_ROUTED_EXPERTS} scores" in spec.check(ctx)[0].message
+
+
+@pytest.mark.parametrize("tokens, experts, hidden, k, scoring", [(1, 8, 64, 2, "softmax"), (5, 128, 2048, 8, "softmax"),
+                                                                 (16, 60, 300, 6, "sigmoid"), (3, 5, 24, 3, "softmax")])
+@pytest.mark.parametrize("path", ["moe_gate", "moe_gate_decode"])
+def test_gate_matches_the_reference(route_kernel, path, tokens, experts, hidden, k, scoring):
+    seed = torch.randint(0, 2**31, ()).item()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=gen)
+    router = torch.randn(experts, hidden, generator=gen) * 0.05
+    x[-1] = 0.0  # every score tied: the kernel takes the lowest expert ids
+    weights, ids = getattr(route_kernel, path)(x, router, k, renormalize=True, scoring=scoring)
+    want_w, want_ids = reference_gate(x, router, k, renormalize=True, scoring=scoring)
+    assert torch.equal(ids[:-1], want_ids[:-1]), seed
+    assert ids[-1].tolist() == list(range(k)) and ids.dtype == torch.int64
+    torch.testing.assert_close(weights, want_w, atol=1e-6, rtol=1e-6)
+    assert not route_kernel._COUNTERS or all(c.item() == 0 for c in route_kernel._COUNTERS.values())
+
+
+def test_gate_decode_is_batch_invariant(route_kernel):
+    """A token's logits are summed in the same order alone or beside others: the same bits either way."""
+    gen = torch.Generator().manual_seed(11)
+    x, router = torch.randn(9, 256, generator=gen), torch.randn(32, 256, generator=gen)
+    together = route_kernel.moe_gate_decode(x, router, 4, renormalize=False)
+    for t in (0, 4, 8):
+        alone = route_kernel.moe_gate_decode(x[t : t + 1], router, 4, renormalize=False)
+        assert torch.equal(alone[0][0], together[0][t]) and torch.equal(alone[1][0], together[1][t])
+
+
+def test_gate_decode_of_nothing_and_too_many_tokens(route_kernel):
+    router = torch.randn(8, 32)
+    weights, ids = route_kernel.moe_gate_decode(torch.randn(0, 32), router, 2, renormalize=True)
+    assert weights.shape == ids.shape == (0, 2)
+    with pytest.raises(ValueError, match=f"at most {route_kernel.ROWS} tokens"):
+        route_kernel.moe_gate_decode(torch.randn(route_kernel.ROWS + 1, 32), router, 2, renormalize=True)
+
+
+@pytest.mark.parametrize("tokens, applies", [(1, True), (specs.MOE_GATE_ROWS, True), (specs.MOE_GATE_ROWS + 1, False)])
+def test_gate_decode_takes_few_tokens_and_says_why_not_more(tokens, applies):
+    [decode] = [s for s in specs.kernel_specs() if s.kernel_id == "triton.moe_gate_decode"]
+    x, router = torch.randn(tokens, 32), torch.randn(8, 32)
+    ctx = lz.SelectionContext.from_tensors("moe_gate", x, router, 2, renormalize=True, scoring="softmax")
+    reasons = decode.check(ctx)
+    assert not reasons if applies else "more take the matmul and the routing kernel" in reasons[0].message
+    wide = lz.SelectionContext.from_tensors("moe_gate", x, torch.randn(specs.MAX_ROUTED_EXPERTS + 1, 32), 2,
+                                            renormalize=True, scoring="softmax")
+    assert f"at most {specs.MAX_ROUTED_EXPERTS} scores" in decode.check(wide)[0].message

@@ -49,7 +49,8 @@ def test_fused_add_rms_norm_matches_reference_and_leaves_inputs(kernels, rng, as
 
 
 def test_fused_add_promotes_like_torch(kernels, rng, assert_matches):
-    """A bfloat16 branch added to a float32 residual stream yields float32, as `x + residual` does."""
+    """A bfloat16 branch added to a float32 residual stream: the sum in float32, as `x + residual` is, the norm in
+    bfloat16 for the next bf16 matmul."""
     x = torch.randn(4, 96, generator=rng).to(torch.bfloat16)
     residual = torch.randn(4, 96, generator=rng)
     w = torch.randn(96, generator=rng)
@@ -57,6 +58,7 @@ def test_fused_add_promotes_like_torch(kernels, rng, assert_matches):
     ref_normed, ref_summed = ref.fused_add_rms_norm(x, residual, w, 1e-6, 0.0)
     assert_matches(summed, ref_summed)
     assert_matches(normed, ref_normed)
+    assert (summed.dtype, normed.dtype) == (torch.float32, torch.bfloat16)
 
 
 def test_weight_shape_is_checked(kernels):

@@ -13,11 +13,11 @@ from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache", "rope_store_kv",
        "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4", "linear",
-       "argmax", "fused_moe", "fused_moe_w8", "moe_route", "lora_shrink", "lora_expand"}
+       "argmax", "fused_moe", "fused_moe_w8", "moe_route", "moe_gate", "lora_shrink", "lora_expand"}
 
 
 # an op's second kernel, for a regime the first serves badly
-SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.fused_moe_w8_decode": "fused_moe_w8",
+SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.moe_gate_decode": "moe_gate", "triton.fused_moe_w8_decode": "fused_moe_w8",
                   "triton.lora_shrink_rows": "lora_shrink", "triton.lora_expand_rows": "lora_expand"}
 
 
