@@ -89,11 +89,12 @@ _LAZY = {
     "dequantize_w8": "layerzero.kernels.reference.quantize",
     "expand_block_scales": "layerzero.kernels.reference.quantize",
     "calls_into": "layerzero.kernels.native.build",
+    "BF16_GEMV_MAX_ROWS": "layerzero.kernels.native.linear",  # rows the exact bf16-weight GEMV takes on the CPU
     "KernelCall": "layerzero.kernels.native.build",
     "get_policy": "layerzero.policy.state",
     "GENERATION": "layerzero.select.generation",
 }
-_RENAMED = {"load_config": "load", "KernelCall": "Call"}
+_RENAMED = {"load_config": "load", "KernelCall": "Call", "BF16_GEMV_MAX_ROWS": "BF16_MAX_ROWS"}
 
 
 def __getattr__(name: str) -> Any:
@@ -110,6 +111,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BF16_GEMV_MAX_ROWS",
     "CudaGraphUnsafeError",
     "KernelExecutionError",
     "KernelLockError",

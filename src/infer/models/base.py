@@ -15,7 +15,6 @@ from infer.models.layers import (Attention, GatedMLP, HookPoint, RMSNorm, Rotary
 from infer.models.moe import SparseMLP
 from infer.models.quant import HalfWeight, LinearSite, QuantWeight
 from infer.models.shard import Shard
-from layerzero.kernels.native.linear import BF16_MAX_ROWS
 
 LINEAR_WEIGHTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a block's weights that only feed matmuls
 
@@ -83,7 +82,7 @@ class Block(nn.Module):
         activation reads and writes it) and skips a float32 round trip around every GEMM; the residual stream,
         attention and the KV cache stay float32 (docs/engine.md, "bfloat16 on the CPU"). Not with experts, LoRA or
         tensor parallelism, whose ops take the stream's dtype."""
-        if x.shape[0] <= BF16_MAX_ROWS or not isinstance(self.mlp, GatedMLP):
+        if x.shape[0] <= lz.BF16_GEMV_MAX_ROWS or not isinstance(self.mlp, GatedMLP):
             return None
         attn, mlp = self.attn, self.mlp
         weights = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)

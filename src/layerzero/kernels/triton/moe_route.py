@@ -77,7 +77,7 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, experts, stride, K: tl.const
 @triton.jit
 def _gate_kernel(x_ptr, router_ptr, part_ptr, count_ptr, weights_ptr, ids_ptr, tokens, experts, hidden, x_stride,
                  K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr, BLOCK: tl.constexpr,
-                 CHUNK: tl.constexpr, SPLITS: tl.constexpr, ROWS_: tl.constexpr, SOFTMAX: tl.constexpr,
+                 CHUNK: tl.constexpr, SPLITS: tl.constexpr, TILE_ROWS: tl.constexpr, SOFTMAX: tl.constexpr,
                  RENORMALIZE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     split = tl.program_id(1)
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -86,20 +86,20 @@ def _gate_kernel(x_ptr, router_ptr, part_ptr, count_ptr, weights_ptr, ids_ptr, t
     w = tl.load(router_ptr + e[:, None].to(tl.int64) * hidden + h[None, :], mask=e_ok[:, None] & h_ok[None, :],
                 other=0.0)  # before the wait: no step writes the router
     await_inputs(PDL)
-    rows = tl.arange(0, ROWS_)[:, None]
+    rows = tl.arange(0, TILE_ROWS)[:, None]
     live = rows < tokens
     x = tl.load(x_ptr + rows * x_stride + h[None, :], mask=live & h_ok[None, :], other=0.0)
     part = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [ROWS, BLOCK] float32
-    tl.store(part_ptr + (split * ROWS_ + rows) * experts + e[None, :], part, mask=live & e_ok[None, :])
+    tl.store(part_ptr + (split * TILE_ROWS + rows) * experts + e[None, :], part, mask=live & e_ok[None, :])
     tl.debug_barrier()  # every thread's partials stored before this program counts itself done
     done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) * SPLITS - 1:  # the last program: every partial is visible
         every = tl.arange(0, E_POW2)[None, :]
-        logit = tl.zeros((ROWS_, E_POW2), dtype=tl.float32)
+        logit = tl.zeros((TILE_ROWS, E_POW2), dtype=tl.float32)
         for s in tl.static_range(SPLITS):  # a fixed order: the same bits whichever program finished last
-            logit += tl.load(part_ptr + (s * ROWS_ + rows) * experts + every, mask=live & (every < experts),
+            logit += tl.load(part_ptr + (s * TILE_ROWS + rows) * experts + every, mask=live & (every < experts),
                              other=0.0, cache_modifier=".cg")
-        picked_w, picked_id = _pick(logit, every, experts, ROWS_, K, K_POW2, E_POW2, SOFTMAX, RENORMALIZE)
+        picked_w, picked_id = _pick(logit, every, experts, TILE_ROWS, K, K_POW2, E_POW2, SOFTMAX, RENORMALIZE)
         slot = tl.arange(0, K_POW2)[None, :]
         tl.store(weights_ptr + rows * K + slot, picked_w, mask=live & (slot < K))
         tl.store(ids_ptr + rows * K + slot, picked_id, mask=live & (slot < K))
@@ -169,6 +169,6 @@ def moe_gate_decode(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renorm
     partials = torch.empty(splits, ROWS, experts, dtype=torch.float32, device=x.device)
     _GATE((triton.cdiv(experts, BLOCK_E), splits), x, router, partials, _counter(x.device), weights, ids, tokens,
           experts, hidden, x.stride(0), K=top_k, K_POW2=next_pow2(top_k), E_POW2=next_pow2(experts), BLOCK=BLOCK_E,
-          CHUNK=chunk, SPLITS=splits, ROWS_=ROWS, SOFTMAX=scoring == "softmax", RENORMALIZE=renormalize,
+          CHUNK=chunk, SPLITS=splits, TILE_ROWS=ROWS, SOFTMAX=scoring == "softmax", RENORMALIZE=renormalize,
           PRECISION=dot_precision(x.dtype), num_warps=4)
     return weights, ids
