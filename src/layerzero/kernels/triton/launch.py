@@ -4,7 +4,8 @@ launcher that skips Triton's per-call specialization and launches kernels as pro
 Programmatic dependent launch (PDL, Hopper and later): a kernel with a `PDL` constexpr is launched so that its
 programs may start while the kernel before it in the stream is still finishing, which hides most of a kernel
 boundary (launch and ramp) in a decode step's chain of small kernels (benchmarks/reports/pdl_chain_h100.md).
-Invariant: such a kernel calls `await_inputs(PDL)` in every program before any other global memory access: it waits
+Invariant: such a kernel calls `await_inputs(PDL)` in every program before any other global memory access (reads
+of memory no kernel of a step writes, such as weights, excepted: `moe_route.py` loads the router early): it waits
 there until the previous kernel has completed and its writes are visible, so nothing is read early and nothing is
 overwritten that the previous kernel still reads. Since every dependent waits, a kernel's completion still implies
 that of every kernel before it. `LAYERZERO_TRITON_PDL=0` launches every kernel plainly.
