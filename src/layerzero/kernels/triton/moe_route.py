@@ -9,7 +9,8 @@ where the torch composition takes six (softmax, top-k's sort and gather, a reduc
 ~0.1 µs of bytes (benchmarks/reports/moe_kernel_profile_h200.md). Here the programs split the experts and the
 hidden dimension, each loads its slice of the router before waiting on the previous kernel (the router is never
 written by a step; see launch.py), writes its float32 partial logits, and the last program to finish (a counter
-in device memory, reset by that program) sums the partials in a fixed order and routes every token.
+in device memory, reset by that program) sums the partials in a fixed order and routes the tokens as one tile of
+rows (a loop over tokens there ran batch 16 at 0.87x: benchmarks/reports/moe_gate_h200.md).
 `moe_gate` for more tokens: float32 logits from one matmul, then `moe_route`. Both compute the logits in float32,
 so a token's experts do not depend on how many tokens share its step.
 """

@@ -198,6 +198,7 @@ def test_gate_decode_of_nothing_and_too_many_tokens(route_kernel):
     router = torch.randn(8, 32)
     weights, ids = route_kernel.moe_gate_decode(torch.randn(0, 32), router, 2, renormalize=True)
     assert weights.shape == ids.shape == (0, 2)
+    assert specs.MOE_GATE_ROWS == route_kernel.ROWS  # the spec's limit is the kernel's tile (specs imports no triton)
     with pytest.raises(ValueError, match=f"at most {route_kernel.ROWS} tokens"):
         route_kernel.moe_gate_decode(torch.randn(route_kernel.ROWS + 1, 32), router, 2, renormalize=True)
 
