@@ -150,3 +150,25 @@ def test_fp8_blocks_run_the_reference_and_explain_why_not_native():
     want = moe_definition(x, d13, d2, weights, ids, "silu")
     got = lz.fused_moe_w8(x, w13, s13, w2, s2, weights, ids, block_size=(128, 128))
     assert (got.double() - want).abs().max() <= 2e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("tokens", [1, 2, 3])
+def test_small_batches_with_an_expert_picked_twice(form, tokens):
+    """Decode-sized calls, every phase shared by the threads: a token may route to one expert twice (its two results
+    summed), and the bits do not depend on how many threads ran the call."""
+    gen = torch.Generator().manual_seed(8 + tokens)
+    stacks, (d13, d2) = _stacks(form, 6, 64, 64, gen)
+    ids = torch.tensor([[2, 2, 5], [0, 2, 0], [4, 1, 3]])[:tokens]
+    weights = torch.rand(tokens, 3, generator=gen)
+    x = torch.randn(tokens, 64, generator=gen)
+    want = moe_definition(x, d13, d2, weights, ids, "silu")
+    got = _call(form, x, *stacks, weights, ids, impl=native_moe)
+    assert (got.double() - want).abs().max().item() <= 2e-5 * (want.abs().max().item() + 1e-3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = _call(form, x, *stacks, weights, ids, impl=native_moe)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, got)
