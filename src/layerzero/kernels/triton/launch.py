@@ -4,11 +4,14 @@ launcher that skips Triton's per-call specialization and launches kernels as pro
 Programmatic dependent launch (PDL, Hopper and later): a kernel with a `PDL` constexpr is launched so that its
 programs may start while the kernel before it in the stream is still finishing, which hides most of a kernel
 boundary (launch and ramp) in a decode step's chain of small kernels (benchmarks/reports/pdl_chain_h100.md).
-Invariant: such a kernel calls `await_inputs(PDL)` in every program before any other global memory access (reads
-of memory no kernel of a step writes, such as weights, excepted: `moe_route.py` loads the router early): it waits
+Invariant: such a kernel calls `await_inputs(PDL)` in every program before any other global memory access: it waits
 there until the previous kernel has completed and its writes are visible, so nothing is read early and nothing is
 overwritten that the previous kernel still reads. Since every dependent waits, a kernel's completion still implies
-that of every kernel before it. `LAYERZERO_TRITON_PDL=0` launches every kernel plainly.
+that of every kernel before it. Two kinds of reads may come before the wait: memory no kernel of a step writes
+(weights: `moe_route.py` loads the router early), and what kernels before the previous one wrote, since the
+previous kernel lets its dependents launch only once its own wait has returned (`moe.py`'s decode down projection
+loads the expert ids the router wrote, and its first weight tile, while the gate+up kernel runs). Writes still come
+after the wait. `LAYERZERO_TRITON_PDL=0` launches every kernel plainly.
 """
 
 from __future__ import annotations

@@ -184,8 +184,9 @@ def _decode_down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, ids_ptr, weights_ptr, inne
                         K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SCALED: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     """out[token] = sum_j weight[token, j] * (h[pair j] @ down_e.T) over BLOCK_N hidden columns of one token: the k
-    experts' rows loaded together as one [k, BLOCK_N, BLOCK_K] tile, so each load keeps many bytes in flight."""
-    await_inputs(PDL)
+    experts' rows loaded together as one [k, BLOCK_N, BLOCK_K] tile, so each load keeps many bytes in flight. The
+    expert ids and the first tile of weights are loaded before the PDL wait, while the gate+up kernel before it still
+    runs: the ids were written before that kernel began (launch.py), the weights by no step."""
     token = tl.program_id(0).to(tl.int64)
     slot = tl.arange(0, K_POW2)
     slot_ok = slot < K
@@ -195,19 +196,24 @@ def _decode_down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, ids_ptr, weights_ptr, inne
     col_ok = cols < hidden
     rows = w_ptr + expert[:, None, None] * hidden * inner + cols[None, :, None].to(tl.int64) * inner
     row_ok = slot_ok[:, None, None] & col_ok[None, :, None]
+    ks = tl.arange(0, BLOCK_K)
+    w = tl.load(rows + ks[None, None, :], mask=row_ok & (ks < inner)[None, None, :], other=0.0)
+    await_inputs(PDL)
     acc = tl.zeros((K_POW2, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, inner, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < inner
         hk = tl.load(h_ptr + pair[:, None] * inner + ks[None, :], mask=slot_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(rows + ks[None, None, :], mask=row_ok & k_ok[None, None, :], other=0.0).to(tl.float32)
+        wf = w.to(tl.float32)
         if SCALED:  # the k experts' rows as K_POW2 * BLOCK_N rows of one scale tile
             flat = (expert[:, None] * S_ROWS * BN + cols[None, :]).reshape(K_POW2 * BLOCK_N)
             ok = (slot_ok[:, None] & col_ok[None, :]).reshape(K_POW2 * BLOCK_N)
             sw = _tile_scales(s_ptr, 0, flat, ok, k0, S_ROWS, S_COLS, BN, BK, K_POW2 * BLOCK_N, BLOCK_K)
-            acc += w * (sw.reshape(K_POW2, BLOCK_N, BLOCK_K) * hk.to(tl.float32)[:, None, :])
+            acc += wf * (sw.reshape(K_POW2, BLOCK_N, BLOCK_K) * hk.to(tl.float32)[:, None, :])
         else:
-            acc += w * hk.to(tl.float32)[:, None, :]
+            acc += wf * hk.to(tl.float32)[:, None, :]
+        following = ks + BLOCK_K  # the next tile's load, issued before this one's products are summed
+        w = tl.load(rows + following[None, None, :], mask=row_ok & (following < inner)[None, None, :], other=0.0)
     weight = tl.load(weights_ptr + pair, mask=slot_ok, other=0.0).to(tl.float32)
     out = tl.sum(tl.sum(acc, 2) * weight[:, None], 0)
     tl.store(out_ptr + token * hidden + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
