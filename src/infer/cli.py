@@ -62,6 +62,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     _add_speculative_flags(p.add_argument_group("speculative decoding"))
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="shard the model over N ranks (consecutive GPUs from --device; CPU processes on gloo)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="a mixture of experts' whole experts on the --tensor-parallel-size ranks (E / N each)")
     p.set_defaults(func=_generate)
 
 
@@ -291,6 +293,9 @@ def _add_distributed_flags(g: argparse._ArgumentGroup) -> None:
     d = EngineConfig()
     g.add_argument("-tp", "--tensor-parallel-size", type=int, default=d.tensor_parallel_size, metavar="N",
                    help="shard the model over N ranks (consecutive GPUs from --device; CPU processes on gloo)")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="a mixture of experts' whole experts on the --tensor-parallel-size ranks (E / N each), "
+                        "instead of every expert's slice of its intermediate dimension on every rank")
     g.add_argument("-dp", "--data-parallel-size", type=int, default=d.data_parallel_size, metavar="N",
                    help="run N engine cores, each with its own tensor-parallel group, behind the API server")
     g.add_argument("--load-balance-method", default=d.load_balance_method, choices=LOAD_BALANCE_METHODS,
@@ -367,8 +372,8 @@ HTTP_FLAGS = ("max_request_body_mb", "header_timeout_s", "body_timeout_s", "body
 PREFILL_FLAGS = ("use_chunked_prefill", "prefill_chunk_size", "max_prefill_chunks_per_step", "use_prefix_caching")
 SPECULATIVE_FLAGS = ("speculative_method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model",
                      "speculative_disable_by_batch_size")
-DISTRIBUTED_FLAGS = ("tensor_parallel_size", "data_parallel_size", "load_balance_method", "nnodes", "node_rank",
-                     "master_addr", "master_port", "distributed_timeout_s")
+DISTRIBUTED_FLAGS = ("tensor_parallel_size", "enable_expert_parallel", "data_parallel_size", "load_balance_method",
+                     "nnodes", "node_rank", "master_addr", "master_port", "distributed_timeout_s")
 ENGINE_FLAGS = ("dtype", "device", "max_seq_len", "max_batch_size", "max_num_batched_tokens", "batching_mode",
                 "scheduler_policy", "fairness_steps", "kv_cache_backend", "block_size", "num_kv_blocks",
                 "kv_cache_memory_gb", "gpu_memory_utilization", "max_waiting_requests", "seed", "use_cuda_graphs", "load_format", "quantization", "probes",
@@ -469,7 +474,7 @@ def _generate(args: argparse.Namespace) -> int:
     options = dict(dtype=args.dtype, device=args.device, max_seq_len=args.max_seq_len, max_batch_size=1,
                    chat_template=args.chat_template,
                    probes=args.probes, quantization=args.quantization, runner=args.runner,
-                   tensor_parallel_size=args.tensor_parallel_size,
+                   tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
                    **{name: getattr(args, name) for name in (*PREFILL_FLAGS, *SPECULATIVE_FLAGS)})
     if args.lora is not None:  # served under its directory's name, the device slot sized for its rank
         from dataclasses import replace

@@ -11,7 +11,8 @@ from infer.cli import build_parser
 
 FLAGS = ["--model", "--chat", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p",
          "--repetition-penalty", "--stop", "--seed", "--ignore-eos", "--json-schema", "--regex", "--dtype", "--device",
-         "--max-seq-len", "--quantization", "--speculative-method", "--num-speculative-tokens", "--draft-model"]
+         "--max-seq-len", "--quantization", "--speculative-method", "--num-speculative-tokens", "--draft-model",
+         "--tensor-parallel-size", "--enable-expert-parallel"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -27,7 +28,8 @@ SERVE_FLAGS = ["--model", "--host", "--port", "--served-model-name", "--batching
                "--max-request-body-mb", "--header-timeout-s", "--body-timeout-s", "--keep-alive-timeout-s",
                "--shutdown-timeout-s", "--api-key", "--allowed-origins", "--allowed-hosts", "--max-model-len",
                "--max-num-seqs", "--enable-prefix-caching", "--enforce-eager", "--chat-template", "--generation-config",
-               "--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank", "--max-cpu-loras"]
+               "--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank", "--max-cpu-loras",
+               "--tensor-parallel-size", "--enable-expert-parallel"]
 
 
 @pytest.mark.parametrize(("command", "flags"), [("generate", FLAGS), ("serve", SERVE_FLAGS)])
@@ -166,6 +168,11 @@ def test_vllm_flag_names_are_aliases_of_ours(tmp_path):
     assert _serve_args("--no-enable-prefix-caching").use_prefix_caching is False
     assert _serve_args().use_cuda_graphs is None and _serve_args().generation_config == "auto"
     assert build_parser().parse_args(["generate", "hi", "--max-model-len", "512"]).max_seq_len == 512
+    expert = _serve_args("-tp", "2", "--enable-expert-parallel")
+    config = EngineConfig(**{name: getattr(expert, name) for name in ENGINE_FLAGS})
+    assert (config.tensor_parallel_size, config.enable_expert_parallel) == (2, True)
+    assert not _serve_args().enable_expert_parallel
+    assert build_parser().parse_args(["generate", "hi", "-tp", "2", "--enable-expert-parallel"]).enable_expert_parallel
 
 
 def test_serve_prints_the_sampling_defaults_a_generation_config_gives(tmp_path, capsys):

@@ -254,9 +254,8 @@ def test_two_nodes_by_our_flags_serve_as_one_and_the_headless_node_exits_with_ra
     assert "headless: tensor-parallel ranks of node 1 of 2" in Path(log.name).read_text()
 
 
-def test_tp2_on_gguf_experts_kept_4bit_equals_tp1(tmp_path):
-    """A GGUF MoE whose experts stay 4-bit: each rank reads its slice of the stored blocks (the down projection's
-    columns in whole groups, padded), and TP=2 decodes TP=1's tokens with the native MoE kernel on both ranks."""
+def _gguf_moe_4bit(tmp_path: Path) -> Path:
+    """A tiny Qwen 3 MoE (every layer sparse) written as a GGUF whose experts are Q4_0."""
     from gguf import GGMLQuantizationType as Q
     from transformers import AutoModelForCausalLM
 
@@ -264,10 +263,64 @@ def test_tp2_on_gguf_experts_kept_4bit_equals_tp1(tmp_path):
 
     directory = save_tiny_with_tokenizer("qwen3_moe", tmp_path / "model", seed=8, mlp_only_layers=[],
                                          moe_intermediate_size=64)
-    path = write_moe_gguf(AutoModelForCausalLM.from_pretrained(directory), tmp_path / "moe.gguf", directory,
+    return write_moe_gguf(AutoModelForCausalLM.from_pretrained(directory), tmp_path / "moe.gguf", directory,
                           {name: Q.Q4_0 for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")})
+
+
+def test_tp2_on_gguf_experts_kept_4bit_equals_tp1(tmp_path):
+    """A GGUF MoE whose experts stay 4-bit: each rank reads its slice of the stored blocks (the down projection's
+    columns in whole groups, padded), and TP=2 decodes TP=1's tokens with the native MoE kernel on both ranks."""
+    path = _gguf_moe_4bit(tmp_path)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     with LLM(str(path), max_seq_len=128) as one:
         want = [o.token_ids for o in one.generate_ids(PROMPTS, params)]
     with LLM(str(path), max_seq_len=128, tensor_parallel_size=2) as two:
         assert [o.token_ids for o in two.generate_ids(PROMPTS, params)] == want
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_expert_parallel_equals_tp1(family, tmp_path):
+    """--enable-expert-parallel: each of 2 ranks holds half the experts whole (rank 0's stacks are half as tall and
+    as wide as the checkpoint's experts), reads only those, and TP=2 decodes TP=1's tokens and logprobs."""
+    path = save_tiny_with_tokenizer(family, tmp_path / family)
+    with LLM(str(path)) as one:
+        want = _run(one, GREEDY)
+        whole = next(b.mlp for b in one.runner.model.blocks if hasattr(b.mlp, "w13"))
+        experts, inner = whole.w13.shape[0], whole.inner
+    with LLM(str(path), tensor_parallel_size=2, enable_expert_parallel=True) as two:
+        got = _run(two, GREEDY)
+        mlp = next(b.mlp for b in two.runner.model.blocks if hasattr(b.mlp, "w13"))
+        assert (mlp.w13.shape[0], mlp.inner, mlp.experts) == (experts // 2, inner, range(experts // 2))
+    for (ref_tokens, ref_lp, ref_prompt), (tokens, lp, prompt) in zip(want, got):
+        assert tokens == ref_tokens
+        assert lp == pytest.approx(ref_lp, abs=2e-4)
+        assert prompt == pytest.approx(ref_prompt, abs=2e-4)
+
+
+def test_expert_parallel_on_gguf_experts_kept_4bit_and_its_refusals(tmp_path):
+    """A GGUF MoE's stacked 4-bit experts: each rank keeps its half of the stack as stored; the flag is refused
+    without tensor parallelism and on a model without experts, naming the field."""
+    path = _gguf_moe_4bit(tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    with LLM(str(path), max_seq_len=128) as one:
+        want = [o.token_ids for o in one.generate_ids(PROMPTS, params)]
+    with LLM(str(path), max_seq_len=128, tensor_parallel_size=2, enable_expert_parallel=True) as two:
+        assert type(two.runner.model.blocks[0].mlp.w13).__name__ == "Int4Experts"
+        assert [o.token_ids for o in two.generate_ids(PROMPTS, params)] == want
+    with pytest.raises(EngineConfigError, match=r"enable_expert_parallel.*needs tensor_parallel_size > 1"):
+        LLM(str(path), enable_expert_parallel=True)
+    llama = save_tiny_with_tokenizer("llama", tmp_path / "llama")
+    with pytest.raises(EngineConfigError, match=r"enable_expert_parallel: llama has no experts"):
+        LLM(str(llama), tensor_parallel_size=2, enable_expert_parallel=True)
+
+
+def test_expert_parallel_on_an_fp8_block_checkpoint(tmp_path):
+    """Qwen's FP8 layout: a rank skips the other ranks' experts with their scale tensors (not read, not refused as
+    stray scales) and decodes TP=1's tokens."""
+    moe = save_tiny_with_tokenizer("qwen3_moe", tmp_path / "moe")
+    fp8 = quantize_checkpoint(moe, tmp_path / "fp8", "fp8_block", block=(16, 16))
+    prompt, params = [[1, 2, 3, 4], [9, 8, 7]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with LLM(str(fp8)) as one:
+        want = [o.token_ids for o in one.generate_ids(prompt, params)]
+    with LLM(str(fp8), tensor_parallel_size=2, enable_expert_parallel=True) as two:
+        assert [o.token_ids for o in two.generate_ids(prompt, params)] == want

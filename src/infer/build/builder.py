@@ -103,7 +103,8 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
         torch.cuda.set_device(torch.device(config.resolved_device))
     if config.tensor_parallel_size > 1:
         try:
-            Shard(0, config.tensor_parallel_size).check(read_config(path))  # before any worker starts
+            shard = Shard(0, config.tensor_parallel_size, expert_parallel=config.enable_expert_parallel)
+            shard.check(read_config(path))  # before any worker starts
         except ShardError as exc:
             raise EngineConfigError(str(exc)) from None
         groups, workers, config = start_rank0(config, hard_exit)

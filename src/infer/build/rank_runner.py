@@ -69,7 +69,9 @@ def device_kv_budget(config: EngineConfig, model: ModelConfig, total: float, in_
 
 
 def load_rank_model(config: EngineConfig, shard: Shard = Shard()) -> LoadedModel:
-    """The configured model (this tensor-parallel rank's shard of it) on the configured device."""
+    """The configured model (this tensor-parallel rank's shard of it, its experts with enable_expert_parallel) on the
+    configured device."""
+    shard = shard._replace(expert_parallel=config.enable_expert_parallel and shard.parallel)
     return load_model(resolve_model_path(config.model), config.torch_dtype, config.resolved_device, config.max_seq_len,
                       config.load_format, config.quantization, shard, config.matmul_dtype)
 

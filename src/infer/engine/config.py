@@ -78,6 +78,9 @@ class EngineConfig:
     lora_modules: dict[str, str] | None = None
     # scale-out (docs/distributed.md): TP ranks on consecutive devices from `device`; DP engine cores behind one API server
     tensor_parallel_size: int = 1  # ranks one model is sharded over (NCCL on CUDA, gloo on the CPU)
+    # a mixture of experts' whole experts on the tensor-parallel ranks (E / ranks each) instead of every expert's
+    # slice of its intermediate dimension on every rank
+    enable_expert_parallel: bool = False
     data_parallel_size: int = 1  # engine cores, each with its own TP group
     load_balance_method: str = "least_load"  # how the API server picks a DP engine for a request
     nnodes: int = 1  # hosts the TP group spans (the ranks split evenly over them)
@@ -187,6 +190,8 @@ class EngineConfig:
                     f"must divide tensor_parallel_size={self.tensor_parallel_size} (each node runs as many ranks)")
         self._check("master_port", 0 < self.master_port < 65536, "must be a TCP port")
         self._check("distributed_timeout_s", self.distributed_timeout_s > 0, "must be > 0")
+        self._check("enable_expert_parallel", not self.enable_expert_parallel or self.tensor_parallel_size > 1,
+                    "places experts on the tensor-parallel ranks: it needs tensor_parallel_size > 1")
         self._check("draft_model", self.draft_model is None or self.tensor_parallel_size == 1,
                     f"a draft model is not supported with tensor_parallel_size={self.tensor_parallel_size} "
                     "(the drafter is not sharded); use speculative_method='ngram' or tensor_parallel_size=1")

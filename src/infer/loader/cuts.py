@@ -13,7 +13,8 @@ from infer.loader.gguf_quant import GROUP, Int4Groups
 from infer.loader.hf_quant import W8Tensor
 from infer.models.shard import Cut, ShardError
 
-CutFor = Callable[[str], Cut | None]  # a checkpoint tensor's name -> the slice this rank reads (None: all of it)
+CutFor = Callable[[str], Cut | None]  # a checkpoint tensor's name -> the slice this rank reads (None: all of it,
+# shard.ELSEWHERE: none, another rank holds it whole)
 FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 

@@ -17,6 +17,7 @@ from infer.families.catalog import GGUF_ARCHITECTURES, Family, family
 from infer.loader.gguf_file import gguf_value, open_gguf
 from infer.loader.gguf_quant import GROUP, INT4_TYPES, Int4Groups, read_int4, read_q8_0
 from infer.loader.hf_quant import W8Tensor
+from infer.models.shard import ELSEWHERE
 from tqdm.auto import tqdm
 
 
@@ -224,14 +225,17 @@ def iter_gguf_tensors(path: str | Path, keep_int4: bool = False, keep_q8_0: bool
 
 def _experts(name: str, tensor: Any, cut: CutFor | None, keep_int4: bool, keep_q8_0: bool
              ) -> Iterator[tuple[str, torch.Tensor | Int4Groups | W8Tensor]]:
-    """A stacked expert tensor as each expert's HF tensor (its tensor-parallel slice with `cut`): dequantized, or
-    kept as 4-bit groups / Q8_0 blocks as `iter_gguf_tensors` keeps a dense weight."""
+    """A stacked expert tensor as each expert's HF tensor (its tensor-parallel slice with `cut`, only this rank's
+    experts with expert parallelism): dequantized, or kept as 4-bit groups / Q8_0 blocks as `iter_gguf_tensors`
+    keeps a dense weight."""
     kind = tensor.tensor_type
     kept = keep_int4 and kind in INT4_TYPES or keep_q8_0 and kind == GGMLQuantizationType.Q8_0
     stack = tensor.data if kept else dequantize(tensor.data, kind)
     for e in range(stack.shape[0]):
         expert = name.format(e=e)
         part = cut(expert) if cut is not None else None
+        if part is ELSEWHERE:  # another rank's expert (expert parallelism)
+            continue
         if kept:
             data = stack[e] if part is None else cut_gguf_raw(expert, stack[e], kind, part)
             value = _kept(data, kind, keep_int4, keep_q8_0)

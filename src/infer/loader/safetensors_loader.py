@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from infer.loader.cuts import CutFor, cut_tensor, cut_w8, pad_tensor, read_cut
 from infer.loader.hf_quant import W8_DTYPES, CheckpointQuant, W8Tensor, check_scales_used, is_auxiliary, pair_scales
+from infer.models.shard import ELSEWHERE
 
 SINGLE = "model.safetensors"
 W8_NAMES = ("I8", "F8_E4M3")  # safetensors' names of the 8-bit weight dtypes
@@ -44,7 +45,8 @@ def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant
                      cut: CutFor | None = None) -> Iterator[tuple[str, torch.Tensor | W8Tensor]]:
     """Yield (name, tensor cast to dtype) for every tensor of every shard, with a progress bar. In a checkpoint
     stored 8-bit (`quant`), each 8-bit weight comes with its scales, as a W8Tensor with keep_w8, else dequantized.
-    With `cut` (tensor parallelism), a tensor it names is read as that slice only (loader/cuts.py)."""
+    With `cut` (tensor parallelism), a tensor it names is read as that slice only (loader/cuts.py), and one another
+    rank holds whole is skipped."""
     files = safetensors_files(model_dir)
     with ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files]
@@ -60,6 +62,9 @@ def iter_safetensors(model_dir: Path, dtype: torch.dtype, quant: CheckpointQuant
                 if quant is not None and is_auxiliary(key, quant):
                     continue
                 part = cut(key) if cut is not None else None
+                if part is ELSEWHERE:  # another rank's expert: not read (its scales count as paired)
+                    paired.add(key)
+                    continue
                 # read whole: no cut, or an 8-bit weight that is dequantized (and then cut)
                 dequantized_w8 = quant is not None and not keep_w8
                 if part is None or (dequantized_w8 and handle.get_slice(key).get_dtype() in W8_NAMES):

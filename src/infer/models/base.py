@@ -30,7 +30,7 @@ class Block(nn.Module):
     is x itself. A block whose `resid_post` is observed (a probe tap, a forward hook) does its add and passes the
     sum through `resid_post`, so whatever reads the residual stream reads it whole."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, fam: Family) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, fam: Family, experts: range | None = None) -> None:
         super().__init__()
         eps, offset, hidden = cfg.rms_norm_eps, fam.norm_offset, cfg.hidden_size
         self.fused_projections = fam.fused_projections
@@ -39,7 +39,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer, qk_norm=fam.qk_norm, norm_offset=offset)
         self.post_attn_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
         self.mlp_norm = RMSNorm(hidden, eps, offset)
-        self.mlp = SparseMLP(cfg, fam.moe) if fam.moe is not None and cfg.is_moe(layer) else GatedMLP(cfg)
+        self.mlp = SparseMLP(cfg, fam.moe, experts) if fam.moe is not None and cfg.is_moe(layer) else GatedMLP(cfg)
         self.mlp_prefix = fam.moe.prefix if isinstance(self.mlp, SparseMLP) and fam.moe is not None else "mlp."
         self.post_mlp_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
         self.resid_post = HookPoint()
@@ -115,9 +115,10 @@ class CausalLM(nn.Module):
     """Runs packed tokens through the blocks; `compute_logits` maps chosen rows to float32 logits (`head_logits`
     to logits in the head's dtype).
 
-    With a tensor-parallel `shard`, the blocks hold this rank's heads and MLP columns (each block's attention and MLP
-    end in an all-reduce) and the embedding and head this rank's vocabulary rows (the lookup ends in an all-reduce,
-    the logits in an all-gather); `config` stays the whole model's, `local` is what this rank's blocks are built with.
+    With a tensor-parallel `shard`, the blocks hold this rank's heads and MLP columns (with expert parallelism, its
+    whole experts; each block's attention and MLP end in an all-reduce) and the embedding and head this rank's
+    vocabulary rows (the lookup ends in an all-reduce, the logits in an all-gather); `config` stays the whole
+    model's, `local` is what this rank's blocks are built with.
     """
 
     def __init__(self, cfg: ModelConfig, max_positions: int, shard: Shard = Shard()) -> None:
@@ -127,7 +128,8 @@ class CausalLM(nn.Module):
         self.norm_offset = fam.norm_offset
         vocab_rows = shard.vocab_rows(cfg.vocab_size)
         self.embed = empty_param(vocab_rows, cfg.hidden_size)
-        self.blocks = nn.ModuleList(Block(self.local, i, fam) for i in range(cfg.num_hidden_layers))
+        experts = shard.experts(cfg)
+        self.blocks = nn.ModuleList(Block(self.local, i, fam, experts) for i in range(cfg.num_hidden_layers))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.norm_offset)
         self.lm_head = self.embed if cfg.tie_word_embeddings else empty_param(vocab_rows, cfg.hidden_size)
         self.embed_site, self.head_site = lz.bind("embedding"), LinearSite()

@@ -20,17 +20,20 @@ ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # the config's
 
 class SparseMLP(nn.Module):
     """The router and the stacked experts of one sparse layer. Under tensor parallelism every rank holds all experts'
-    slices of the intermediate dimension (w13's rows, w2's columns), and the output is summed over ranks."""
+    slices of the intermediate dimension (w13's rows, w2's columns), or with expert parallelism `experts`, a
+    contiguous range of whole experts (the router stays whole: every rank routes every token, and a pair routed to
+    another rank's expert counts zero here); either way the output is summed over ranks."""
 
-    def __init__(self, cfg: ModelConfig, moe: MoE) -> None:
+    def __init__(self, cfg: ModelConfig, moe: MoE, experts: range | None = None) -> None:
         super().__init__()
-        experts, inner, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        inner, hidden = cfg.moe_intermediate_size, cfg.hidden_size
+        self.experts = range(cfg.num_experts) if experts is None else experts
         self.projections, self.inner = moe.projections, inner  # the checkpoint's gate, up, down names
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.activation = ACTIVATIONS[cfg.hidden_act]
-        self.router = empty_param(experts, hidden)
-        self.w13 = empty_param(experts, 2 * inner, hidden)
-        self.w2 = empty_param(experts, hidden, inner)
+        self.router = empty_param(cfg.num_experts, hidden)
+        self.w13 = empty_param(len(self.experts), 2 * inner, hidden)
+        self.w2 = empty_param(len(self.experts), hidden, inner)
         self.gate_site, self.experts_site = lz.bind("moe_gate"), ExpertsSite()
         self.tp_group: object | None = None  # tensor parallel: w2 holds this rank's columns, summed over ranks
         self.reduce_site = lz.bind("all_reduce")
@@ -39,14 +42,18 @@ class SparseMLP(nn.Module):
         """The checkpoint's names under the layer's MLP prefix -> the router and each expert's slices."""
         gate, up, down = self.projections
         out = {"gate.weight": WeightSlot("router")}
-        for e in range(self.router.shape[0]):
-            out |= {f"experts.{e}.{gate}.weight": WeightSlot("w13", 0, self.inner, index=e),
-                    f"experts.{e}.{up}.weight": WeightSlot("w13", self.inner, self.inner, index=e),
-                    f"experts.{e}.{down}.weight": WeightSlot("w2", index=e)}
+        for i, e in enumerate(self.experts):
+            out |= {f"experts.{e}.{gate}.weight": WeightSlot("w13", 0, self.inner, index=i),
+                    f"experts.{e}.{up}.weight": WeightSlot("w13", self.inner, self.inner, index=i),
+                    f"experts.{e}.{down}.weight": WeightSlot("w2", index=i)}
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate_site(x, self.router, self.top_k, renormalize=self.renormalize)
+        if len(self.experts) < self.router.shape[0]:  # expert parallel: another rank's pairs weigh 0 on local expert 0
+            local = ids - self.experts.start
+            here = (local >= 0) & (local < len(self.experts))
+            ids, weights = torch.where(here, local, 0), torch.where(here, weights, 0.0)
         out = self.experts_site(x, self.w13, self.w2, weights, ids, self.activation)
         return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
 

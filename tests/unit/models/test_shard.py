@@ -59,3 +59,36 @@ def test_local_config_divides_heads_and_mlp():
     assert (local.num_attention_heads, local.num_key_value_heads, local.intermediate_size) == (2, 1, 24)
     assert local.head_dim == BASE.head_dim and local.hidden_size == BASE.hidden_size
     assert Shard(0, 8).local_config(replace(BASE, num_key_value_heads=2)).num_key_value_heads == 1  # replicated
+
+
+MOE = replace(BASE, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def test_expert_parallel_places_whole_experts_and_skips_the_others():
+    """Each of 4 ranks holds 2 whole experts (their intermediate dimension uncut), reads their tensors whole and
+    skips the other ranks' (ELSEWHERE); the router stays whole. Without the flag every expert is cut instead."""
+    from infer.models.shard import ELSEWHERE
+
+    names = [f"{L}mlp.experts.{e}.{p}.weight" for e in range(8) for p in ("gate_proj", "up_proj", "down_proj")]
+    for rank in range(4):
+        shard = Shard(rank, 4, expert_parallel=True)
+        shard.check(MOE)
+        assert shard.experts(MOE) == range(2 * rank, 2 * rank + 2)
+        assert shard.local_config(MOE).moe_intermediate_size == 32 and shard.local_config(MOE).num_experts == 8
+        held = [n for n in names if shard.cut(n, MOE) is None]
+        assert held == [n for n in names if int(n.split(".experts.")[1].split(".")[0]) in shard.experts(MOE)]
+        assert all(shard.cut(n, MOE) is ELSEWHERE for n in names if n not in held)
+        assert shard.cut(f"{L}mlp.gate.weight", MOE) is None
+    sliced = Shard(1, 4)
+    assert sliced.experts(MOE) == range(8) and sliced.local_config(MOE).moe_intermediate_size == 8
+    assert sliced.cut(f"{L}mlp.experts.5.down_proj.weight", MOE) == (1, 8, 16, 8)
+    assert Shard(0, 1, expert_parallel=True).experts(MOE) == range(8)  # one rank holds them all
+
+
+def test_expert_parallel_refusals_name_the_numbers():
+    with pytest.raises(ShardError, match="enable_expert_parallel: the model's 8 experts do not split evenly over 3"):
+        Shard(0, 3, expert_parallel=True).check(replace(MOE, num_attention_heads=6, num_key_value_heads=3,
+                                                        intermediate_size=96))
+    with pytest.raises(ShardError, match="enable_expert_parallel: llama has no experts"):
+        Shard(0, 2, expert_parallel=True).check(BASE)
+    Shard(0, 2, expert_parallel=True).check(replace(MOE, moe_intermediate_size=33))  # whole experts: no split of 33
