@@ -1,8 +1,9 @@
 """bfloat16 checkpoints on the CPU (`dtype="bfloat16"`): the model computes in float32 and holds its linear weights
-and LM head in bf16 (`HalfWeight`). Steps of a few rows (decode) go through layerzero's native bf16-weight GEMV,
-exact float32 products, so their logits equal transformers' float32 forward over the same bf16 weights to float32
-rounding and greedy decoding gives transformers' tokens; longer prompts go through oneDNN's bf16 GEMM (the rows rounded
-to bf16), within bf16's error."""
+and LM head in bf16 (`HalfWeight`), its KV cache in bf16. Steps of a few rows (decode) go through layerzero's native
+bf16-weight GEMV, exact float32 products, so a forward's logits equal transformers' float32 forward over the same bf16
+weights to float32 rounding; the engine rounds K and V to bf16 in its cache and greedy decoding still gives
+transformers' tokens here; longer prompts go through oneDNN's bf16 GEMM (the rows rounded to bf16), within bf16's
+error."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def test_engine_greedy_tokens_equal_transformers(tmp_path):
     prompts = [[5, 9, 33, 2], [200, 7]]
     llm = LLM(str(path), device="cpu", dtype="bfloat16", max_seq_len=96, max_batch_size=1)
     assert llm.config.torch_dtype == torch.float32 and llm.config.matmul_dtype == torch.bfloat16
+    assert all(c.dtype == torch.bfloat16 for layer in llm.runner.kv_caches for c in layer)  # half the bytes to attend
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     assert [o.token_ids for o in llm.generate_ids(prompts, greedy)] == transformers_greedy(path, prompts)
 
@@ -56,7 +58,9 @@ def test_engine_greedy_tokens_equal_transformers(tmp_path):
 def test_the_dtypes_each_device_resolves():
     cpu = EngineConfig(device="cpu", dtype="bfloat16")
     assert (cpu.weight_dtype, cpu.torch_dtype, cpu.matmul_dtype) == (torch.bfloat16, torch.float32, torch.bfloat16)
+    assert cpu.kv_cache_dtype == torch.bfloat16
     assert EngineConfig(device="cpu", dtype="float32").matmul_dtype is None
+    assert EngineConfig(device="cpu", dtype="float32").kv_cache_dtype == torch.float32
     assert EngineConfig(device="cpu").torch_dtype == torch.float32
     cuda = EngineConfig(device="cuda", dtype="bfloat16")
     assert (cuda.torch_dtype, cuda.matmul_dtype) == (torch.bfloat16, None)

@@ -46,7 +46,7 @@ def kv_cache_bytes(config: EngineConfig, model: ModelConfig) -> float:
     if config.kv_cache_memory_gb is not None:
         return config.kv_cache_memory_gb * 2**30
     if not config.resolved_device.startswith("cuda"):
-        need = kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len * config.max_batch_size
+        need = kv_bytes_per_token(model, config.kv_cache_dtype) * config.max_seq_len * config.max_batch_size
         return float(CPU_KV_CACHE_BYTES if config.draft_model is not None else min(CPU_KV_CACHE_BYTES, need))
     free, total = torch.cuda.mem_get_info(torch.device(config.resolved_device))
     return device_kv_budget(config, model, total, total - free, "the device")
@@ -60,7 +60,7 @@ def device_kv_budget(config: EngineConfig, model: ModelConfig, total: float, in_
     tokens = max(config.max_num_batched_tokens or 0, config.decode_rows)
     activations = 16 * tokens * model.hidden_size * itemsize + 3 * config.decode_rows * model.vocab_size * 4
     budget = total * config.gpu_memory_utilization - in_use - activations
-    if budget < kv_bytes_per_token(model, config.torch_dtype) * config.max_seq_len:
+    if budget < kv_bytes_per_token(model, config.kv_cache_dtype) * config.max_seq_len:
         raise EngineConfigError(
             f"gpu_memory_utilization={config.gpu_memory_utilization}: leaves {budget / 2**30:.2f} GiB for the KV cache "
             f"after the weights ({in_use / 2**30:.1f} GiB in use of {pool}'s {total / 2**30:.1f}), less than one "
@@ -92,7 +92,7 @@ def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups 
     lora = LoRAWeights(loaded.model, config.max_loras, config.max_lora_rank, config.cpu_loras,
                        config.max_batch_size) if config.enable_lora else None
     layout = kv_layout(
-        local, config.torch_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
+        local, config.kv_cache_dtype, config.kv_cache_backend, config.block_size, config.max_seq_len,
         config.max_batch_size, config.num_kv_blocks, kv_cache_bytes(config, local),
         draft=drafter.config if drafter is not None else None,
     )
@@ -101,7 +101,8 @@ def build_rank_runner(config: EngineConfig, loaded: LoadedModel, groups: Groups 
             bucket_sizes(config.decode_rows) if config.decode_graphs else (), probes)
     kwargs: dict[str, Any] = dict(
         prefill_graph_tokens=prefill_bucket_sizes(config.max_num_batched_tokens or 0) if config.prefill_graphs else (),
-        max_drafts=config.speculative_tokens, lora=lora, drafter=None if drafter is None else Drafter(
+        max_drafts=config.speculative_tokens, lora=lora, kv_cache_dtype=config.kv_cache_dtype,
+        drafter=None if drafter is None else Drafter(
         drafter.model, num_blocks, layout.block_size, config.max_batch_size, config.max_seq_len,
         bucket_sizes(2 * config.max_batch_size) if config.decode_graphs else ()))
     if groups is not None and groups.shard.rank == 0:

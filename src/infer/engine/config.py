@@ -283,6 +283,12 @@ class EngineConfig:
         return torch.float32 if self.matmul_dtype is not None else self.weight_dtype
 
     @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: the compute dtype, but bfloat16 for bfloat16 on the CPU (half the bytes a decode
+        step's attention reads; the native kernels widen each row exactly as they read it)."""
+        return self.matmul_dtype or self.torch_dtype
+
+    @property
     def matmul_dtype(self) -> torch.dtype | None:
         """The dtype linear weights are held in when it differs from the compute dtype (bfloat16 on the CPU)."""
         import torch

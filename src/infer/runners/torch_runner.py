@@ -112,7 +112,7 @@ class TorchRunner:
         self, model: CausalLM, num_blocks: int, block_size: int, max_batch_size: int = 32,
         max_seq_len: int = 4096, graph_batch_sizes: tuple[int, ...] = (), probes: ProbeBank | None = None,
         max_drafts: int = 0, drafter: Drafter | None = None, prefill_graph_tokens: tuple[int, ...] = (),
-        lora: LoRAWeights | None = None,
+        lora: LoRAWeights | None = None, kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -130,7 +130,7 @@ class TorchRunner:
         self.vocab_size = cfg.vocab_size
         self.max_batch_size = max_batch_size
         shape = (num_blocks, block_size, model.local.num_key_value_heads, cfg.head_dim)  # this rank's KV heads
-        dtype = model.embed.dtype
+        dtype = kv_cache_dtype or model.embed.dtype  # bf16 for a CPU bf16 model (EngineConfig.kv_cache_dtype)
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
             for _ in range(cfg.num_hidden_layers)

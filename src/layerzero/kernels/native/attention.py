@@ -1,6 +1,7 @@
-"""The native paged attention for float32 on the CPU: decode rows, in decode and in prefill (mixed) steps alike, and
-short prefill chunks through one C function that computes each query row the same way, so a request's decoded tokens
-do not depend on what shares its step; long prefill chunks through SDPA (`LONG_CHUNK`)."""
+"""The native paged attention for float32 queries on the CPU over float32 or bf16 KV caches: decode rows, in decode
+and in prefill (mixed) steps alike, and short prefill chunks through one C function that computes each query row the
+same way, so a request's decoded tokens do not depend on what shares its step; long prefill chunks through SDPA
+(`LONG_CHUNK`), in bf16 over a bf16 cache."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ def rows_of_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-    """C indexes the caches as dense [blocks, block_size, Hkv, D] float32 arrays."""
+    """C indexes the caches as dense [blocks, block_size, Hkv, D] arrays, float32 or bf16."""
+    if key_cache.dtype not in (torch.float32, torch.bfloat16) or value_cache.dtype != key_cache.dtype:
+        raise ValueError(f"native kernels need float32 or bf16 KV caches of one dtype, got {key_cache.dtype} / "
+                         f"{value_cache.dtype}")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape):
         raise ValueError(f"native kernels need equal contiguous KV caches, got {tuple(key_cache.shape)} / "
                          f"{tuple(value_cache.shape)} with strides {key_cache.stride()} / {value_cache.stride()}")
@@ -44,7 +48,8 @@ def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, bl
     cu = None if cu_seqlens_q is None else _int32(cu_seqlens_q)
     check_caches(key_cache, value_cache)
     blocks, block_size, kv_heads, dim = key_cache.shape
-    status = kernel("attention", "paged_attention", ARGS, ctypes.c_int)(
+    name = "paged_attention_bf16" if key_cache.dtype == torch.bfloat16 else "paged_attention"
+    status = kernel("attention", name, ARGS, ctypes.c_int)(
         q.data_ptr(), q.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         None if cu is None else cu.data_ptr(), lens.data_ptr(), lens.shape[0], q.shape[1], kv_heads, dim,
         block_size, blocks, max_context_len, scale, sliding_window or 0, max_q_len, out.data_ptr(), torch.get_num_threads(),
@@ -77,9 +82,13 @@ def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cach
     lens = context_lens.tolist() if context_lens_host is None else context_lens_host
     out = _run(q, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale, sliding_window,
                max_context_len, LONG_CHUNK)
+    # over a bf16 cache (a CPU bf16 model's, whose attention output is rounded to bf16 for its o projection anyway)
+    # SDPA runs in bf16: 2x its float32 time on a 128-token prompt
+    sdpa_dtype = key_cache.dtype if key_cache.dtype == torch.bfloat16 else q.dtype
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         if end - start > LONG_CHUNK:
-            out[start:end] = attn_ref.paged_prefill_attention(q[start:end], key_cache, value_cache,
-                                                              block_tables[i : i + 1], [0, end - start], [lens[i]],
-                                                              scale, sliding_window)
+            rows = attn_ref.paged_prefill_attention(q[start:end].to(sdpa_dtype), key_cache, value_cache,
+                                                    block_tables[i : i + 1], [0, end - start], [lens[i]], scale,
+                                                    sliding_window)
+            out[start:end] = rows
     return out

@@ -32,12 +32,14 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: 
 
 def store_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
-    """key/value [T, Hkv, D] into caches [blocks, block_size, Hkv, D] at flat slots (negative: skipped)."""
+    """float32 key/value [T, Hkv, D] into float32 or bf16 caches [blocks, block_size, Hkv, D] at flat slots
+    (negative: skipped)."""
     check_caches(key_cache, value_cache)
     key, value = rows_of_heads(key), rows_of_heads(value)
     slots = slot_mapping.to(torch.int64).contiguous()
     width = key_cache.shape[2] * key_cache.shape[3]
-    status = kernel("kv_cache", "store_kv_cache", STORE_ARGS, ctypes.c_int)(
+    name = "store_kv_cache_bf16" if key_cache.dtype == torch.bfloat16 else "store_kv_cache"
+    status = kernel("kv_cache", name, STORE_ARGS, ctypes.c_int)(
         key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), key_cache.data_ptr(), value_cache.data_ptr(),
         slots.data_ptr(), slots.shape[0], width, key_cache.shape[0] * key_cache.shape[1])
     if status:

@@ -16,6 +16,8 @@ PRIORITY = 70  # above torch's and oneDNN's CPU kernels and the reference
 VERSION = "1"
 FLOAT32 = frozenset({torch.float32})
 BF16 = frozenset({torch.bfloat16})
+# the KV caches the native kernels read and write (bf16: a CPU bf16 model's, each row widened exactly as it is read)
+KV_DTYPES = frozenset({torch.float32, torch.bfloat16})
 
 
 def _builds(library: str, symbol: str, argtypes: tuple[type, ...]) -> Callable[[], Reason | None]:
@@ -127,10 +129,10 @@ def kernel_specs() -> list[KernelSpec]:
                    platforms=cpu, dtypes=BF16, priority=PRIORITY, check=_float32_residual,
                    available=_builds("norm", "add_rms_norm_bf16", norm.ARGS)),
         KernelSpec("native.paged_attention_cpu", "paged_attention", "native", attention.paged_attention, VERSION,
-                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=paged),
+                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=KV_DTYPES, priority=PRIORITY, available=paged),
         KernelSpec("native.paged_prefill_attention_cpu", "paged_prefill_attention", "native",
                    attention.paged_prefill_attention, VERSION, platforms=cpu, dtypes=FLOAT32,
-                   kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=paged),
+                   kv_cache_dtypes=KV_DTYPES, priority=PRIORITY, available=paged),
         KernelSpec("native.silu_and_mul_cpu", "silu_and_mul", "native", activation.silu_and_mul, VERSION,
                    platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, available=gates),
         KernelSpec("native.gelu_and_mul_cpu", "gelu_and_mul", "native", activation.gelu_and_mul, VERSION,
@@ -142,8 +144,8 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.rope_cpu", "rope", "native", rope_kv.rope, VERSION, platforms=cpu, dtypes=FLOAT32,
                    priority=PRIORITY, available=ropes),
         KernelSpec("native.store_kv_cache_cpu", "store_kv_cache", "native", rope_kv.store_kv_cache, VERSION,
-                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY, available=stores),
+                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=KV_DTYPES, priority=PRIORITY, available=stores),
         KernelSpec("native.rope_store_kv_cpu", "rope_store_kv", "native", rope_kv.rope_store_kv, VERSION,
-                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=FLOAT32, priority=PRIORITY,
+                   platforms=cpu, dtypes=FLOAT32, kv_cache_dtypes=KV_DTYPES, priority=PRIORITY,
                    available=_all(norms, ropes, stores)),
     ]

@@ -267,6 +267,40 @@ def test_store_kv_cache_matches_the_reference() -> None:
         rope_kv.store_kv_cache(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 12]))
 
 
+@pytest.mark.parametrize("dim", [20, 64, 128])  # the generic loop and both register paths
+def test_a_bf16_cache_gives_what_a_float32_cache_of_its_values_gives(dim: int) -> None:
+    """A CPU bf16 model's cache: decode rows and short prefill chunks over bf16 K/V equal, bit for bit, the float32
+    kernel over the same values widened; a long chunk's SDPA runs in bf16, within bf16's error of the reference."""
+    long = attention.LONG_CHUNK + 3
+    lens, bounds = [9, 1, long], [0, 3, 4, 4 + long]
+    gen, kc, vc, tables = _paged(dim + 1, lens, 6, 2, dim)
+    kc, vc = kc.bfloat16(), vc.bfloat16()
+    q = torch.randn(bounds[-1], 6, dim, generator=gen)
+    context = torch.tensor(lens, dtype=torch.int32)
+    kwargs = dict(block_tables=tables, cu_seqlens_q=torch.tensor(bounds, dtype=torch.int32), context_lens=context,
+                  max_seqlen_q=long, max_context_len=long, scale=0.3, sliding_window=None, cu_seqlens_q_host=bounds,
+                  context_lens_host=lens)
+    got = attention.paged_prefill_attention(q, kc, vc, **kwargs)
+    widened = attention.paged_prefill_attention(q, kc.float(), vc.float(), **kwargs)
+    assert got.dtype == torch.float32 and torch.equal(got[:4], widened[:4])
+    torch.testing.assert_close(got[4:], widened[4:], rtol=2e-2, atol=2e-2)
+    decode = attention.paged_attention(q[[2, 3]].contiguous(), kc, vc, block_tables=tables[:2],
+                                       context_lens=context[:2], scale=0.3, sliding_window=None, max_context_len=9)
+    assert torch.equal(decode, got[[2, 3]])
+
+
+def test_store_into_a_bf16_cache_rounds_as_torch_does() -> None:
+    gen = torch.Generator().manual_seed(4)
+    k, v = torch.randn(3, 2, 64, generator=gen) * 30, torch.randn(3, 2, 64, generator=gen)
+    caches = [torch.full((2, 4, 2, 64), 7.0, dtype=torch.bfloat16) for _ in range(2)]
+    rope_kv.store_kv_cache(k, v, *caches, torch.tensor([5, -1, 0]))
+    flat_k, flat_v = caches[0].view(-1, 2, 64), caches[1].view(-1, 2, 64)
+    assert torch.equal(flat_k[5], k[0].bfloat16()) and torch.equal(flat_v[0], v[2].bfloat16())
+    assert (flat_k[[1, 2, 3, 4, 6, 7]] == 7.0).all()  # the padding token's slot and the others untouched
+    with pytest.raises(ValueError, match="one dtype"):
+        rope_kv.store_kv_cache(k, v, caches[0], caches[1].float(), torch.tensor([0, 1, 2]))
+
+
 def test_the_native_kernels_are_selected_on_the_cpu() -> None:
     x = torch.randn(2, 64)
     assert lz.which("rms_norm", x, torch.ones(64), eps=1e-6, weight_offset=0.0)["kernel_id"] == "native.rms_norm_cpu"
