@@ -35,7 +35,7 @@ class SparseMLP(nn.Module):
         self.w13 = empty_param(len(self.experts), 2 * inner, hidden)
         self.w2 = empty_param(len(self.experts), hidden, inner)
         self.gate_site, self.experts_site = lz.bind("moe_gate"), ExpertsSite()
-        self.tp_group: object | None = None  # tensor parallel: w2 holds this rank's columns, summed over ranks
+        self.tp_group: object | None = None  # tensor parallel: this rank holds a part of the experts, summed over ranks
         self.reduce_site = lz.bind("all_reduce")
 
     def weight_map(self) -> WeightMap:
