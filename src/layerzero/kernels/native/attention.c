@@ -44,12 +44,6 @@ static inline const float *row_bf16(const uint16_t *p, int64_t d, float *buf) {
     return buf;
 }
 
-#if defined(__AVX512F__)
-static inline __m512 load16_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-#endif
-
 /* float32 caches: `paged_attention` */
 #define KV_T float
 #define KV_NAME(x) x
@@ -64,6 +58,6 @@ static inline __m512 load16_bf16(const uint16_t *p) {
 /* bf16 caches (a CPU bf16 model's): `paged_attention_bf16`, each row widened exactly as it is read */
 #define KV_T uint16_t
 #define KV_NAME(x) x##_bf16
-#define KV_LOAD16(p) load16_bf16(p)
+#define KV_LOAD16(p) bf16_widen16(p)
 #define KV_ROW(p, d, buf) row_bf16(p, d, buf)
 #include "attention_paged.h"

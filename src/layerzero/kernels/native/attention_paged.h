@@ -9,8 +9,9 @@
  * through the block table. The same arithmetic for a head whatever `per` is: a row's result depends on nothing else. */
 #define ATTEND(C)                                                                                                  \
     static void KV_NAME(attend_##C)(const float *q, int64_t per, int64_t d, const KV_T *kc, const KV_T *vc,      \
-                           const int32_t *table, int64_t bs, int64_t row_stride, int64_t kv_offset, int64_t lo,   \
-                           int64_t pos, float scale, float *scores, int64_t max_ctx, float *out) {                \
+                                    const int32_t *table, int64_t bs, int64_t row_stride, int64_t kv_offset,    \
+                                    int64_t lo, int64_t pos, float scale, float *scores, int64_t max_ctx,       \
+                                    float *out) {                                                               \
         int64_t n = pos - lo + 1;                                                                                 \
         float top[per];                                                                                           \
         for (int64_t g = 0; g < per; g++) top[g] = -INFINITY;                                                     \
@@ -104,8 +105,9 @@ int KV_NAME(paged_attention)(const float *q, int64_t q_stride, const KV_T *kc, c
             int64_t kv_offset = (h0 / group) * d;
 #if defined(__AVX512F__)
             if (d == 64 || d == 128) {  /* the common head sizes: registers hold a key row and each head's output */
-                (d == 64 ? KV_NAME(attend_4) : KV_NAME(attend_8))(q + t * q_stride + h0 * d, per, d, kc, vc, table, bs, row_stride,
-                                                kv_offset, lo, pos, scale, scores, max_ctx, out + (t * heads + h0) * d);
+                (d == 64 ? KV_NAME(attend_4) : KV_NAME(attend_8))(q + t * q_stride + h0 * d, per, d, kc, vc, table,
+                                                                  bs, row_stride, kv_offset, lo, pos, scale, scores,
+                                                                  max_ctx, out + (t * heads + h0) * d);
                 continue;
             }
 #endif

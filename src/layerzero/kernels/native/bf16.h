@@ -27,14 +27,18 @@ static inline uint16_t bf16_round(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+#if defined(__AVX512F__)
+/* 16 bf16 values at p widened into float32 lanes. */
+static inline __m512 bf16_widen16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+
 /* n values of src widened into dst, n rounded from src into dst. */
 static inline void bf16_widen_n(const uint16_t *src, int64_t n, float *dst) {
     int64_t i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
-        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-    }
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, bf16_widen16(src + i));
 #endif
     for (; i < n; i++) dst[i] = bf16_widen(src[i]);
 }

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "gated.h"
 
 #if defined(__AVX512F__)
@@ -144,10 +145,7 @@ static inline __attribute__((always_inline)) void bf16_tile(Row a, Row b, const 
             _mm_prefetch((const char *)(qb + c) + PREFETCH8, _MM_HINT_T0);
         }
 #endif
-        __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(qa + c))), 16));
-        __m512 wb = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(qb + c))), 16));
+        __m512 wa = bf16_widen16(qa + c), wb = bf16_widen16(qb + c);
         for (int r = 0; r < R; r++) {
             __m512 xv = _mm512_loadu_ps(x + r * k + c);
             acc_a[r] = _mm512_fmadd_ps(wa, xv, acc_a[r]);
