@@ -77,7 +77,7 @@ class Block(nn.Module):
     def half_rows(self, x: torch.Tensor) -> torch.dtype | None:
         """The dtype this block's projections take their rows in when it is not the stream's: bfloat16 where the
         projections are `HalfWeight`s and the step has more rows than the exact bf16 GEMV takes (a prefill, a batched
-        decode), None otherwise. layerzero's linear rounds such rows to bf16 for oneDNN's bf16 GEMM anyway, so the
+        decode), None otherwise. layerzero's linear rounds such rows to bf16 for its bf16 GEMM (AMX) anyway, so the
         block keeps them in bf16 from its input norm to its last projection (the add-norms write bf16, the gated
         activation reads and writes it) and skips a float32 round trip around every GEMM; the residual stream,
         attention and the KV cache stay float32 (docs/engine.md, "bfloat16 on the CPU"). Not with experts, LoRA or

@@ -99,8 +99,8 @@ class HalfWeight(QuantWeight):
     """A linear weight kept in bfloat16 while the model computes in float32 (`--dtype bfloat16` on the CPU): a matmul
     streams half the bytes of a float32 weight's, and every other op keeps its float32 kernel. layerzero multiplies
     float32 x by it: a few rows (decode) through `native.linear_bf16_cpu`, exact float32 products of the bf16 values;
-    more rows through oneDNN's bf16 GEMM, the rows rounded to bf16, which a block then hands over in bf16 and keeps in
-    bf16 between its projections (`Block.half_rows`; docs/engine.md, "bfloat16 on the CPU")."""
+    more rows through a bf16 GEMM (AMX's, else oneDNN's), the rows rounded to bf16, which a block then hands over in
+    bf16 and keeps in bf16 between its projections (`Block.half_rows`; docs/engine.md, "bfloat16 on the CPU")."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()

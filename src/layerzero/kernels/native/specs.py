@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from layerzero.kernels.native import activation, attention, linear, moe, norm, rope_kv
+from layerzero.kernels.native import activation, amx, attention, linear, moe, norm, rope_kv
 from layerzero.kernels.native.build import NativeBuildError, kernel
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec
@@ -83,9 +83,29 @@ def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
     if ctx.hidden % linear.HALF:
         return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: the bf16 kernel reads {linear.HALF} columns a step")]
     if ctx.tokens > linear.BF16_MAX_ROWS:
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {linear.BF16_MAX_ROWS} oneDNN's bf16 GEMM (AMX) "
-                                          "is faster (benchmarks/reports/cpu_vs_vllm.md)")]
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {linear.BF16_MAX_ROWS} a bf16 GEMM (AMX) is faster "
+                                          "(benchmarks/reports/cpu_vs_vllm.md)")]
     return []
+
+
+def _amx_weight(ctx: SelectionContext) -> list[Reason]:
+    """A bfloat16 weight whose inputs split into AMX's 32-column steps; float32 x only past the exact GEMV's rows."""
+    if ctx.param("weight_dtype") != "bfloat16":
+        return [Reason(CONSTRAINT_FAILED, "multiplies bfloat16 weights only")]
+    if ctx.hidden % amx.KSTEP:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: AMX reads {amx.KSTEP} columns a tile")]
+    if ctx.dtype == torch.float32 and ctx.tokens <= linear.BF16_MAX_ROWS:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} float32 rows: the bf16 GEMV keeps them exact up to "
+                                          f"{linear.BF16_MAX_ROWS}")]
+    return []
+
+
+def _amx_available() -> Reason | None:
+    if (reason := _builds("amx_linear", "amx_linear", amx.ARGS)()) is not None:
+        return reason
+    if not amx.available():
+        return Reason(NOT_INSTALLED, "no AMX here: the CPU lacks AMX-BF16 (or Linux refused its tile state)")
+    return None
 
 
 def _float32_residual(ctx: SelectionContext) -> list[Reason]:
@@ -116,6 +136,8 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.linear_bf16_cpu", "linear", "native", linear.linear_bf16, VERSION, platforms=cpu,
                    dtypes=FLOAT32, priority=PRIORITY, check=_bf16_weight,
                    available=_builds("quant_linear", "bf16_linear", linear.BF16_ARGS)),
+        KernelSpec("native.linear_bf16_amx_cpu", "linear", "native", amx.linear, VERSION, platforms=cpu,
+                   dtypes=FLOAT32 | BF16, priority=PRIORITY, check=_amx_weight, available=_amx_available),
         KernelSpec("native.fused_moe_int4_cpu", "fused_moe_int4", "native", moe.fused_moe_int4, VERSION,
                    platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, check=_moe_int4, available=experts),
         KernelSpec("native.fused_moe_w8_int8_cpu", "fused_moe_w8", "native", moe.fused_moe_w8_int8, VERSION,

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import layerzero as lz
 from layerzero.kernels import onednn
+from layerzero.kernels.native import amx
 
 pytestmark = pytest.mark.skipif(onednn._available() is not None, reason="no oneDNN linear in this torch build")
 
@@ -65,7 +66,9 @@ def test_bfloat16_within_its_rounding(rows):
 def test_selected_for_float32_and_bfloat16_on_the_cpu():
     x, w = torch.randn(4, 32), torch.randn(8, 32)
     assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"
-    assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == BF16
+    # bf16 goes to the AMX GEMM where the CPU has AMX (tests/unit/layerzero/kernels/test_lz_native_amx.py)
+    assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == (
+        BF16 and not amx.available())
     assert lz.which("linear", x.half(), w.half())["kernel_id"] != "onednn.linear"
     if not BF16:
         assert "no bfloat16 kernels" in str(lz.explain("linear", x.bfloat16(), w.bfloat16()))
@@ -79,4 +82,5 @@ def test_float32_rows_times_bf16_weights_round_the_rows_and_return_float32():
     assert got.dtype == torch.float32
     want = F.linear(x.bfloat16().double(), w.double(), b.double())  # the rows rounded to bf16, the products exact
     torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
-    assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"  # 40 rows: past the native GEMV's 4
+    past_gemv = "native.linear_bf16_amx_cpu" if amx.available() else "onednn.linear"
+    assert lz.which("linear", x, w)["kernel_id"] == past_gemv  # 40 rows: past the native GEMV's 4
