@@ -1,9 +1,10 @@
 """The bfloat16 GEMM on Intel AMX (`amx_linear.c`): a CPU bf16 model's projections past the exact GEMV's rows.
 
-oneDNN's bf16 GEMM also runs on AMX, but on a small model's shapes it reached 150-255 GFLOP/s at 16 rows and 410-570
-at 128 on a 2-core Xeon whose AMX units do ~2,000 a core: it repacks nothing (its copy is packed) yet spends its
-time around the tiles. This kernel packs each weight once into AMX's pair layout and streams it past x's tiles:
-the bundled model's projections at 16 rows 19.2 -> 5.2 ms, at 128 rows 53.6 -> 17.5 ms (docs/engine.md).
+oneDNN's bf16 GEMM also runs on AMX, but on a small model's shapes at a few rows it streams the weights at ~60% of
+what this kernel does: each weight packed once into AMX's pair layout and streamed past x's tiles, the next column
+pair's weights prefetched. SmolLM2-135M's projections (benchmarks/reports/cpu_amx_gemm.md): 16 rows 1.7x oneDNN
+(decode of 16 streams, at the memory bound), 64-256 rows 1.1-1.3x; past 512 rows oneDNN's blocking does as well or
+better and takes them (`MAX_ROWS`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from layerzero.kernels.weight_cache import WeightCache
 
 KSTEP = 32  # inputs per tile row: K must be a multiple
 COLS = 16  # outputs per tile: N is padded to a multiple in the packed copy
+# most rows it takes: past them oneDNN's bf16 GEMM is as fast or faster (GEMMs alone: 256 rows 1.1x oneDNN, 512
+# 0.9-1.3x, 2,048 0.6-0.8x, benchmarks/reports/cpu_amx_gemm.md; whole prefills of 512 rows 1.13x, 2,048 ~1.0x)
+MAX_ROWS = 512
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 PACK_ARGS = (_P, _I64, _I64, _P)

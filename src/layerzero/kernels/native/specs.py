@@ -97,6 +97,9 @@ def _amx_weight(ctx: SelectionContext) -> list[Reason]:
     if ctx.dtype == torch.float32 and ctx.tokens <= linear.BF16_MAX_ROWS:
         return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} float32 rows: the bf16 GEMV keeps them exact up to "
                                           f"{linear.BF16_MAX_ROWS}")]
+    if ctx.tokens > amx.MAX_ROWS:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {amx.MAX_ROWS} oneDNN's bf16 GEMM is faster "
+                                          "(benchmarks/reports/cpu_amx_gemm.md)")]
     return []
 
 

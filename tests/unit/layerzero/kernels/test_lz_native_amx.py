@@ -80,6 +80,10 @@ def test_selected_for_bf16_rows_and_float32_rows_past_the_gemv() -> None:
     assert lz.which("linear", torch.randn(lz.BF16_GEMV_MAX_ROWS + 1, 576), w)["kernel_id"] == \
         "native.linear_bf16_amx_cpu"
     assert lz.which("linear", torch.randn(lz.BF16_GEMV_MAX_ROWS, 576), w)["kernel_id"] == "native.linear_bf16_cpu"
+    assert lz.which("linear", torch.randn(amx.MAX_ROWS, 576).bfloat16(), w)["kernel_id"] == "native.linear_bf16_amx_cpu"
+    report = lz.explain("linear", torch.randn(amx.MAX_ROWS + 1, 576).bfloat16(), w)
+    assert f"past {amx.MAX_ROWS} oneDNN" in str(next(c for c in report.candidates
+                                                    if c.kernel_id == "native.linear_bf16_amx_cpu"))
     report = lz.explain("linear", torch.randn(16, 48).bfloat16(), torch.randn(8, 48).bfloat16())
     assert "32 columns a tile" in str(next(c for c in report.candidates if c.kernel_id == "native.linear_bf16_amx_cpu"))
     report = lz.explain("linear", torch.randn(16, 64), torch.randn(8, 64))
