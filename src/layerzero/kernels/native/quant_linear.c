@@ -157,6 +157,30 @@ static inline __attribute__((always_inline)) void bf16_tile(Row a, Row b, const 
         sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
     }
 }
+/* The float32 tile: the bf16 tile's loop with the weights loaded as they are. */
+static inline __attribute__((always_inline)) void f32_tile(Row a, Row b, const float *x, int64_t k, int64_t group,
+                                                          const int R, float sums[2][TILE]) {
+    (void)group;
+    __m512 acc_a[TILE], acc_b[TILE];
+    for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm512_setzero_ps();
+    const float *wa_row = (const float *)a.q, *wb_row = (const float *)b.q;
+    for (int64_t c = 0; c < k; c += HALF) {
+#if PREFETCH8 > 0
+        _mm_prefetch((const char *)(wa_row + c) + PREFETCH8, _MM_HINT_T0);  /* a line a step: 16 float32 */
+        _mm_prefetch((const char *)(wb_row + c) + PREFETCH8, _MM_HINT_T0);
+#endif
+        __m512 wa = _mm512_loadu_ps(wa_row + c), wb = _mm512_loadu_ps(wb_row + c);
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_loadu_ps(x + r * k + c);
+            acc_a[r] = _mm512_fmadd_ps(wa, xv, acc_a[r]);
+            acc_b[r] = _mm512_fmadd_ps(wb, xv, acc_b[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        sums[0][r] = _mm512_reduce_add_ps(acc_a[r]);
+        sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
+    }
+}
 #else
 /* Portable form of the same sums (lane l of the vector form is element l of each half-chunk). */
 static inline void int4_tile(Row a, Row b, const float *xp, int64_t k, int64_t group, const int R,
@@ -214,6 +238,20 @@ static inline void bf16_tile(Row a, Row b, const float *x, int64_t k, int64_t gr
             sums[w][r] = total;
         }
 }
+static inline void f32_tile(Row a, Row b, const float *x, int64_t k, int64_t group, const int R,
+                            float sums[2][TILE]) {
+    (void)group;
+    const Row rows[2] = {a, b};
+    for (int w = 0; w < 2; w++)
+        for (int r = 0; r < R; r++) {
+            float acc[HALF] = {0}, total = 0.0f;
+            const float *q = (const float *)rows[w].q;
+            for (int64_t c = 0; c < k; c += HALF)
+                for (int i = 0; i < HALF; i++) acc[i] += q[c + i] * x[r * k + c + i];
+            for (int i = 0; i < HALF; i++) total += acc[i];
+            sums[w][r] = total;
+        }
+}
 #endif
 
 /* Each format's tile with the row count made a constant, so the accumulators stay in registers; a group of one chunk
@@ -235,6 +273,7 @@ static inline void bf16_tile(Row a, Row b, const float *x, int64_t k, int64_t gr
 TILES(int4)
 TILES(int8)
 TILES(bf16)
+TILES(f32)
 
 /* Output rows [j0, j1) of out [m, n] = x [m, k] . W.T (+ bias): one work item. */
 static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const uint8_t *q, int64_t row_bytes,
@@ -290,6 +329,13 @@ int int8_linear(const float *x, int64_t m, int64_t k, const int8_t *weight, int6
 int bf16_linear(const float *x, int64_t m, int64_t k, const uint16_t *weight, int64_t n, const float *bias, float *out,
                 int threads) {
     run(bf16_tiles, x, m, k, (const uint8_t *)weight, 2 * k, n, NULL, NULL, k, bias, out, threads);
+    return 0;
+}
+
+/* float32 weights [N, K] (K a multiple of 16), float32 x and out. */
+int f32_linear(const float *x, int64_t m, int64_t k, const float *weight, int64_t n, const float *bias, float *out,
+               int threads) {
+    run(f32_tiles, x, m, k, (const uint8_t *)weight, 4 * k, n, NULL, NULL, k, bias, out, threads);
     return 0;
 }
 

@@ -88,6 +88,18 @@ def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _f32_weight(ctx: SelectionContext) -> list[Reason]:
+    """float32 x times a float32 weight whose rows split into 16-column steps, at a decode's few rows."""
+    if (ctx.param("weight_dtype") or "float32") != "float32":
+        return [Reason(CONSTRAINT_FAILED, "takes float32 weights only")]
+    if ctx.hidden % linear.HALF:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: the float32 GEMV reads {linear.HALF} columns a step")]
+    if ctx.tokens > linear.F32_MAX_ROWS:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {linear.F32_MAX_ROWS} oneDNN's GEMM is faster "
+                                          "(benchmarks/reports/cpu_f32_gemv.md)")]
+    return []
+
+
 def _amx_weight(ctx: SelectionContext) -> list[Reason]:
     """A bfloat16 weight whose inputs split into AMX's 32-column steps; float32 x only past the exact GEMV's rows."""
     if ctx.param("weight_dtype") != "bfloat16":
@@ -139,6 +151,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.linear_bf16_cpu", "linear", "native", linear.linear_bf16, VERSION, platforms=cpu,
                    dtypes=FLOAT32, priority=PRIORITY, check=_bf16_weight,
                    available=_builds("quant_linear", "bf16_linear", linear.BF16_ARGS)),
+        KernelSpec("native.linear_f32_cpu", "linear", "native", linear.linear_f32, VERSION, platforms=cpu,
+                   dtypes=FLOAT32, priority=PRIORITY, check=_f32_weight,
+                   available=_builds("quant_linear", "f32_linear", linear.F32_ARGS)),
         KernelSpec("native.linear_bf16_amx_cpu", "linear", "native", amx.linear, VERSION, platforms=cpu,
                    dtypes=FLOAT32 | BF16, priority=PRIORITY, check=_amx_weight, available=_amx_available),
         KernelSpec("native.fused_moe_int4_cpu", "fused_moe_int4", "native", moe.fused_moe_int4, VERSION,

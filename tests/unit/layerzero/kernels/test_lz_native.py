@@ -1,5 +1,5 @@
 """The native C kernels (layerzero/kernels/native) against float64 references on fresh random inputs: the 4-bit,
-8-bit and bfloat16-weight linears in their AVX-512 and portable builds, RMSNorm, RoPE, the KV store, the gated activations, and paged
+8-bit, bfloat16- and float32-weight linears in their AVX-512 and portable builds, RMSNorm, RoPE, the KV store, the gated activations, and paged
 attention for decode, prefill and mixed steps; a row's result must not depend on what shares its call; builds that
 fail say why."""
 
@@ -86,6 +86,37 @@ def test_bf16_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: in
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * terms.max().item())
     alone = torch.cat([linear.linear_bf16(x[i : i + 1], w, b, _extra=extra) for i in range(rows)])
     assert torch.equal(alone, got)
+
+
+@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), steps=st.integers(1, 40),
+       bias=st.booleans())
+def test_f32_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: int, n: int, steps: int,
+                                    bias: bool) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    k = 16 * steps
+    w, x = torch.randn(n, k, generator=gen), torch.randn(rows, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    got = linear.linear_f32(x, w, b, _extra=extra)
+    want = x.double() @ w.double().T + (0 if b is None else b.double())
+    terms = x.double().abs() @ w.double().abs().T
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * terms.max().item())
+    alone = torch.cat([linear.linear_f32(x[i : i + 1], w, b, _extra=extra) for i in range(rows)])
+    assert torch.equal(alone, got)
+
+
+def test_f32_linear_is_chosen_for_a_decodes_rows() -> None:
+    w = torch.randn(8, 64)
+    assert lz.which("linear", torch.randn(linear.F32_MAX_ROWS, 64), w)["kernel_id"] == "native.linear_f32_cpu"
+    report = lz.explain("linear", torch.randn(linear.F32_MAX_ROWS + 1, 64), w)
+    assert f"past {linear.F32_MAX_ROWS}" in str(next(c for c in report.candidates
+                                                   if c.kernel_id == "native.linear_f32_cpu"))
+    report = lz.explain("linear", torch.randn(2, 40), torch.randn(8, 40))
+    assert "16 columns a step" in str(next(c for c in report.candidates if c.kernel_id == "native.linear_f32_cpu"))
+    report = lz.explain("linear", torch.randn(2, 64), w.bfloat16())
+    assert "float32 weights only" in str(next(c for c in report.candidates if c.kernel_id == "native.linear_f32_cpu"))
 
 
 def test_bf16_linear_is_chosen_for_float32_inputs_only() -> None:
