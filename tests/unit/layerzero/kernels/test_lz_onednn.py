@@ -64,7 +64,7 @@ def test_bfloat16_within_its_rounding(rows):
 
 
 def test_selected_for_float32_and_bfloat16_on_the_cpu():
-    x, w = torch.randn(4, 32), torch.randn(8, 32)
+    x, w = torch.randn(8, 32), torch.randn(8, 32)  # 8 rows: past the native float32 GEMV's (a decode's) 4
     assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"
     # bf16 goes to the AMX GEMM where the CPU has AMX (tests/unit/layerzero/kernels/test_lz_native_amx.py)
     assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == (
