@@ -1,4 +1,4 @@
-/* Weight-only quantized linears on the CPU in float32: out = x @ W.T (+ bias), for three stored forms.
+/* Weight-only quantized linears on the CPU in float32: out = x @ W.T (+ bias), for three stored forms and float32.
  *
  * 4-bit groups: W[n, k] = q * scale + zero8 (one float32 fma) for the stored nibble q in [0, 15], with scale and
  * zero8 = zero - 8 * scale per (row, group), made at conversion. qweight [N, K/2] holds column 2j in the low nibble
@@ -11,6 +11,8 @@
  *
  * bfloat16 (a bf16 checkpoint's weights, `--dtype bfloat16` on the CPU): W[n, k] is the float32 whose high half is the
  * stored 16 bits (exact); x stays float32, so the products are float32 products of the bf16 weights.
+ *
+ * float32 (a float32 model's decode): the bf16 loop over the weights as they are.
  *
  * Work items are blocks of output rows, taken two at a time against up to four rows of x, so each chunk is
  * converted once per four rows of x, in registers. Each dot product runs over the chunks in order into two
