@@ -2,9 +2,9 @@
 
 oneDNN's bf16 GEMM also runs on AMX, but on a small model's shapes at a few rows it streams the weights at ~60% of
 what this kernel does: each weight packed once into AMX's pair layout and streamed past x's tiles, the next column
-pair's weights prefetched. SmolLM2-135M's projections (benchmarks/reports/cpu_amx_gemm.md): 16 rows 1.7x oneDNN
-(decode of 16 streams, at the memory bound), 64-256 rows 1.1-1.3x; past 512 rows oneDNN's blocking does as well or
-better and takes them (`MAX_ROWS`).
+pair's weights prefetched. SmolLM2-135M's projections (benchmarks/reports/cpu_amx_gemm.md): 16 rows 1.65x oneDNN
+(decode of 16 streams: 14 GB/s of weights where a plain sum reads 21), 64-128 rows 1.3-1.4x; past 512 rows oneDNN's
+blocking does as well or better and takes them (`MAX_ROWS`).
 """
 
 from __future__ import annotations
