@@ -19,8 +19,8 @@ from layerzero.kernels.weight_cache import WeightCache
 
 KSTEP = 32  # inputs per tile row: K must be a multiple
 COLS = 16  # outputs per tile: N is padded to a multiple in the packed copy
-# most rows it takes: past them oneDNN's bf16 GEMM is as fast or faster (GEMMs alone: 256 rows 1.1x oneDNN, 512
-# 0.9-1.3x, 2,048 0.6-0.8x, benchmarks/reports/cpu_amx_gemm.md; whole prefills of 512 rows 1.13x, 2,048 ~1.0x)
+# most rows it takes: past them oneDNN's bf16 GEMM is as fast or faster (GEMMs alone: 256-512 rows 0.9-1.1x oneDNN,
+# 2,048 0.5-1.2x between runs, benchmarks/reports/cpu_amx_gemm.md; whole prefills of 512 rows 1.13x, 2,048 ~1.0x)
 MAX_ROWS = 512
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
