@@ -41,8 +41,7 @@ CONVERTED: WeightCache[_Converted] = WeightCache()  # by the identity of qweight
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _P, ctypes.c_int)
 W8_ARGS = (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, ctypes.c_int)
-BF16_ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, ctypes.c_int)
-F32_ARGS = BF16_ARGS
+DENSE_ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, ctypes.c_int)  # bf16_linear and f32_linear
 F32_MAX_ROWS = 4  # most rows the float32 GEMV takes (benchmarks/reports/cpu_f32_gemv.md)
 # most rows the bf16 GEMV takes in a model (the exact float32 products of decode); more rows are a GEMM's, and oneDNN's
 # bf16 one (AMX) ran a 128-row prefill's projections 5-9x faster than this kernel, 2x at 8 rows
@@ -98,32 +97,30 @@ def linear_w8_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
     return _shaped(out, x)
 
 
-def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                _extra: tuple[str, ...] = ()) -> torch.Tensor:
-    """x [..., K] float32 @ W.T + bias for a bfloat16 W [N, K] (K a multiple of 16), in float32."""
-    if weight.dtype != torch.bfloat16:
-        raise TypeError(f"linear_bf16 reads bfloat16 weights, got {weight.dtype}")
+def _dense(symbol: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           extra: tuple[str, ...]) -> torch.Tensor:
+    """x [..., K] float32 @ W.T + bias for a dense W [N, K] of `dtype` (K a multiple of 16), in float32."""
+    if weight.dtype != dtype:
+        raise TypeError(f"{symbol} reads {str(dtype).removeprefix('torch.')} weights, got {weight.dtype}")
     n, k = weight.shape
     rows = _float_rows(x)
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     w, b = weight.contiguous(), None if bias is None else bias.float().contiguous()
     if rows.shape[0]:
-        kernel("quant_linear", "bf16_linear", BF16_ARGS, ctypes.c_int, _extra)(
+        kernel("quant_linear", symbol, DENSE_ARGS, ctypes.c_int, extra)(
             rows.data_ptr(), rows.shape[0], k, w.data_ptr(), n, None if b is None else b.data_ptr(), out.data_ptr(),
             torch.get_num_threads())
     return _shaped(out, x)
+
+
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                _extra: tuple[str, ...] = ()) -> torch.Tensor:
+    """x [..., K] float32 @ W.T + bias for a bfloat16 W [N, K] (K a multiple of 16), in float32."""
+    return _dense("bf16_linear", torch.bfloat16, x, weight, bias, _extra)
 
 
 def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                _extra: tuple[str, ...] = ()) -> torch.Tensor:
     """x [..., K] float32 @ W.T + bias for a float32 W [N, K] (K a multiple of 16): the bf16 GEMV's loop over the
     weights as they are, for the few rows of a float32 model's decode."""
-    n, k = weight.shape
-    rows = _float_rows(x)
-    out = torch.empty(rows.shape[0], n, dtype=torch.float32)
-    w, b = weight.contiguous(), None if bias is None else bias.float().contiguous()
-    if rows.shape[0]:
-        kernel("quant_linear", "f32_linear", F32_ARGS, ctypes.c_int, _extra)(
-            rows.data_ptr(), rows.shape[0], k, w.data_ptr(), n, None if b is None else b.data_ptr(), out.data_ptr(),
-            torch.get_num_threads())
-    return _shaped(out, x)
+    return _dense("f32_linear", torch.float32, x, weight, bias, _extra)

@@ -133,45 +133,25 @@ static inline __attribute__((always_inline)) void int8_tile(Row a, Row b, const 
         sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
     }
 }
-/* The bfloat16 tile: 16 weights widen to float32 by a shift into the high half (exact), then one fma per row of x. */
-static inline __attribute__((always_inline)) void bf16_tile(Row a, Row b, const float *x, int64_t k, int64_t group,
-                                                           const int R, float sums[2][TILE]) {
-    (void)group;
-    __m512 acc_a[TILE], acc_b[TILE];
-    for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm512_setzero_ps();
-    const uint16_t *qa = (const uint16_t *)a.q, *qb = (const uint16_t *)b.q;
-    for (int64_t c = 0; c < k; c += HALF) {
-#if PREFETCH8 > 0
-        if ((c & 31) == 0) {  /* one line of each row's stream a 32 columns */
-            _mm_prefetch((const char *)(qa + c) + PREFETCH8, _MM_HINT_T0);
-            _mm_prefetch((const char *)(qb + c) + PREFETCH8, _MM_HINT_T0);
-        }
-#endif
-        __m512 wa = bf16_widen16(qa + c), wb = bf16_widen16(qb + c);
-        for (int r = 0; r < R; r++) {
-            __m512 xv = _mm512_loadu_ps(x + r * k + c);
-            acc_a[r] = _mm512_fmadd_ps(wa, xv, acc_a[r]);
-            acc_b[r] = _mm512_fmadd_ps(wb, xv, acc_b[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        sums[0][r] = _mm512_reduce_add_ps(acc_a[r]);
-        sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
-    }
+/* 16 weights of a dense row as float32 lanes: bf16 widened by a shift into the high half (exact), float32 as stored. */
+static inline __attribute__((always_inline)) __m512 dense16(const uint8_t *row, int64_t c, const int f32) {
+    return f32 ? _mm512_loadu_ps((const float *)row + c) : bf16_widen16((const uint16_t *)row + c);
 }
-/* The float32 tile: the bf16 tile's loop with the weights loaded as they are. */
-static inline __attribute__((always_inline)) void f32_tile(Row a, Row b, const float *x, int64_t k, int64_t group,
-                                                          const int R, float sums[2][TILE]) {
-    (void)group;
+
+/* The dense tiles (bfloat16 or float32 weights, f32 a constant): one fma per weight and row of x. */
+static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const float *x, int64_t k, const int R,
+                                                            const int f32, float sums[2][TILE]) {
+    const int bytes = f32 ? 4 : 2;
     __m512 acc_a[TILE], acc_b[TILE];
     for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm512_setzero_ps();
-    const float *wa_row = (const float *)a.q, *wb_row = (const float *)b.q;
     for (int64_t c = 0; c < k; c += HALF) {
 #if PREFETCH8 > 0
-        _mm_prefetch((const char *)(wa_row + c) + PREFETCH8, _MM_HINT_T0);  /* a line a step: 16 float32 */
-        _mm_prefetch((const char *)(wb_row + c) + PREFETCH8, _MM_HINT_T0);
+        if (((c * bytes) & 63) == 0) {  /* one line of each row's stream a 64 bytes */
+            _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+            _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+        }
 #endif
-        __m512 wa = _mm512_loadu_ps(wa_row + c), wb = _mm512_loadu_ps(wb_row + c);
+        __m512 wa = dense16(a.q, c, f32), wb = dense16(b.q, c, f32);
         for (int r = 0; r < R; r++) {
             __m512 xv = _mm512_loadu_ps(x + r * k + c);
             acc_a[r] = _mm512_fmadd_ps(wa, xv, acc_a[r]);
@@ -222,39 +202,34 @@ static inline void int8_tile(Row a, Row b, const float *x, int64_t k, int64_t bl
             sums[w][r] = total;
         }
 }
-static inline float bf16_value(uint16_t bits) {
-    union { uint32_t u; float f; } v = {(uint32_t)bits << 16};
+static inline float dense_value(const uint8_t *row, int64_t i, const int f32) {
+    if (f32) return ((const float *)row)[i];
+    union { uint32_t u; float f; } v = {(uint32_t)((const uint16_t *)row)[i] << 16};
     return v.f;
 }
-static inline void bf16_tile(Row a, Row b, const float *x, int64_t k, int64_t group, const int R,
-                             float sums[2][TILE]) {
-    (void)group;
+static inline void dense_tile(Row a, Row b, const float *x, int64_t k, const int R, const int f32,
+                              float sums[2][TILE]) {
     const Row rows[2] = {a, b};
     for (int w = 0; w < 2; w++)
         for (int r = 0; r < R; r++) {
             float acc[HALF] = {0}, total = 0.0f;
-            const uint16_t *q = (const uint16_t *)rows[w].q;
             for (int64_t c = 0; c < k; c += HALF)
-                for (int i = 0; i < HALF; i++) acc[i] += bf16_value(q[c + i]) * x[r * k + c + i];
-            for (int i = 0; i < HALF; i++) total += acc[i];
-            sums[w][r] = total;
-        }
-}
-static inline void f32_tile(Row a, Row b, const float *x, int64_t k, int64_t group, const int R,
-                            float sums[2][TILE]) {
-    (void)group;
-    const Row rows[2] = {a, b};
-    for (int w = 0; w < 2; w++)
-        for (int r = 0; r < R; r++) {
-            float acc[HALF] = {0}, total = 0.0f;
-            const float *q = (const float *)rows[w].q;
-            for (int64_t c = 0; c < k; c += HALF)
-                for (int i = 0; i < HALF; i++) acc[i] += q[c + i] * x[r * k + c + i];
+                for (int i = 0; i < HALF; i++) acc[i] += dense_value(rows[w].q, c + i, f32) * x[r * k + c + i];
             for (int i = 0; i < HALF; i++) total += acc[i];
             sums[w][r] = total;
         }
 }
 #endif
+static inline __attribute__((always_inline)) void bf16_tile(Row a, Row b, const float *x, int64_t k, int64_t group,
+                                                           const int R, float sums[2][TILE]) {
+    (void)group;
+    dense_tile(a, b, x, k, R, 0, sums);
+}
+static inline __attribute__((always_inline)) void f32_tile(Row a, Row b, const float *x, int64_t k, int64_t group,
+                                                          const int R, float sums[2][TILE]) {
+    (void)group;
+    dense_tile(a, b, x, k, R, 1, sums);
+}
 
 /* Each format's tile with the row count made a constant, so the accumulators stay in registers; a group of one chunk
  * (GGUF's 32 columns) is a constant too, so the group loop runs straight-line code (4-bit at batch 1: 8.9 -> 8.2 us

@@ -75,29 +75,30 @@ def _moe_activation(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def _gemv_steps(ctx: SelectionContext, name: str, max_rows: int, past: str) -> list[Reason]:
+    """The dense GEMVs' shape: rows that split into 16-column steps, at most `max_rows` of them."""
+    if ctx.hidden % linear.HALF:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: the {name} reads {linear.HALF} columns a step")]
+    if ctx.tokens > max_rows:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {max_rows} {past}")]
+    return []
+
+
 def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
     """float32 x times a bfloat16 weight whose rows split into 16-column steps."""
     if ctx.param("weight_dtype") != "bfloat16" or ctx.dtype != torch.float32:
         # never through the dispatcher's float32 cast: that would widen the weight too
         return [Reason(CONSTRAINT_FAILED, "takes bfloat16 weights with float32 activations only")]
-    if ctx.hidden % linear.HALF:
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: the bf16 kernel reads {linear.HALF} columns a step")]
-    if ctx.tokens > linear.BF16_MAX_ROWS:
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {linear.BF16_MAX_ROWS} a bf16 GEMM (AMX) is faster "
-                                          "(benchmarks/reports/cpu_vs_vllm.md)")]
-    return []
+    return _gemv_steps(ctx, "bf16 kernel", linear.BF16_MAX_ROWS,
+                       "a bf16 GEMM (AMX) is faster (benchmarks/reports/cpu_vs_vllm.md)")
 
 
 def _f32_weight(ctx: SelectionContext) -> list[Reason]:
     """float32 x times a float32 weight whose rows split into 16-column steps, at a decode's few rows."""
     if (ctx.param("weight_dtype") or "float32") != "float32":
         return [Reason(CONSTRAINT_FAILED, "takes float32 weights only")]
-    if ctx.hidden % linear.HALF:
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.hidden} inputs: the float32 GEMV reads {linear.HALF} columns a step")]
-    if ctx.tokens > linear.F32_MAX_ROWS:
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: past {linear.F32_MAX_ROWS} oneDNN's GEMM is faster "
-                                          "(benchmarks/reports/cpu_f32_gemv.md)")]
-    return []
+    return _gemv_steps(ctx, "float32 GEMV", linear.F32_MAX_ROWS,
+                       "oneDNN's GEMM is faster (benchmarks/reports/cpu_f32_gemv.md)")
 
 
 def _amx_weight(ctx: SelectionContext) -> list[Reason]:
@@ -150,10 +151,10 @@ def kernel_specs() -> list[KernelSpec]:
                    available=_builds("quant_linear", "int8_linear", linear.W8_ARGS)),
         KernelSpec("native.linear_bf16_cpu", "linear", "native", linear.linear_bf16, VERSION, platforms=cpu,
                    dtypes=FLOAT32, priority=PRIORITY, check=_bf16_weight,
-                   available=_builds("quant_linear", "bf16_linear", linear.BF16_ARGS)),
+                   available=_builds("quant_linear", "bf16_linear", linear.DENSE_ARGS)),
         KernelSpec("native.linear_f32_cpu", "linear", "native", linear.linear_f32, VERSION, platforms=cpu,
                    dtypes=FLOAT32, priority=PRIORITY, check=_f32_weight,
-                   available=_builds("quant_linear", "f32_linear", linear.F32_ARGS)),
+                   available=_builds("quant_linear", "f32_linear", linear.DENSE_ARGS)),
         KernelSpec("native.linear_bf16_amx_cpu", "linear", "native", amx.linear, VERSION, platforms=cpu,
                    dtypes=FLOAT32 | BF16, priority=PRIORITY, check=_amx_weight, available=_amx_available),
         KernelSpec("native.fused_moe_int4_cpu", "fused_moe_int4", "native", moe.fused_moe_int4, VERSION,

@@ -70,40 +70,24 @@ def test_int8_block_linear_matches_float64(extra: tuple[str, ...], seed: int, ro
 
 
 @pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), steps=st.integers(1, 40),
        bias=st.booleans())
-def test_bf16_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: int, n: int, steps: int,
-                                     bias: bool) -> None:
+def test_dense_linear_matches_float64(extra: tuple[str, ...], dtype: torch.dtype, seed: int, rows: int, n: int,
+                                      steps: int, bias: bool) -> None:
+    """The bf16 and float32 GEMVs: float32 products of the stored weights, summed within float32's error."""
+    fn = linear.linear_bf16 if dtype == torch.bfloat16 else linear.linear_f32
     gen = torch.Generator().manual_seed(seed)
     k = 16 * steps
-    w = torch.randn(n, k, generator=gen).bfloat16()
+    w = torch.randn(n, k, generator=gen).to(dtype)
     x, b = torch.randn(rows, k, generator=gen), (torch.randn(n, generator=gen) if bias else None)
-    got = linear.linear_bf16(x, w, b, _extra=extra)
-    want = x.double() @ w.double().T + (0 if b is None else b.double())  # the bf16 values, exactly
+    got = fn(x, w, b, _extra=extra)
+    want = x.double() @ w.double().T + (0 if b is None else b.double())  # the stored values, exactly
     terms = x.double().abs() @ w.double().abs().T
     assert got.dtype == torch.float32
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * terms.max().item())
-    alone = torch.cat([linear.linear_bf16(x[i : i + 1], w, b, _extra=extra) for i in range(rows)])
-    assert torch.equal(alone, got)
-
-
-@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), steps=st.integers(1, 40),
-       bias=st.booleans())
-def test_f32_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: int, n: int, steps: int,
-                                    bias: bool) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    k = 16 * steps
-    w, x = torch.randn(n, k, generator=gen), torch.randn(rows, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias else None
-    got = linear.linear_f32(x, w, b, _extra=extra)
-    want = x.double() @ w.double().T + (0 if b is None else b.double())
-    terms = x.double().abs() @ w.double().abs().T
-    assert got.dtype == torch.float32
-    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * terms.max().item())
-    alone = torch.cat([linear.linear_f32(x[i : i + 1], w, b, _extra=extra) for i in range(rows)])
+    alone = torch.cat([fn(x[i : i + 1], w, b, _extra=extra) for i in range(rows)])
     assert torch.equal(alone, got)
 
 
