@@ -90,11 +90,13 @@ _LAZY = {
     "expand_block_scales": "layerzero.kernels.reference.quantize",
     "calls_into": "layerzero.kernels.native.build",
     "BF16_GEMV_MAX_ROWS": "layerzero.kernels.native.linear",  # rows the exact bf16-weight GEMV takes on the CPU
+    "cpu_bf16_gemm": "layerzero.kernels.onednn",  # whether this CPU multiplies bf16 (else bf16 weights run in float32)
     "KernelCall": "layerzero.kernels.native.build",
     "get_policy": "layerzero.policy.state",
     "GENERATION": "layerzero.select.generation",
 }
-_RENAMED = {"load_config": "load", "KernelCall": "Call", "BF16_GEMV_MAX_ROWS": "BF16_MAX_ROWS"}
+_RENAMED = {"load_config": "load", "KernelCall": "Call", "BF16_GEMV_MAX_ROWS": "BF16_MAX_ROWS",
+            "cpu_bf16_gemm": "bf16_gemm"}
 
 
 def __getattr__(name: str) -> Any:

@@ -17,6 +17,8 @@ from infer.engine.config import EngineConfig
 from infer.loader.model_loader import load_model
 from infer.models.forward_batch import ForwardBatch
 from infer.models.quant import HalfWeight
+import layerzero as lz
+from layerzero.kernels import onednn
 from layerzero.kernels.native.linear import BF16_MAX_ROWS
 from test_model_parity import BF16_RTOL_OF_MAX, FP32_ATOL, _max_diff, _our_logits, _prompts, transformers_greedy
 
@@ -42,6 +44,22 @@ def test_logits_equal_transformers_float32_over_the_bf16_weights(family, tmp_pat
         assert largest > 1.0 and diff <= FP32_ATOL
     diff, largest = _max_diff(_our_logits(ours, prompts), hf, prompts)  # 53 rows: oneDNN's bf16 GEMM
     assert diff <= BF16_RTOL_OF_MAX * largest
+
+
+def test_without_bf16_products_the_gemms_multiply_in_float32(monkeypatch, tmp_path):
+    """A CPU without AVX512-BF16 or AMX (an AVX2 one; forced here): oneDNN multiplies the bf16 weights from a float32
+    packed copy and the blocks keep float32 rows, so a 53-row forward's logits equal transformers' float32 forward
+    to float32 rounding, as the GEMV's do (with bf16 products it is within bf16's error)."""
+    monkeypatch.setattr(onednn, "bf16_gemm", lambda: False)
+    monkeypatch.setattr(lz, "cpu_bf16_gemm", lambda: False)
+    path = _to_bf16(save_tiny(FAMILIES[0], tmp_path, hidden_size=64))
+    ours = load_model(path, torch.float32, matmul_dtype=torch.bfloat16).model
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = _prompts(4, ours.config.vocab_size, seed=5)
+    assert ours.blocks[0].half_rows(torch.zeros(53, 64)) is None
+    with lz.prefer("onednn.linear"):  # over the AMX kernel where this CPU has one (it rounds rows to bf16)
+        diff, largest = _max_diff(_our_logits(ours, prompts), hf, prompts)
+    assert largest > 1.0 and diff <= FP32_ATOL
 
 
 def test_engine_greedy_tokens_equal_transformers(tmp_path):

@@ -81,8 +81,9 @@ class Block(nn.Module):
         block keeps them in bf16 from its input norm to its last projection (the add-norms write bf16, the gated
         activation reads and writes it) and skips a float32 round trip around every GEMM; the residual stream,
         attention and the KV cache stay float32 (docs/engine.md, "bfloat16 on the CPU"). Not with experts, LoRA or
-        tensor parallelism, whose ops take the stream's dtype."""
-        if x.shape[0] <= lz.BF16_GEMV_MAX_ROWS or not isinstance(self.mlp, GatedMLP):
+        tensor parallelism, whose ops take the stream's dtype, nor on a CPU without bf16 products (AVX2), whose
+        GEMMs run bf16 weights in float32."""
+        if x.shape[0] <= lz.BF16_GEMV_MAX_ROWS or not isinstance(self.mlp, GatedMLP) or not lz.cpu_bf16_gemm():
             return None
         attn, mlp = self.attn, self.mlp
         weights = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)

@@ -1,7 +1,7 @@
 """The native paged attention for float32 queries on the CPU over float32 or bf16 KV caches: decode rows, in decode
 and in prefill (mixed) steps alike, and short prefill chunks through one C function that computes each query row the
 same way, so a request's decoded tokens do not depend on what shares its step; long prefill chunks through SDPA
-(`LONG_CHUNK`), in bf16 over a bf16 cache."""
+(`LONG_CHUNK`), in bf16 over a bf16 cache where the CPU multiplies bf16."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import ctypes
 import torch
 
 from layerzero.kernels.native.build import kernel
+from layerzero.kernels.onednn import bf16_gemm
 from layerzero.kernels.reference import attention as attn_ref
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -83,8 +84,10 @@ def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cach
     out = _run(q, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale, sliding_window,
                max_context_len, LONG_CHUNK)
     # over a bf16 cache (a CPU bf16 model's, whose attention output is rounded to bf16 for its o projection anyway)
-    # SDPA runs in bf16: 2x its float32 time on a 128-token prompt
-    sdpa_dtype = key_cache.dtype if key_cache.dtype == torch.bfloat16 else q.dtype
+    # SDPA runs in bf16 where the CPU multiplies bf16 (half its float32 time on a 128-token prompt); without bf16
+    # products (AVX2) the o projection takes float32 rows and bf16 SDPA is the slower one
+    bf16 = key_cache.dtype == torch.bfloat16 and bf16_gemm()
+    sdpa_dtype = torch.bfloat16 if bf16 else q.dtype
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         if end - start > LONG_CHUNK:
             rows = attn_ref.paged_prefill_attention(q[start:end].to(sdpa_dtype), key_cache, value_cache,

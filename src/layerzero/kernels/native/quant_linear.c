@@ -27,7 +27,7 @@
 #include "bf16.h"
 #include "gated.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -162,6 +162,129 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
         sums[0][r] = _mm512_reduce_add_ps(acc_a[r]);
         sums[1][r] = _mm512_reduce_add_ps(acc_b[r]);
     }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 (AMD Zen 2/3, Intel before AVX-512): 8-lane vectors and 16 registers. Each (output row, row of x) keeps two
+ * accumulator chains (the even and odd 8-column groups of a chunk, or of a block). Up to 2 rows of x the tile runs
+ * its two output rows together (at one row of x, four chains keep the FMA units busy); with more, one output row
+ * after the other (the accumulators fit the registers). Either way each accumulator sums the same products in the
+ * same order, so a row of x gets the same bits whatever R is. */
+#define JOINT(R) ((R) <= 2 ? 2 : 1)  /* output rows run together */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+/* Nibbles of 8 bytes as two 8-lane vectors: the low nibbles (even columns) and the high ones (odd columns). */
+static inline __attribute__((always_inline)) void nibbles8(const uint8_t *q, __m256 *even, __m256 *odd) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    *even = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+    *odd = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+}
+/* The 4-bit tile over W output rows (rows[0 .. W)): weights q * scale + zero8 by one fma per 8 (the values the
+ * AVX-512 form looks up). */
+static inline __attribute__((always_inline)) void int4_part(const Row *rows, const int W, const float *xp, int64_t k,
+                                                           int64_t group, const int R, float sums[][TILE]) {
+    __m256 acc_e[2][TILE], acc_o[2][TILE];
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < R; r++) acc_e[w][r] = acc_o[w][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < k / group; g++)
+        for (int64_t c = g * group; c < (g + 1) * group; c += CHUNK)
+            for (int w = 0; w < W; w++) {
+                const uint8_t *q = rows[w].q + c / 2;
+#if PREFETCH > 0
+                _mm_prefetch((const char *)(q + PREFETCH), _MM_HINT_T0);
+#endif
+                __m256 scale = _mm256_set1_ps(rows[w].scale[g]), zero8 = _mm256_set1_ps(rows[w].zero8[g]);
+                __m256 e0, o0, e1, o1;
+                nibbles8(q, &e0, &o0);
+                nibbles8(q + 8, &e1, &o1);
+                e0 = _mm256_fmadd_ps(e0, scale, zero8), e1 = _mm256_fmadd_ps(e1, scale, zero8);
+                o0 = _mm256_fmadd_ps(o0, scale, zero8), o1 = _mm256_fmadd_ps(o1, scale, zero8);
+                for (int r = 0; r < R; r++) {
+                    const float *x = xp + r * k + c;  /* 16 even columns, then 16 odd */
+                    acc_e[w][r] = _mm256_fmadd_ps(e0, _mm256_loadu_ps(x), acc_e[w][r]);
+                    acc_o[w][r] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(x + HALF), acc_o[w][r]);
+                    acc_e[w][r] = _mm256_fmadd_ps(e1, _mm256_loadu_ps(x + 8), acc_e[w][r]);
+                    acc_o[w][r] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(x + HALF + 8), acc_o[w][r]);
+                }
+            }
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < R; r++) sums[w][r] = hsum8(_mm256_add_ps(acc_e[w][r], acc_o[w][r]));
+}
+/* The 8-bit part: per block a fresh partial per row (two chains), scaled into the accumulator once. */
+static inline __attribute__((always_inline)) void int8_part(const Row *rows, const int W, const float *x, int64_t k,
+                                                           int64_t block, const int R, float sums[][TILE]) {
+    __m256 acc[2][TILE];
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < R; r++) acc[w][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < k / block; g++) {
+        __m256 p0[2][TILE], p1[2][TILE];
+        for (int w = 0; w < W; w++)
+            for (int r = 0; r < R; r++) p0[w][r] = p1[w][r] = _mm256_setzero_ps();
+        for (int64_t c = g * block; c < (g + 1) * block; c += HALF)
+            for (int w = 0; w < W; w++) {
+                const int8_t *q = (const int8_t *)rows[w].q + c;
+#if PREFETCH8 > 0
+                if ((c & 63) == 0) _mm_prefetch((const char *)(q + PREFETCH8), _MM_HINT_T0);
+#endif
+                __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+                __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+                for (int r = 0; r < R; r++) {
+                    p0[w][r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + c), p0[w][r]);
+                    p1[w][r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + c + 8), p1[w][r]);
+                }
+            }
+        for (int w = 0; w < W; w++) {
+            __m256 scale = _mm256_set1_ps(rows[w].scale[g]);
+            for (int r = 0; r < R; r++)
+                acc[w][r] = _mm256_fmadd_ps(scale, _mm256_add_ps(p0[w][r], p1[w][r]), acc[w][r]);
+        }
+    }
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < R; r++) sums[w][r] = hsum8(acc[w][r]);
+}
+/* 8 weights of a dense row as float32 lanes: bf16 widened by a shift into the high half (exact), float32 as stored. */
+static inline __attribute__((always_inline)) __m256 dense8(const uint8_t *row, int64_t c, const int f32) {
+    if (f32) return _mm256_loadu_ps((const float *)row + c);
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + c)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+/* The dense part (bfloat16 or float32 weights, f32 a constant): one fma per weight and row of x. */
+static inline __attribute__((always_inline)) void dense_part(const Row *rows, const int W, const float *x, int64_t k,
+                                                            const int R, const int f32, float sums[][TILE]) {
+    const int bytes = f32 ? 4 : 2;
+    __m256 acc0[2][TILE], acc1[2][TILE];
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < R; r++) acc0[w][r] = acc1[w][r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += HALF)
+        for (int w = 0; w < W; w++) {
+#if PREFETCH8 > 0
+            if (((c * bytes) & 63) == 0) _mm_prefetch((const char *)rows[w].q + c * bytes + PREFETCH8, _MM_HINT_T0);
+#endif
+            __m256 w0 = dense8(rows[w].q, c, f32), w1 = dense8(rows[w].q, c + 8, f32);
+            for (int r = 0; r < R; r++) {
+                acc0[w][r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + c), acc0[w][r]);
+                acc1[w][r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + c + 8), acc1[w][r]);
+            }
+        }
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < R; r++) sums[w][r] = hsum8(_mm256_add_ps(acc0[w][r], acc1[w][r]));
+}
+static inline __attribute__((always_inline)) void int4_tile(Row a, Row b, const float *xp, int64_t k,
+                                                           int64_t group, const int R, float sums[2][TILE]) {
+    const Row rows[2] = {a, b};
+    for (int w = 0; w < 2; w += JOINT(R)) int4_part(rows + w, JOINT(R), xp, k, group, R, sums + w);
+}
+static inline __attribute__((always_inline)) void int8_tile(Row a, Row b, const float *x, int64_t k, int64_t block,
+                                                           const int R, float sums[2][TILE]) {
+    const Row rows[2] = {a, b};
+    for (int w = 0; w < 2; w += JOINT(R)) int8_part(rows + w, JOINT(R), x, k, block, R, sums + w);
+}
+static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const float *x, int64_t k, const int R,
+                                                            const int f32, float sums[2][TILE]) {
+    const Row rows[2] = {a, b};
+    for (int w = 0; w < 2; w += JOINT(R)) dense_part(rows + w, JOINT(R), x, k, R, f32, sums + w);
 }
 #else
 /* Portable form of the same sums (lane l of the vector form is element l of each half-chunk). */

@@ -19,7 +19,9 @@ from layerzero.kernels.reference import kv_cache as kv_ref
 from layerzero.kernels.reference import rope as rope_ref
 from layerzero.kernels.reference.quantize import dequantize_int4, pack_int4
 
-PORTABLE = ("-mno-avx512f",)  # the build for CPUs without AVX-512
+AVX2 = ("-mno-avx512f",)  # the build for CPUs without AVX-512 (AVX2 and FMA where this CPU has them)
+PORTABLE = ("-mno-avx512f", "-mno-avx2")  # plain C: CPUs with neither
+BUILDS = pytest.mark.parametrize("extra", [(), AVX2, PORTABLE], ids=["native-build", "avx2-build", "portable-build"])
 
 
 def _int4_case(seed: int, rows: int, n: int, k: int, group: int) -> tuple[torch.Tensor, ...]:
@@ -29,7 +31,7 @@ def _int4_case(seed: int, rows: int, n: int, k: int, group: int) -> tuple[torch.
     return torch.randn(rows, k, generator=gen), qweight, sz, torch.randn(n, generator=gen)
 
 
-@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@BUILDS
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), chunks=st.integers(1, 6),
        group=st.sampled_from([32, 64]), bias=st.booleans())
@@ -47,7 +49,7 @@ def test_int4_linear_matches_float64(extra: tuple[str, ...], seed: int, rows: in
     assert torch.equal(alone, got)  # bit for bit: rows are tiled four at a time, each with the same arithmetic
 
 
-@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@BUILDS
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), blocks=st.integers(1, 6),
        block=st.sampled_from([16, 32, 64]), bias=st.booleans())
@@ -69,7 +71,7 @@ def test_int8_block_linear_matches_float64(extra: tuple[str, ...], seed: int, ro
     assert torch.equal(alone, got)
 
 
-@pytest.mark.parametrize("extra", [(), PORTABLE], ids=["native-build", "portable-build"])
+@BUILDS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), n=st.integers(1, 40), steps=st.integers(1, 40),

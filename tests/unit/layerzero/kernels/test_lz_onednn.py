@@ -49,7 +49,7 @@ def test_packed_copy_goes_with_its_weight():
     assert len(onednn.PACKED) == before
 
 
-BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+BF16 = onednn.bf16_gemm()
 
 
 @pytest.mark.skipif(not BF16, reason="oneDNN has no bfloat16 kernels for this CPU")
@@ -67,11 +67,26 @@ def test_selected_for_float32_and_bfloat16_on_the_cpu():
     x, w = torch.randn(8, 32), torch.randn(8, 32)  # 8 rows: past the native float32 GEMV's (a decode's) 4
     assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"
     # bf16 goes to the AMX GEMM where the CPU has AMX (tests/unit/layerzero/kernels/test_lz_native_amx.py)
-    assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == (
-        BF16 and not amx.available())
+    assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == (not amx.available())
     assert lz.which("linear", x.half(), w.half())["kernel_id"] != "onednn.linear"
-    if not BF16:
-        assert "no bfloat16 kernels" in str(lz.explain("linear", x.bfloat16(), w.bfloat16()))
+
+
+@pytest.mark.parametrize("rows", [5, 40])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_bf16_weights_without_bf16_kernels_multiply_in_float32(monkeypatch, rows, x_dtype):
+    """A CPU without AVX512-BF16/AMX (forced here): the weight's packed copy is float32, each value widened exactly,
+    so the product is float32's of the bf16 values; the output takes x's dtype."""
+    monkeypatch.setattr(onednn, "bf16_gemm", lambda: False)
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 576, generator=g).to(x_dtype), torch.randn(300, 576, generator=g).bfloat16(), None
+    got = onednn.linear(x, w, b)
+    assert got.dtype == x_dtype
+    assert onednn.PACKED.get(w, lambda: None).dtype == torch.float32
+    want = F.linear(x.double(), w.double())
+    if x_dtype == torch.float32:
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    else:  # one rounding of the float32 sums to bf16
+        torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
 
 
 @pytest.mark.skipif(not BF16, reason="oneDNN has no bfloat16 kernels for this CPU")
