@@ -34,6 +34,7 @@ import torch
 import transformers
 
 from infer import LLM, SamplingParams
+from layerzero.kernels.native.build import cpu_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
@@ -185,12 +186,23 @@ def median_ratio(ours: list[float], theirs: list[float]) -> float:
     return statistics.median(ours) / statistics.median(theirs)
 
 
+def cpu_name() -> str:
+    """The CPU's model name and its widest vector ISA (the native kernels' build differs by it)."""
+    flags = cpu_flags()
+    isa = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "no AVX2"
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()} ({isa})"
+    return f"{platform.processor() or platform.machine()} ({isa})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median reported)")
     parser.add_argument("--llama-cpp-python", default=None, metavar="PYTHON",
                         help="an interpreter with llama-cpp-python: adds llama.cpp batch-1 decode and prompt rows")
+    parser.add_argument("--out", type=Path, default=REPORTS / "cpu_decode", help="report stem (.json, .md)")
     args = parser.parse_args()
 
     llm = LLM(None)  # the defaults `make serve` runs with
@@ -251,13 +263,13 @@ def main() -> None:
         "roofline_batch1_tok_s": roofline,
         "infer_batch1_fraction_of_roofline": results["batch1"]["infer_median_tok_s"] / roofline,
         "server_flags": "infer serve (defaults)",
-        "hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "hardware": {"cpu": cpu_name(), "threads": torch.get_num_threads()},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "engine_config": llm.config.as_dict(),
     }
-    REPORTS.mkdir(exist_ok=True)
-    (REPORTS / "cpu_decode.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    args.out.parent.mkdir(exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     md = [
         "# CPU decode — SmolLM2-135M-Instruct (GGUF Q4_1 kept 4-bit, quantization=auto), default engine settings",
         "",
@@ -292,7 +304,7 @@ def main() -> None:
         "Reproduce: `.venv/bin/python benchmarks/cpu_decode.py --llama-cpp-python PYTHON` (PYTHON: a venv with "
         "`pip install llama-cpp-python==0.3.36`, see benchmarks/llama_cpp_peer.py)",
     ]
-    (REPORTS / "cpu_decode.md").write_text("\n".join(md) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 

@@ -41,7 +41,8 @@ class NativeBuildError(RuntimeError):
     """A kernel library could not be compiled or loaded."""
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """This CPU's feature flags (/proc/cpuinfo's line; elsewhere the processor's name)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -62,7 +63,7 @@ def library_path(source: Path, cc: str, extra: tuple[str, ...] = ()) -> Path:
     """Where the library built from `source` (and the headers beside it) with these flags on this CPU lives."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     texts = [source.read_text(), *(header.read_text() for header in sorted(source.parent.glob("*.h")))]
-    key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, cc, *version, _cpu_flags()]).encode())
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, cc, *version, cpu_flags()]).encode())
     return CACHE_DIR.expanduser() / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from layerzero.kernels.native.build import kernel
+from layerzero.kernels.native.build import cpu_flags, kernel
 from layerzero.kernels.weight_cache import WeightCache
 
 CHUNK = 32  # the 4-bit kernel reads whole 32-column chunks of a group
@@ -42,10 +42,14 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _P, ctypes.c_int)
 W8_ARGS = (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _P, ctypes.c_int)
 DENSE_ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, ctypes.c_int)  # bf16_linear and f32_linear
-F32_MAX_ROWS = 4  # most rows the float32 GEMV takes (benchmarks/reports/cpu_f32_gemv.md)
-# most rows the bf16 GEMV takes in a model (the exact float32 products of decode); more rows are a GEMM's, and oneDNN's
-# bf16 one (AMX) ran a 128-row prefill's projections 5-9x faster than this kernel, 2x at 8 rows
-BF16_MAX_ROWS = 4
+# Most rows the GEMVs take; more are a GEMM's. With AVX-512, 4: oneDNN's float32 GEMM is faster past them
+# (benchmarks/reports/cpu_f32_gemv.md) and its bf16 one (AMX) ran a 128-row prefill's projections 5-9x faster than
+# the bf16 GEMV, 2x at 8 rows. An AVX2 CPU has no bf16 GEMM (bf16 weights run in float32 there) and its GEMV keeps a
+# block of weights in L1 across the rows' tiles: 16 rows of SmolLM2's projections 1.3x oneDNN's float32 GEMM in
+# float32, ~1.7x in bf16 (half the bytes), and 0.9x at 32 (docs/quantization.md, "AVX2").
+_WIDE = " avx2" in cpu_flags() and " avx512f" not in cpu_flags()
+F32_MAX_ROWS = 16 if _WIDE else 4
+BF16_MAX_ROWS = 16 if _WIDE else 4  # also where a CPU bf16 model's blocks start keeping bf16 rows (Block.half_rows)
 
 
 def _kernel(extra: tuple[str, ...] = ()) -> Callable[..., int]:

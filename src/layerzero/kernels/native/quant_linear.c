@@ -165,10 +165,11 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 /* AVX2 (AMD Zen 2/3, Intel before AVX-512): 8-lane vectors and 16 registers. Each (output row, row of x) keeps two
- * accumulator chains (the even and odd 8-column groups of a chunk, or of a block). Up to 2 rows of x the tile runs
- * its two output rows together (at one row of x, four chains keep the FMA units busy); with more, one output row
- * after the other (the accumulators fit the registers). Either way each accumulator sums the same products in the
- * same order, so a row of x gets the same bits whatever R is. */
+ * accumulator chains (the even and odd 8-column groups of a chunk, or of a block). Up to 2 rows of x the 4-bit and
+ * dense tiles run their two output rows together (at one row of x, four chains keep the FMA units busy: 4-bit ~1.2x);
+ * with more, and always in the 8-bit tile (measured slower together), one output row after the other, so the
+ * accumulators fit the registers. Either way each accumulator sums the same products in the same order, so a row of
+ * x gets the same bits whatever R is. */
 #define JOINT(R) ((R) <= 2 ? 2 : 1)  /* output rows run together */
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -279,7 +280,7 @@ static inline __attribute__((always_inline)) void int4_tile(Row a, Row b, const 
 static inline __attribute__((always_inline)) void int8_tile(Row a, Row b, const float *x, int64_t k, int64_t block,
                                                            const int R, float sums[2][TILE]) {
     const Row rows[2] = {a, b};
-    for (int w = 0; w < 2; w += JOINT(R)) int8_part(rows + w, JOINT(R), x, k, block, R, sums + w);
+    for (int w = 0; w < 2; w++) int8_part(rows + w, 1, x, k, block, R, sums + w);
 }
 static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const float *x, int64_t k, const int R,
                                                             const int f32, float sums[2][TILE]) {

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import layerzero as lz
 from layerzero.kernels import onednn
 from layerzero.kernels.native import amx
+from layerzero.kernels.native.linear import F32_MAX_ROWS
 
 pytestmark = pytest.mark.skipif(onednn._available() is not None, reason="no oneDNN linear in this torch build")
 
@@ -64,7 +65,7 @@ def test_bfloat16_within_its_rounding(rows):
 
 
 def test_selected_for_float32_and_bfloat16_on_the_cpu():
-    x, w = torch.randn(8, 32), torch.randn(8, 32)  # 8 rows: past the native float32 GEMV's (a decode's) 4
+    x, w = torch.randn(F32_MAX_ROWS + 1, 32), torch.randn(8, 32)  # past the native float32 GEMV's (a decode's) rows
     assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"
     # bf16 goes to the AMX GEMM where the CPU has AMX (tests/unit/layerzero/kernels/test_lz_native_amx.py)
     assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == (not amx.available())
