@@ -91,6 +91,21 @@ def test_triton_moe_gate_matches_the_reference_in_a_graph(tokens, dtype):
     assert all(counter.item() == 0 for counter in triton_route._COUNTERS.values())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_moe_gate_decode_is_batch_invariant(dtype):
+    """The compiled one-launch router gives a token the same logits' bits, so the same experts and weights, alone or
+    beside 8 others (the CPU unit test's interpreter cannot show it where numpy's BLAS sums rows by place)."""
+    from layerzero.kernels.triton import moe_route as triton_route
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(9, 2048, device="cuda", generator=gen).to(dtype)
+    router = (torch.randn(128, 2048, device="cuda", generator=gen) * 0.02).to(dtype)
+    together = triton_route.moe_gate_decode(x, router, 8, renormalize=False)
+    for t in (0, 4, 8):
+        alone = triton_route.moe_gate_decode(x[t : t + 1], router, 8, renormalize=False)
+        assert torch.equal(alone[0][0], together[0][t]) and torch.equal(alone[1][0], together[1][t])
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_engine_with_graphs_equals_the_cpu_runner_and_transformers(family, tmp_path, monkeypatch):
     path = save_tiny_with_tokenizer(family, tmp_path, seed=4)
