@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median reported)")
     parser.add_argument("--llama-cpp-python", default=None, metavar="PYTHON",
                         help="an interpreter with llama-cpp-python: adds llama.cpp batch-1 decode and prompt rows")
-    parser.add_argument("--out", type=Path, default=REPORTS / "cpu_decode", help="report stem (.json, .md)")
+    parser.add_argument("--out", type=Path, default=REPORTS / "cpu_decode", help="report path; its .json and .md are written")
     args = parser.parse_args()
 
     llm = LLM(None)  # the defaults `make serve` runs with
