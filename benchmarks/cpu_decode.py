@@ -34,7 +34,7 @@ import torch
 import transformers
 
 from infer import LLM, SamplingParams
-from layerzero.kernels.native.build import cpu_flags
+from layerzero.kernels.native.build import vector_isa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
@@ -187,9 +187,8 @@ def median_ratio(ours: list[float], theirs: list[float]) -> float:
 
 
 def cpu_name() -> str:
-    """The CPU's model name and its widest vector ISA (the native kernels' build differs by it)."""
-    flags = cpu_flags()
-    isa = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "no AVX2"
+    """The CPU's model name and the vector form the native kernels build in on it."""
+    isa = vector_isa()
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
         if line.startswith("model name"):
             return f"{line.split(':', 1)[1].strip()} ({isa})"

@@ -41,6 +41,7 @@ class NativeBuildError(RuntimeError):
     """A kernel library could not be compiled or loaded."""
 
 
+@functools.cache
 def cpu_flags() -> str:
     """This CPU's feature flags (/proc/cpuinfo's line; elsewhere the processor's name)."""
     try:
@@ -50,6 +51,14 @@ def cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def vector_isa() -> str:
+    """The vector form the linear tiles build in here (`-march=native`): "AVX-512", "AVX2" (AVX2 with FMA) or "plain C"."""
+    flags = cpu_flags()
+    if " avx512f" in flags:
+        return "AVX-512"
+    return "AVX2" if " avx2" in flags and " fma" in flags else "plain C"
 
 
 def _compiler() -> str:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from layerzero.kernels.native.build import cpu_flags, kernel
+from layerzero.kernels.native.build import kernel, vector_isa
 from layerzero.kernels.weight_cache import WeightCache
 
 CHUNK = 32  # the 4-bit kernel reads whole 32-column chunks of a group
@@ -47,9 +47,8 @@ DENSE_ARGS = (_P, _I64, _I64, _P, _I64, _P, _P, ctypes.c_int)  # bf16_linear and
 # the bf16 GEMV, 2x at 8 rows. An AVX2 CPU has no bf16 GEMM (bf16 weights run in float32 there) and its GEMV keeps a
 # block of weights in L1 across the rows' tiles: 16 rows of SmolLM2's projections 1.3x oneDNN's float32 GEMM in
 # float32, ~1.7x in bf16 (half the bytes), and 0.9x at 32 (docs/quantization.md, "AVX2").
-_WIDE = " avx2" in cpu_flags() and " avx512f" not in cpu_flags()
-F32_MAX_ROWS = 16 if _WIDE else 4
-BF16_MAX_ROWS = 16 if _WIDE else 4  # also where a CPU bf16 model's blocks start keeping bf16 rows (Block.half_rows)
+F32_MAX_ROWS = 16 if vector_isa() == "AVX2" else 4
+BF16_MAX_ROWS = F32_MAX_ROWS  # also where a CPU bf16 model's blocks start keeping bf16 rows (Block.half_rows)
 
 
 def _kernel(extra: tuple[str, ...] = ()) -> Callable[..., int]:

@@ -18,7 +18,7 @@
  * converted once per four rows of x, in registers. Each dot product runs over the chunks in order into two
  * 16-lane accumulators and ends with one fixed-order horizontal sum: a row of x gets the same bits whatever else
  * shares the call, so a request decodes the same tokens alone or in a batch. Compiled without -ffast-math (no
- * reassociation).
+ * reassociation). Three forms by what the CPU has: AVX-512, AVX2 + FMA (8-lane accumulators, below), plain C.
  */
 #include <stdint.h>
 #include <stdlib.h>

@@ -90,7 +90,8 @@ def _bf16_weight(ctx: SelectionContext) -> list[Reason]:
         # never through the dispatcher's float32 cast: that would widen the weight too
         return [Reason(CONSTRAINT_FAILED, "takes bfloat16 weights with float32 activations only")]
     return _gemv_steps(ctx, "bf16 kernel", linear.BF16_MAX_ROWS,
-                       "a bf16 GEMM (AMX) is faster (benchmarks/reports/cpu_vs_vllm.md)")
+                       "a GEMM is faster: a bf16 one (AMX, AVX512-BF16; benchmarks/reports/cpu_vs_vllm.md), on "
+                       "AVX2 oneDNN's float32 one (docs/quantization.md, \"AVX2\")")
 
 
 def _f32_weight(ctx: SelectionContext) -> list[Reason]:
