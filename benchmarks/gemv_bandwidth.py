@@ -30,6 +30,8 @@ SHAPES = {  # (N, K) per projection
     "llama-3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
                      "lm_head": (128256, 2048)},
     "llama-3.1-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
+    # one rank's shards at tensor parallelism 2: column-parallel QKV and gate+up, row-parallel O and down
+    "llama-3.1-8b-tp2": {"qkv": (3072, 4096), "o": (4096, 2048), "gate_up": (14336, 4096), "down": (4096, 7168)},
 }
 TILES = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s)
          for n, k, w, s in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4))]
@@ -64,6 +66,7 @@ L2_DEFEAT_BYTES = 256 * 2**20  # weight copies per projection add up to at least
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -75,8 +78,8 @@ def main() -> None:
              "| shape | projection | M | weight MB | cuBLAS µs | fraction | best Triton GEMV µs | fraction | tile |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     rows: list[dict[str, Any]] = []
-    for shape, projections in SHAPES.items():
-        for name, (n, k) in projections.items():
+    for shape in args.shapes:
+        for name, (n, k) in SHAPES[shape].items():
             w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
             copies = [w] + [w.clone() for _ in range(-(-L2_DEFEAT_BYTES // (n * k * 2)) - 1)]
             for m in args.rows:

@@ -4,8 +4,9 @@
 # DP=1 offline throughput (Llama-3.2-1B shape), and a profile of TP=1 and TP=2 batch-1 decode. Reports under $OUT. NVLink multicast stays off (never unset
 # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1; they are set here if absent).
 # Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_distributed.sh MODES
-# MODES joins any of tests (the tests and the all-reduce table), profiles (TP=1 and TP=2), tp (the decode table;
-# tp2profile adds a TP=2 profile after it) and dp, e.g. `tests,tp,tp2profile`; all is every one. One call of the
+# MODES joins any of tests (the distributed GPU tests), allreduce (the all-reduce table), gemv (the sharded
+# projections' GEMV against cuBLAS), profiles (TP=1 and TP=2), tp (the decode table; tp2profile adds a TP=2 profile
+# after it) and dp, e.g. `tests,tp,tp2profile`; all is every one. One call of the
 # device tool holds at most 10 minutes: split the modes over calls.
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -21,9 +22,15 @@ profile() {  # where TP=$1's batch-1 step time goes (rank 0's kernels; collectiv
 }
 if [[ "$mode" == all || "$mode" == *tests* ]]; then
   INFER_STRICT_SYNC=1 timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_tensor_parallel_gpu.py 2>&1 | tail -25 > "$out/distributed_tests.log"
+    tests/gpu/test_tensor_parallel_gpu.py tests/gpu/test_reduce_norm_gpu.py 2>&1 | tail -40 > "$out/distributed_tests.log"
   tail -3 "$out/distributed_tests.log"
+fi
+if [[ "$mode" == all || "$mode" == *allreduce* ]]; then
   timeout 80 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -13
+fi
+if [[ "$mode" == all || "$mode" == *gemv* ]]; then
+  timeout 150 python3 benchmarks/gemv_bandwidth.py --shapes llama-3.1-8b-tp2 llama-3.1-8b --rows 1 \
+    --out "$out/gemv_tp2" 2>&1 | tail -9
 fi
 if [[ "$mode" == all || "$mode" == *profiles* ]]; then
   profile 1 90

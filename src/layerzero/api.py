@@ -265,6 +265,14 @@ def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
     return _call("all_reduce", x, group=group)
 
 
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, group: Any,
+                            eps: float = 1e-6, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tensor-parallel layer's end: x (this rank's partial sum) summed over the group's ranks, then
+    `fused_add_rms_norm` of that sum and the residual: returns (rms_norm(sum + residual), sum + residual)."""
+    return _call("all_reduce_add_rms_norm", x, residual, weight, eps=float(eps), weight_offset=float(weight_offset),
+                 group=group)
+
+
 def all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:
     """The group's ranks' x [..., d] side by side in rank order: [..., size * d]."""
     return _call("all_gather", x, group=group)

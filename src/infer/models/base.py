@@ -28,7 +28,12 @@ class Block(nn.Module):
     The residual stream travels as (x, pending): the stream is x + pending, the block's closing add left undone so
     the next block's input norm does it in the same kernel (fused add + RMSNorm); pending is None when the stream
     is x itself. A block whose `resid_post` is observed (a probe tap, a forward hook) does its add and passes the
-    sum through `resid_post`, so whatever reads the residual stream reads it whole."""
+    sum through `resid_post`, so whatever reads the residual stream reads it whole.
+
+    Under tensor parallelism (`tp_group`) the attention's and the MLP's outputs are this rank's partial sums, and
+    the block owns their sum over ranks: it is done by the add-and-norm that consumes them (one op, one kernel on
+    the GPUs' decode steps), so pending is a partial sum too (`pending_group`); with sandwich norms, whose output
+    norm needs the whole sum, each output is all-reduced before its norm."""
 
     def __init__(self, cfg: ModelConfig, layer: int, fam: Family, experts: range | None = None) -> None:
         super().__init__()
@@ -43,6 +48,17 @@ class Block(nn.Module):
         self.mlp_prefix = fam.moe.prefix if isinstance(self.mlp, SparseMLP) and fam.moe is not None else "mlp."
         self.post_mlp_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
         self.resid_post = HookPoint()
+        self.tp_group: object | None = None  # tensor parallel: the group the outputs are summed over
+        self.reduce_site = lz.bind("all_reduce")
+
+    @property
+    def pending_group(self) -> object | None:
+        """The group `pending` (the MLP's output) is a partial sum over, None when it is whole."""
+        return self.tp_group if self.post_mlp_norm is None else None
+
+    def summed(self, out: torch.Tensor) -> torch.Tensor:
+        """An output of the attention or the MLP summed over the ranks (itself without tensor parallelism)."""
+        return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
 
     def weight_map(self) -> WeightMap:
         """The checkpoint's names (under model.layers.N.) -> this block's."""
@@ -67,11 +83,12 @@ class Block(nn.Module):
         h, x = self.enter(x, pending, self.half_rows(x))
         out = self.attn(h, cos, sin, batch)
         if self.post_attn_norm is not None:
-            out = self.post_attn_norm(out)
-        h, x = self.mlp_norm.add_and_norm(out, x)
+            h, x = self.mlp_norm.add_and_norm(self.post_attn_norm(self.summed(out)), x)
+        else:
+            h, x = self.mlp_norm.add_and_norm(out, x, self.tp_group)
         out = self.mlp(h, batch.lora_ids) if isinstance(self.mlp, GatedMLP) else self.mlp(h)
         if self.post_mlp_norm is not None:
-            out = self.post_mlp_norm(out)
+            out = self.post_mlp_norm(self.summed(out))
         return self.leave(x, out)
 
     def half_rows(self, x: torch.Tensor) -> torch.dtype | None:
@@ -87,7 +104,7 @@ class Block(nn.Module):
             return None
         attn, mlp = self.attn, self.mlp
         weights = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not all(isinstance(w, HalfWeight) for w in weights) or attn.tp_group is not None or any(
+        if not all(isinstance(w, HalfWeight) for w in weights) or self.tp_group is not None or any(
                 stack is not None for stack in (attn.qkv_lora, attn.o_lora, mlp.gate_up_lora, mlp.down_lora)):
             return None
         return attn.qkv_proj.weight.dtype
@@ -101,7 +118,7 @@ class Block(nn.Module):
         else:
             if half is None and pending.dtype != x.dtype:  # a bf16 block's output into a float32 one
                 pending = pending.to(x.dtype)
-            h, x = self.input_norm.add_and_norm(pending, x)
+            h, x = self.input_norm.add_and_norm(pending, x, self.pending_group)
         return (h if half is None or h.dtype == half else h.to(half)), x
 
     def leave(self, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -109,7 +126,7 @@ class Block(nn.Module):
         hook = self.resid_post
         if type(hook) is HookPoint and not (hook._forward_hooks or hook._forward_pre_hooks):
             return x, out
-        return self.resid_post(x + out), None
+        return self.resid_post(x + (out if self.pending_group is None else self.summed(out))), None
 
 
 class CausalLM(nn.Module):
@@ -137,7 +154,7 @@ class CausalLM(nn.Module):
         if shard.parallel:
             self.embed_reduce_site, self.gather_site = lz.bind("all_reduce"), lz.bind("all_gather")
             for block in self.blocks:
-                block.attn.tp_group = block.mlp.tp_group = shard.group
+                block.tp_group = shard.group
         positions = min(cfg.max_position_embeddings, max_positions)
         self.ropes = nn.ModuleDict({"global": RotaryEmbedding(cfg.rope, cfg.head_dim, positions)})
         if cfg.rope_local is not None:
@@ -191,7 +208,8 @@ class CausalLM(nn.Module):
             if pending is None:
                 return self.final_norm(x)
             # float32 hidden states whatever the last block's rows were: the head's few rows take the exact GEMV
-            return self.final_norm.add_and_norm(pending if pending.dtype == x.dtype else pending.to(x.dtype), x)[0]
+            pending = pending if pending.dtype == x.dtype else pending.to(x.dtype)
+            return self.final_norm.add_and_norm(pending, x, self.blocks[-1].pending_group)[0]
 
     def hold_head_in(self, dtype: torch.dtype) -> None:
         """Keep the LM head as its own copy in `dtype` (a tied embedding stays as it is, for the lookup)."""

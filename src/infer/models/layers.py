@@ -70,13 +70,19 @@ class RMSNorm(nn.Module):
         self.eps = float(eps)
         self.weight_offset = float(weight_offset)
         self.norm_site, self.add_norm_site = lz.bind("rms_norm"), lz.bind("fused_add_rms_norm")
+        self.reduce_norm_site = lz.bind("all_reduce_add_rms_norm")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm_site(x, self.weight, eps=self.eps, weight_offset=self.weight_offset)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual)."""
-        return self.add_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset)
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                     group: object | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); with a tensor-parallel `group`, x is this rank's partial sum and is
+        summed over the group's ranks first, in the same op (one kernel on the GPUs' decode steps)."""
+        if group is None:
+            return self.add_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset)
+        return self.reduce_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset,
+                                     group=group)
 
 
 def rope_inv_freq(cfg: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:
@@ -137,7 +143,8 @@ class RotaryEmbedding(nn.Module):
 
 class Attention(nn.Module):
     """GQA self-attention with a fused QKV projection, optional QK-norm, rope on all or the leading dims of each head,
-    paged KV cache."""
+    paged KV cache. Under tensor parallelism it returns this rank's partial sum (its heads through its o_proj
+    columns); the block sums it over the ranks."""
 
     def __init__(self, cfg: ModelConfig, layer: int, qk_norm: bool, norm_offset: float = 0.0) -> None:
         super().__init__()
@@ -161,8 +168,6 @@ class Attention(nn.Module):
         self.store_site = lz.bind("store_kv_cache")  # with a KV cache and partial rope: the store after it
         self.prefill_site, self.varlen_site = lz.bind("paged_prefill_attention"), lz.bind("varlen_attention")
         self.decode_site = lz.bind("paged_attention")
-        self.tp_group: object | None = None  # tensor parallel: o_proj holds this rank's columns, summed over ranks
-        self.reduce_site = lz.bind("all_reduce")
         self.qkv_lora: LoRAStack | None = None  # with LoRA adapters (infer/lora/stacks.py)
         self.o_lora: LoRAStack | None = None
 
@@ -202,7 +207,7 @@ class Attention(nn.Module):
         out = self.o_site(o.to(x.dtype) if half else o, self.o_proj)  # the output in x's dtype
         if self.o_lora is not None:
             out = self.o_lora(o, out, batch.lora_ids)
-        return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
+        return out
 
     def _attend_cached(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                        batch: ForwardBatch) -> torch.Tensor:
@@ -266,7 +271,8 @@ class Attention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)) with gate and up fused into one projection."""
+    """down(act(gate(x)) * up(x)) with gate and up fused into one projection (under tensor parallelism this rank's
+    partial sum, through its down_proj columns; the block sums it)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -276,8 +282,6 @@ class GatedMLP(nn.Module):
         self.act = cfg.hidden_act
         self.gate_up_site, self.down_site = LinearSite(), LinearSite()
         self.act_site = lz.bind("silu_and_mul" if self.act == "silu" else "gelu_and_mul")
-        self.tp_group: object | None = None  # tensor parallel: down_proj holds this rank's columns, summed over ranks
-        self.reduce_site = lz.bind("all_reduce")
         self.gate_up_lora: LoRAStack | None = None  # with LoRA adapters (infer/lora/stacks.py)
         self.down_lora: LoRAStack | None = None
 
@@ -297,4 +301,4 @@ class GatedMLP(nn.Module):
         out = self.down_site(h, self.down_proj)
         if self.down_lora is not None:
             out = self.down_lora(h, out, lora_ids)
-        return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
+        return out

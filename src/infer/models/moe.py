@@ -22,7 +22,7 @@ class SparseMLP(nn.Module):
     """The router and the stacked experts of one sparse layer. Under tensor parallelism every rank holds all experts'
     slices of the intermediate dimension (w13's rows, w2's columns), or with expert parallelism `experts`, a
     contiguous range of whole experts (the router stays whole: every rank routes every token, and a pair routed to
-    another rank's expert counts zero here); either way the output is summed over ranks."""
+    another rank's expert counts zero here); either way the output is a partial sum, which the block sums over ranks."""
 
     def __init__(self, cfg: ModelConfig, moe: MoE, experts: range | None = None) -> None:
         super().__init__()
@@ -35,8 +35,6 @@ class SparseMLP(nn.Module):
         self.w13 = empty_param(len(self.experts), 2 * inner, hidden)
         self.w2 = empty_param(len(self.experts), hidden, inner)
         self.gate_site, self.experts_site = lz.bind("moe_gate"), ExpertsSite()
-        self.tp_group: object | None = None  # tensor parallel: this rank holds a part of the experts, summed over ranks
-        self.reduce_site = lz.bind("all_reduce")
 
     def weight_map(self) -> WeightMap:
         """The checkpoint's names under the layer's MLP prefix -> the router and each expert's slices."""
@@ -54,8 +52,7 @@ class SparseMLP(nn.Module):
             local = ids - self.experts.start
             here = (local >= 0) & (local < len(self.experts))
             ids, weights = torch.where(here, local, 0), torch.where(here, weights, 0.0)
-        out = self.experts_site(x, self.w13, self.w2, weights, ids, self.activation)
-        return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
+        return self.experts_site(x, self.w13, self.w2, weights, ids, self.activation)
 
     def quantize_experts_fp8(self, dtype: torch.dtype) -> bool:
         """Quantize dense experts to float8 e4m3 in 128 x 128 blocks (`--quantization fp8`) where a kernel other

@@ -273,6 +273,7 @@ SIGNATURES: dict[str, OpSignature] = {
     # is read on a call-cache miss (reference.tokenize.cached_identity).
     # collectives: the group is not part of the context (a process has one tensor-parallel group per model)
     "all_reduce": OpSignature(_rowwise, (0,), ()),
+    "all_reduce_add_rms_norm": OpSignature(_add_norm, (0, 1, 2), ()),
     "all_gather": OpSignature(_rowwise, (0,), ()),
     "broadcast": OpSignature(_rowwise, (0,), ("src",)),
     "tokenize": OpSignature(_tokenizer, (1,), ("return_offsets",)),

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import _disable_current_modes
 
 from layerzero.kernels.native.build import record_call
+from layerzero.kernels.reference.norm import fused_add_rms_norm
 
 
 ONE_SHOT_MAX_BYTES = 512 * 1024
@@ -91,6 +92,12 @@ def all_reduce(x: torch.Tensor, *, group: Any) -> torch.Tensor:
         record_call(_all_reduce, x, group)
         _all_reduce(x, group)
     return x
+
+
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
+                            weight_offset: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual): the all-reduce, then the add and the norm."""
+    return fused_add_rms_norm(all_reduce(x, group=group), residual, weight, eps, weight_offset)
 
 
 def all_gather(x: torch.Tensor, *, group: Any) -> torch.Tensor:

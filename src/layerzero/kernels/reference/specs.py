@@ -113,6 +113,7 @@ _EXTRA = {
     "tokenize": ("tokenize", "tokenize"),
     "detokenize": ("tokenize", "detokenize"),
     "all_reduce": ("collectives", "all_reduce"),
+    "all_reduce_add_rms_norm": ("collectives", "all_reduce_add_rms_norm"),
     "all_gather": ("collectives", "all_gather"),
     "broadcast": ("collectives", "broadcast"),
     "moe_route": ("moe", "moe_route"),
@@ -150,6 +151,7 @@ def kernel_specs() -> list[KernelSpec]:
             specs.append(_unimportable(op, module, exc))
             continue
         specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4",
-                                                               "linear_w8", "all_reduce", "all_gather", "broadcast",
+                                                               "linear_w8", "all_reduce", "all_reduce_add_rms_norm",
+                                                               "all_gather", "broadcast",
                                                                "moe_route", "moe_gate", "lora_shrink", "lora_expand")))
     return specs

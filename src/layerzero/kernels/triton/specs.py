@@ -108,6 +108,26 @@ def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+REDUCE_NORM_PRIORITY = 75  # the two-op form, below the one-kernel form wherever that takes the rows
+REDUCE_NORM_MAX_BLOCK = 16384  # the widest row one program holds in registers
+REDUCE_NORM_MAX_ROWS = 64  # rows (programs) a call takes: each has a flag per rank in the signal pads
+REDUCE_NORM_SLOT_BYTES = 256 * 1024  # one rank's rows in one phase: 32 rows of a 4096-wide bf16 stream
+
+
+def _reduce_norm_fits(ctx: SelectionContext) -> list[Reason]:
+    """The one-kernel all-reduce + add + norm takes few rows (decode's): they travel through a fixed symmetric slot."""
+    reasons = []
+    if ctx.hidden > REDUCE_NORM_MAX_BLOCK:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"hidden {ctx.hidden}: one program holds at most "
+                                                   f"{REDUCE_NORM_MAX_BLOCK}"))
+    nbytes = ctx.tokens * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    if ctx.tokens > REDUCE_NORM_MAX_ROWS or nbytes > REDUCE_NORM_SLOT_BYTES:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows ({nbytes // 1024} KiB): the symmetric slot "
+                                                   f"takes at most {REDUCE_NORM_MAX_ROWS} rows and "
+                                                   f"{REDUCE_NORM_SLOT_BYTES // 1024} KiB"))
+    return reasons
+
+
 def _argmax_shape(ctx: SelectionContext) -> list[Reason]:
     """The kernel reduces the last dim of a 2-D [rows, V]."""
     ndim = ctx.param("ndim", 2)
@@ -228,6 +248,11 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("triton.rms_norm", "rms_norm", impl=_lazy("norm", "rms_norm"), priority=PRIORITY, **common),
         KernelSpec("triton.fused_add_rms_norm", "fused_add_rms_norm", impl=_lazy("norm", "fused_add_rms_norm"),
                    priority=PRIORITY, **common),
+        KernelSpec("triton.all_reduce_add_rms_norm", "all_reduce_add_rms_norm",
+                   impl=_lazy("reduce_norm", "all_reduce_add_rms_norm"), priority=PRIORITY, check=_reduce_norm_fits,
+                   **common),
+        KernelSpec("triton.reduce_then_add_rms_norm", "all_reduce_add_rms_norm",
+                   impl=_lazy("reduce_norm", "reduce_then_add_rms_norm"), priority=REDUCE_NORM_PRIORITY, **common),
         KernelSpec("triton.rope", "rope", impl=_lazy("rope", "rope"), priority=PRIORITY, head_dim_multiple=2,
                    **common),
         KernelSpec("triton.silu_and_mul", "silu_and_mul", impl=_lazy("activation", "silu_and_mul"),

@@ -13,12 +13,14 @@ from layerzero.select.context import SelectionContext
 
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache", "rope_store_kv",
        "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4", "linear",
-       "argmax", "fused_moe", "fused_moe_w8", "moe_route", "moe_gate", "lora_shrink", "lora_expand"}
+       "argmax", "fused_moe", "fused_moe_w8", "moe_route", "moe_gate", "lora_shrink", "lora_expand",
+       "all_reduce_add_rms_norm"}
 
 
 # an op's second kernel, for a regime the first serves badly
 SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.moe_gate_decode": "moe_gate", "triton.fused_moe_w8_decode": "fused_moe_w8",
-                  "triton.lora_shrink_rows": "lora_shrink", "triton.lora_expand_rows": "lora_expand"}
+                  "triton.lora_shrink_rows": "lora_shrink", "triton.lora_expand_rows": "lora_expand",
+                  "triton.reduce_then_add_rms_norm": "all_reduce_add_rms_norm"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):
@@ -93,3 +95,21 @@ def test_lora_kernels_split_by_row_count(rows, shrink, expand):
     assert ok("triton.lora_expand_rows") == (expand == "rows")
     assert ok("triton.lora_shrink") and ok("triton.lora_expand")
     assert not ok("triton.lora_expand", rank=300)
+
+
+@pytest.mark.parametrize(("rows", "hidden", "dtype", "fits"), [
+    (1, 4096, torch.bfloat16, True),
+    (32, 4096, torch.bfloat16, True),  # 256 KiB: one slot
+    (33, 4096, torch.bfloat16, False),
+    (16, 4096, torch.float32, True),
+    (64, 1024, torch.bfloat16, True),
+    (65, 512, torch.bfloat16, False),  # a flag per row: at most 64 rows
+    (1, 32768, torch.bfloat16, False),  # wider than one program's registers
+])
+def test_one_kernel_reduce_norm_takes_decode_rows(rows, hidden, dtype, fits):
+    """The one-kernel all-reduce + add + norm takes rows that fit its symmetric slot; the two-op form takes the rest."""
+    ctx = SelectionContext(op="all_reduce_add_rms_norm", device="cuda", platform="cuda", dtype=dtype, tokens=rows,
+                           hidden=hidden)
+    reasons = specs._reduce_norm_fits(ctx)
+    assert (not reasons) is fits
+    assert all(r.code == R.CONSTRAINT_FAILED for r in reasons)
