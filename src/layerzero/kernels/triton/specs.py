@@ -91,20 +91,28 @@ def _int4_groups(ctx: SelectionContext) -> list[Reason]:
 
 
 GEMV_MAX_ROWS = 8  # decode's batch 1-8; more rows are a GEMM's work
-# where the GEMV measured faster than cuBLAS: weights past the H100's 50 MB L2 (4-9%; below it cuBLAS won)
-GEMV_MIN_WEIGHT_BYTES = 64 * 2**20
+# Where the GEMV measured faster than cuBLAS on weights read from DRAM, as a decode step reads them (H200,
+# benchmarks/reports/gemv_bandwidth_tp2_h200.md): from 16 MiB (the 8B's TP=2 O shard equal, its QKV 7-10% faster),
+# and with at least 3072 outputs, 96 programs of 32 of them: the 1B's down projection, 2048 wide, ran 28% behind.
+GEMV_MIN_WEIGHT_BYTES = 16 * 2**20
+GEMV_MIN_OUT_FEATURES = 3072
 
 
 def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
-    """The skinny-linear kernel runs where it measured faster than cuBLAS: few rows, a weight larger than L2."""
+    """The skinny-linear kernel runs where it measured faster than cuBLAS: few rows, a weight of 16 MiB or more
+    and enough outputs to spread its programs over the SMs."""
     reasons = []
     if ctx.tokens > GEMV_MAX_ROWS:
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the GEMV takes at most {GEMV_MAX_ROWS} "
                                                    "(more rows are a GEMM's)"))
-    nbytes = (ctx.param("out_features") or 0) * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    out = ctx.param("out_features") or 0
+    nbytes = out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
     if nbytes < GEMV_MIN_WEIGHT_BYTES:
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight: under "
                                                    f"{GEMV_MIN_WEIGHT_BYTES // 2**20} MiB cuBLAS measured faster"))
+    if out < GEMV_MIN_OUT_FEATURES:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{out} outputs: under {GEMV_MIN_OUT_FEATURES} the GEMV's "
+                                                   "programs leave SMs idle (cuBLAS splits K)"))
     return reasons
 
 

@@ -33,10 +33,13 @@ def _ctx(tokens: int, out: int, hidden: int) -> SelectionContext:
                             hidden=hidden, params=(("out_features", out), ("bias", False)))
 
 
-def test_the_gemv_runs_on_few_rows_and_weights_past_l2():
+def test_the_gemv_runs_on_few_rows_of_wide_weights_from_16_mib():
     check = next(s for s in specs.kernel_specs() if s.op == "linear").check
     assert check is not None
     assert check(_ctx(1, 14336 * 2, 4096)) == []  # Llama-3.1-8B gate+up, batch 1
     assert check(_ctx(8, 128256, 2048)) == []  # Llama-3.2-1B LM head, batch 8
+    assert check(_ctx(1, 3072, 4096)) == []  # Llama-3.1-8B's QKV shard at TP=2: 24 MiB
+    assert check(_ctx(1, 4096, 2048)) == []  # its O shard: 16 MiB
     assert "at most 8" in check(_ctx(16, 14336 * 2, 4096))[0].message
     assert "cuBLAS measured faster" in check(_ctx(1, 3072, 2048))[0].message  # Llama-3.2-1B QKV: 12 MiB
+    assert "leave SMs idle" in check(_ctx(1, 2048, 8192))[0].message  # Llama-3.2-1B down: 32 MiB, 2048 wide
