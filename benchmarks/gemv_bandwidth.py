@@ -32,6 +32,7 @@ SHAPES = {  # (N, K) per projection
     "llama-3.1-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
     # one rank's shards at tensor parallelism 2: column-parallel QKV and gate+up, row-parallel O and down
     "llama-3.1-8b-tp2": {"qkv": (3072, 4096), "o": (4096, 2048), "gate_up": (14336, 4096), "down": (4096, 7168)},
+    "qwen3-30b-a3b": {"qkv": (5120, 2048), "o": (2048, 4096)},  # its attention (the experts have their own kernels)
 }
 TILES = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s)
          for n, k, w, s in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4))]

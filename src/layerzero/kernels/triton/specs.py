@@ -92,27 +92,31 @@ def _int4_groups(ctx: SelectionContext) -> list[Reason]:
 
 GEMV_MAX_ROWS = 8  # decode's batch 1-8; more rows are a GEMM's work
 # Where the GEMV measured faster than cuBLAS on weights read from DRAM, as a decode step reads them (H200,
-# benchmarks/reports/gemv_bandwidth_tp2_h200.md): from 16 MiB (the 8B's TP=2 O shard equal, its QKV 7-10% faster),
-# and with at least 3072 outputs, 96 programs of 32 of them: the 1B's down projection, 2048 wide, ran 28% behind.
-GEMV_MIN_WEIGHT_BYTES = 16 * 2**20
+# benchmarks/reports/gemv_bandwidth_h200.md, gemv_bandwidth_tp2_h200.md): every weight from 64 MiB (LM heads,
+# gate+up, the 8B's down); from 16 MiB the long rows (K >= 4096) with at least 3072 outputs, 96 programs of 32 of
+# them (the 8B's QKV and O, its TP=2 QKV and down shards: 1-10% faster). Shorter rows or fewer outputs lost to
+# cuBLAS's split-K: Qwen3-30B-A3B's QKV (K 2048) 8.1 against 7.7 µs, the 1B's down (2048 outputs) 17 against 13.
+GEMV_MIN_WEIGHT_BYTES = 64 * 2**20
+GEMV_LONG_ROWS_MIN_BYTES = 16 * 2**20
+GEMV_LONG_ROW = 4096
 GEMV_MIN_OUT_FEATURES = 3072
 
 
 def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
-    """The skinny-linear kernel runs where it measured faster than cuBLAS: few rows, a weight of 16 MiB or more
-    and enough outputs to spread its programs over the SMs."""
+    """The skinny-linear kernel runs where it measured faster than cuBLAS: few rows, and a weight of 64 MiB or
+    more, or of 16 MiB or more with long rows and enough outputs to spread its programs over the SMs."""
     reasons = []
     if ctx.tokens > GEMV_MAX_ROWS:
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the GEMV takes at most {GEMV_MAX_ROWS} "
                                                    "(more rows are a GEMM's)"))
     out = ctx.param("out_features") or 0
     nbytes = out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
-    if nbytes < GEMV_MIN_WEIGHT_BYTES:
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight: under "
-                                                   f"{GEMV_MIN_WEIGHT_BYTES // 2**20} MiB cuBLAS measured faster"))
-    if out < GEMV_MIN_OUT_FEATURES:
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{out} outputs: under {GEMV_MIN_OUT_FEATURES} the GEMV's "
-                                                   "programs leave SMs idle (cuBLAS splits K)"))
+    long_rows = ctx.hidden >= GEMV_LONG_ROW and out >= GEMV_MIN_OUT_FEATURES
+    if nbytes < (GEMV_LONG_ROWS_MIN_BYTES if long_rows else GEMV_MIN_WEIGHT_BYTES):
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight of {out} x {ctx.hidden}: "
+                                                   f"cuBLAS measured faster under {GEMV_MIN_WEIGHT_BYTES // 2**20} "
+                                                   f"MiB, or {GEMV_LONG_ROWS_MIN_BYTES // 2**20} MiB with rows of "
+                                                   f"{GEMV_LONG_ROW}+ and {GEMV_MIN_OUT_FEATURES}+ outputs"))
     return reasons
 
 
