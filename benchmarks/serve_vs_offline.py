@@ -1,7 +1,7 @@
 """Serving at engine speed: the offline engine, then `infer serve`, on the same GPU, prompts and settings.
 
     python benchmarks/serve_vs_offline.py [--shape llama-3.2-1b] [--levels 1,16,64,256] [--api-server-count N]
-                                          [--fresh-connections]
+                                          [--fresh-connections] [--data-parallel-size N]
 
 Per concurrency level C: C requests of random token-id prompts (128-512 tokens), 256 new tokens each, greedy,
 EOS ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
@@ -13,7 +13,9 @@ opens its connection in the burst, as a crowd of new clients does), every SSE ch
 tok/s is generated tokens over the wall time from releasing the clients to the last stream's end; ITL is the gap
 between a stream's chunks, TTFT from a request's send to its first text chunk. Per level one first run (reported, not timed into the median), then the median of
 --repeats runs (fresh prompts each run, so the prefix cache never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR
-(default benchmarks/reports). GPU run: `bash scripts/gpu_serving.sh`.
+(default benchmarks/reports). With --data-parallel-size N the server runs N engine cores (`-dp N`, one GPU each)
+against the one offline engine: the ratio is then data parallelism's scaling through the server. GPU run:
+`bash scripts/gpu_serving.sh`.
 """
 
 from __future__ import annotations
@@ -132,8 +134,8 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
 
 
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int,
-               fresh: bool = False) -> dict[int, dict]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
+               fresh: bool = False, data_parallel: int = 1) -> dict[int, dict]:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()] + [f"--data-parallel-size={data_parallel}"]
     started = time.perf_counter()
     with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning",
                        "--api-server-count", str(api_servers), *flags, timeout=600) as server:
@@ -163,16 +165,19 @@ def main() -> None:
                         help="the server's API processes (default: what `infer serve` picks on this machine)")
     parser.add_argument("--fresh-connections", action="store_true",
                         help="each stream opens its connection when released (a burst of new clients)")
+    parser.add_argument("--data-parallel-size", type=int, default=1,
+                        help="engine cores behind the server (one GPU each), against the one offline engine")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
     vocab = ms.model_config(args.shape).vocab_size
     offline = run_offline(path, vocab, levels, args.repeats)
     api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
-    server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections)
+    server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections,
+                        args.data_parallel_size)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
               "engine": ENGINE_FLAGS, "api_server_count": api_servers, "repeats": args.repeats, "new_tokens": NEW_TOKENS,
-              "fresh_connections": args.fresh_connections,
+              "fresh_connections": args.fresh_connections, "data_parallel_size": args.data_parallel_size,
               "startup_s": server.pop("startup_s"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
                           "ratio": server[level]["tok_s"] / offline[level]["tok_s"]} for level in levels}}
@@ -184,11 +189,13 @@ def write(r: dict) -> None:
     gpu = r["gpu"].lower().replace("nvidia", "").split()[0]
     stem = f"serve_vs_offline_{gpu}_api{r['api_server_count']}" + ("_fresh" if r.get("fresh_connections") else "")
     stem += "" if r["shape"] == "llama-3.2-1b" else f"_{r['shape']}"  # the default shape's reports keep their names
+    stem += f"_dp{r['data_parallel_size']}" if r.get("data_parallel_size", 1) > 1 else ""
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     lines = [f"# `infer serve` vs the offline engine — {r['shape']} (random bf16 weights), {r['gpu']}", "",
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "
              f"token-id prompts of 128-512 tokens, {r['new_tokens']} new tokens each, greedy, EOS ignored; the server "
-             f"with {r['api_server_count']} API server process(es), every SSE chunk read by httpx clients in up to 8 "
+             f"with {r['api_server_count']} API server process(es)"
+             f"{' and ' + str(r['data_parallel_size']) + ' engine cores (DP) against one offline engine' if r.get('data_parallel_size', 1) > 1 else ''}, every SSE chunk read by httpx clients in up to 8 "
              f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}. Medians of {r.get('repeats', 3)} runs (the upper one of an even count) after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "
