@@ -1,7 +1,7 @@
 """Serving at engine speed: the offline engine, then `infer serve`, on the same GPU, prompts and settings.
 
     python benchmarks/serve_vs_offline.py [--shape llama-3.2-1b] [--levels 1,16,64,256] [--api-server-count N]
-                                          [--fresh-connections] [--data-parallel-size N]
+                                          [--fresh-connections] [--data-parallel-size N] [--tensor-parallel-size N]
 
 Per concurrency level C: C requests of random token-id prompts (128-512 tokens), 256 new tokens each, greedy,
 EOS ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
@@ -14,7 +14,8 @@ tok/s is generated tokens over the wall time from releasing the clients to the l
 between a stream's chunks, TTFT from a request's send to its first text chunk. Per level one first run (reported, not timed into the median), then the median of
 --repeats runs (fresh prompts each run, so the prefix cache never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR
 (default benchmarks/reports). With --data-parallel-size N the server runs N engine cores (`-dp N`, one GPU each)
-against the one offline engine: the ratio is then data parallelism's scaling through the server. GPU run:
+against the one offline engine: the ratio is then data parallelism's scaling through the server. With
+--tensor-parallel-size N both the offline engine and the server shard the model over N GPUs (`-tp N`). GPU run:
 `bash scripts/gpu_serving.sh`.
 """
 
@@ -52,10 +53,11 @@ def prompts_for(vocab: int, count: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(rng.randint(128, 512))] for _ in range(count)]
 
 
-def run_offline(path: Path, vocab: int, levels: list[int], repeats: int) -> dict[int, dict[str, float]]:
+def run_offline(path: Path, vocab: int, levels: list[int], repeats: int,
+                tensor_parallel: int = 1) -> dict[int, dict[str, float]]:
     from infer import LLM, SamplingParams
 
-    llm = LLM(str(path), load_format="dummy", **ENGINE_FLAGS)
+    llm = LLM(str(path), load_format="dummy", tensor_parallel_size=tensor_parallel, **ENGINE_FLAGS)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     out: dict[int, dict[str, float]] = {}
     for level in levels:
@@ -70,6 +72,7 @@ def run_offline(path: Path, vocab: int, levels: list[int], repeats: int) -> dict
                       "ttft_p50_ms": statistics.median(ttfts[1:])}
         print(f"offline C={level}: {out[level]['tok_s']:.0f} tok/s, TTFT p50 {out[level]['ttft_p50_ms']:.0f} ms",
               flush=True)
+    llm.close()  # its tensor-parallel workers end here, freeing their GPUs for the server
     del llm
     gc.collect()
     torch.cuda.empty_cache()
@@ -134,8 +137,9 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
 
 
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int,
-               fresh: bool = False, data_parallel: int = 1) -> dict[int, dict]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()] + [f"--data-parallel-size={data_parallel}"]
+               fresh: bool = False, data_parallel: int = 1, tensor_parallel: int = 1) -> dict[int, dict]:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
+    flags += [f"--data-parallel-size={data_parallel}", f"--tensor-parallel-size={tensor_parallel}"]
     started = time.perf_counter()
     with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning",
                        "--api-server-count", str(api_servers), *flags, timeout=600) as server:
@@ -167,17 +171,20 @@ def main() -> None:
                         help="each stream opens its connection when released (a burst of new clients)")
     parser.add_argument("--data-parallel-size", type=int, default=1,
                         help="engine cores behind the server (one GPU each), against the one offline engine")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="GPUs each engine (offline and served) shards the model over")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
     vocab = ms.model_config(args.shape).vocab_size
-    offline = run_offline(path, vocab, levels, args.repeats)
+    offline = run_offline(path, vocab, levels, args.repeats, args.tensor_parallel_size)
     api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
     server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections,
-                        args.data_parallel_size)
+                        args.data_parallel_size, args.tensor_parallel_size)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
               "engine": ENGINE_FLAGS, "api_server_count": api_servers, "repeats": args.repeats, "new_tokens": NEW_TOKENS,
               "fresh_connections": args.fresh_connections, "data_parallel_size": args.data_parallel_size,
+              "tensor_parallel_size": args.tensor_parallel_size,
               "startup_s": server.pop("startup_s"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
                           "ratio": server[level]["tok_s"] / offline[level]["tok_s"]} for level in levels}}
@@ -190,12 +197,14 @@ def write(r: dict) -> None:
     stem = f"serve_vs_offline_{gpu}_api{r['api_server_count']}" + ("_fresh" if r.get("fresh_connections") else "")
     stem += "" if r["shape"] == "llama-3.2-1b" else f"_{r['shape']}"  # the default shape's reports keep their names
     stem += f"_dp{r['data_parallel_size']}" if r.get("data_parallel_size", 1) > 1 else ""
+    stem += f"_tp{r['tensor_parallel_size']}" if r.get("tensor_parallel_size", 1) > 1 else ""
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     lines = [f"# `infer serve` vs the offline engine — {r['shape']} (random bf16 weights), {r['gpu']}", "",
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "
              f"token-id prompts of 128-512 tokens, {r['new_tokens']} new tokens each, greedy, EOS ignored; the server "
              f"with {r['api_server_count']} API server process(es)"
-             f"{' and ' + str(r['data_parallel_size']) + ' engine cores (DP) against one offline engine' if r.get('data_parallel_size', 1) > 1 else ''}, every SSE chunk read by httpx clients in up to 8 "
+             f"{' and ' + str(r['data_parallel_size']) + ' engine cores (DP) against one offline engine' if r.get('data_parallel_size', 1) > 1 else ''}"
+             f"{', both sharded over ' + str(r['tensor_parallel_size']) + ' GPUs (TP)' if r.get('tensor_parallel_size', 1) > 1 else ''}, every SSE chunk read by httpx clients in up to 8 "
              f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}. Medians of {r.get('repeats', 3)} runs (the upper one of an even count) after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "

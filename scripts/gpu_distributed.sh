@@ -6,12 +6,15 @@
 # Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_distributed.sh MODES
 # MODES joins any of tests (the distributed GPU tests), allreduce (the all-reduce table), gemv (the sharded
 # projections' GEMV against cuBLAS), profiles (TP=1 and TP=2), tp (the decode table; tp2profile adds a TP=2 profile
-# after it) and dp, e.g. `tests,tp,tp2profile`; all is every one. One call of the
+# after it), dp (offline DP=2 against DP=1), dpserve (`infer serve -dp 2` against the offline engine, 256 streams) and
+# tpserve (`infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams), e.g. `tests,tp,tp2profile`;
+# all is every one. One call of the
 # device tool holds at most 10 minutes: split the modes over calls.
 set -uo pipefail
 source scripts/gpu_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mode="${1:-all}"
+want() { [[ "$mode" == all || ",$mode," == *",$1,"* ]]; }  # whether MODES names $1
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 tps="1 2"; [[ $gpus -ge 4 ]] && tps="1 2 4"
 echo "GPUs: $gpus ($(python3 -c 'import torch; print(torch.cuda.get_device_name())')); TP sizes: $tps"
@@ -20,28 +23,36 @@ profile() {  # where TP=$1's batch-1 step time goes (rank 0's kernels; collectiv
     --out "/tmp/profile_tp$1" > /dev/null 2>&1 && cp "/tmp/profile_tp$1/kernels.md" "$out/profile_tp$1.md"
   sed -n 5,7p "$out/profile_tp$1.md" 2>/dev/null
 }
-if [[ "$mode" == all || "$mode" == *tests* ]]; then
+if want tests; then
   INFER_STRICT_SYNC=1 timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_tensor_parallel_gpu.py tests/gpu/test_reduce_norm_gpu.py 2>&1 | tail -40 > "$out/distributed_tests.log"
   tail -3 "$out/distributed_tests.log"
 fi
-if [[ "$mode" == all || "$mode" == *allreduce* ]]; then
+if want allreduce; then
   timeout 80 python3 benchmarks/allreduce_latency.py --world "$gpus" --report "$out/allreduce.md" 2>&1 | tail -13
 fi
-if [[ "$mode" == all || "$mode" == *gemv* ]]; then
+if want gemv; then
   timeout 150 python3 benchmarks/gemv_bandwidth.py --shapes llama-3.1-8b-tp2 llama-3.1-8b --rows 1 \
     --out "$out/gemv_tp2" 2>&1 | tail -9
 fi
-if [[ "$mode" == all || "$mode" == *profiles* ]]; then
+if want profiles; then
   profile 1 90
   profile 2 90
 fi
-if [[ "$mode" == all || "$mode" == *tp* ]]; then
+if want tp; then
   timeout "${TP_S:-270}" python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --repeats 2 --report "$out/tp_decode.md" 2>&1 \
     | grep -v "Loading" | tail -16
-  [[ "$mode" == *tp2profile* ]] && profile 2 70
+  want tp2profile && profile 2 70
 fi
-if [[ "$mode" == all || "$mode" == *dp* ]]; then
+if want dp; then
   timeout 240 python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 1 \
     --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | tail -8
+fi
+if want dpserve; then
+  OUT_DIR="$out" timeout 280 python3 benchmarks/serve_vs_offline.py --levels 256 --repeats 1 --data-parallel-size 2 \
+    2>&1 | grep -v Loading | tail -4
+fi
+if want tpserve; then
+  OUT_DIR="$out" timeout 280 python3 benchmarks/serve_vs_offline.py --shape llama-3.1-8b --levels 64 --repeats 1 \
+    --tensor-parallel-size 2 2>&1 | grep -v Loading | tail -4
 fi
