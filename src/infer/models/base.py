@@ -49,16 +49,17 @@ class Block(nn.Module):
         self.post_mlp_norm = RMSNorm(hidden, eps, offset) if fam.sandwich_norms else None
         self.resid_post = HookPoint()
         self.tp_group: object | None = None  # tensor parallel: the group the outputs are summed over
-        self.reduce_site = lz.bind("all_reduce")
+        self.attn_sum_site, self.mlp_sum_site = lz.bind("all_reduce"), lz.bind("all_reduce")  # one per call site
 
     @property
     def pending_group(self) -> object | None:
         """The group `pending` (the MLP's output) is a partial sum over, None when it is whole."""
         return self.tp_group if self.post_mlp_norm is None else None
 
-    def summed(self, out: torch.Tensor) -> torch.Tensor:
-        """An output of the attention or the MLP summed over the ranks (itself without tensor parallelism)."""
-        return out if self.tp_group is None else self.reduce_site(out, group=self.tp_group)
+    def summed(self, out: torch.Tensor, site: lz.BoundOp) -> torch.Tensor:
+        """An output of the attention or the MLP (`site`: its all-reduce) summed over the ranks (itself without
+        tensor parallelism)."""
+        return out if self.tp_group is None else site(out, group=self.tp_group)
 
     def weight_map(self) -> WeightMap:
         """The checkpoint's names (under model.layers.N.) -> this block's."""
@@ -83,12 +84,12 @@ class Block(nn.Module):
         h, x = self.enter(x, pending, self.half_rows(x))
         out = self.attn(h, cos, sin, batch)
         if self.post_attn_norm is not None:
-            h, x = self.mlp_norm.add_and_norm(self.post_attn_norm(self.summed(out)), x)
+            h, x = self.mlp_norm.add_and_norm(self.post_attn_norm(self.summed(out, self.attn_sum_site)), x)
         else:
             h, x = self.mlp_norm.add_and_norm(out, x, self.tp_group)
         out = self.mlp(h, batch.lora_ids) if isinstance(self.mlp, GatedMLP) else self.mlp(h)
         if self.post_mlp_norm is not None:
-            out = self.post_mlp_norm(self.summed(out))
+            out = self.post_mlp_norm(self.summed(out, self.mlp_sum_site))
         return self.leave(x, out)
 
     def half_rows(self, x: torch.Tensor) -> torch.dtype | None:
@@ -126,7 +127,7 @@ class Block(nn.Module):
         hook = self.resid_post
         if type(hook) is HookPoint and not (hook._forward_hooks or hook._forward_pre_hooks):
             return x, out
-        return self.resid_post(x + (out if self.pending_group is None else self.summed(out))), None
+        return self.resid_post(x + (out if self.pending_group is None else self.summed(out, self.mlp_sum_site))), None
 
 
 class CausalLM(nn.Module):

@@ -157,16 +157,17 @@ def reduce_then_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: to
 
 def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
                             weight_offset: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual) in one kernel for x [T, H] within the spec's
+    """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual) in one kernel for x [..., H] within the spec's
     limits (specs._reduce_norm_fits); the two-op form where the group has no symmetric rows (`_symmetric_rows`)."""
     if x.shape != residual.shape:
         raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape")
     rows = _symmetric_rows(group, x.device)
     if rows is None:
         return reduce_then_add_rms_norm(x, residual, weight, eps=eps, weight_offset=weight_offset, group=group)
-    n_rows, n_cols = x.shape
-    out = torch.empty_like(x)
+    n_cols = x.shape[-1]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     summed = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device)
+    n_rows = x.numel() // n_cols if n_cols else 0
     if n_rows == 0:
         return out, summed
     block = next_pow2(n_cols)
