@@ -1,7 +1,7 @@
 """The one-kernel all-reduce + residual add + RMSNorm over symmetric memory (a group of one on one GPU, of two, and
 of every GPU where there are more): against a float64 reference of the sum, the add and the norm, the same bits on
 every rank, eagerly and replayed in a CUDA graph with fresh inputs, calls of different row counts interleaved (each
-row keeps its own phase)."""
+row keeps its own phase); the group's setup on the first call makes no host sync (a step may be the first caller)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def _rank(rank: int, world: int, port: int, queue: multiprocessing.Queue) -> Non
             x = torch.randn((rows, hidden), generator=gen, device="cuda").to(dtype)
             residual = torch.randn((rows, hidden), generator=shared, device="cuda").to(dtype)
             weight = torch.rand(hidden, generator=shared, device="cuda").to(dtype)
+            torch.cuda.set_sync_debug_mode("error")  # the first call sets the group up: with no host sync either
             out = reduce_norm.all_reduce_add_rms_norm(x, residual, weight, eps=eps, weight_offset=offset, group=group)
+            torch.cuda.set_sync_debug_mode("default")
             _check(x, residual, weight, out, group, world, offset, eps)
         assert reduce_norm._symmetric_rows(group, x.device) is not None, "symmetric memory was not set up"
         # a graph of three calls (8 rows, 1 row, 8 rows), replayed with fresh inputs

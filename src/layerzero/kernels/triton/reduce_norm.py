@@ -112,7 +112,10 @@ log = logging.getLogger(__name__)
 
 class SymmetricRows:
     """One group's symmetric buffer (2 phases x ranks x SLOT_BYTES, every rank's mapped by all), the device tables
-    of the ranks' buffer and signal-pad addresses, and this rank's per-row call counters."""
+    of the ranks' buffer and signal-pad addresses, and this rank's per-row call counters. Made without a host
+    synchronization (it may be first needed inside a step under INFER_STRICT_SYNC=1): the tables are copied from
+    pinned memory, and the fence between zeroing this rank's pad and any peer's first flag is a collective in stream
+    order, not a host barrier."""
 
     def __init__(self, group: Any, device: torch.device) -> None:
         import torch.distributed._symmetric_memory as symm_mem
@@ -123,10 +126,12 @@ class SymmetricRows:
         self.buffer = symm_mem.empty(2 * self.world * SLOT_BYTES, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(self.buffer, group.group_name)
         handle.get_signal_pad(handle.rank, [MAX_ROWS * self.world], dtype=torch.int32).zero_()
-        self.ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.pads = torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device)
+        self.tables = torch.tensor([handle.buffer_ptrs, handle.signal_pad_ptrs], dtype=torch.int64).pin_memory()
+        self.ptrs, self.pads = self.tables.to(device, non_blocking=True)  # the pinned source kept alive with them
         self.calls = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
-        dist.barrier(group=group)  # no peer raises a flag in this rank's pad before it is zeroed
+        # Every rank's first kernel comes after this all-reduce, which comes after every rank's pad was zeroed: no
+        # flag a peer raises here can be wiped by that zeroing.
+        dist.all_reduce(torch.zeros(1, device=device), group=group)
 
 
 _groups: dict[str, SymmetricRows | None] = {}  # group name -> its rows; None: symmetric memory unavailable
