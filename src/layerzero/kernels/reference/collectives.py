@@ -15,7 +15,8 @@ collective step every rank reaches at the same call; where symmetric memory is u
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,19 @@ from layerzero.kernels.reference.norm import fused_add_rms_norm
 ONE_SHOT_MAX_BYTES = 512 * 1024
 _ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)  # what torch's symmetric-memory reductions are built for
 _symmetric: dict[tuple[str, torch.dtype], torch.Tensor | None] = {}  # (group, dtype) -> buffer, None: unavailable
+T = TypeVar("T")
+
+
+def made_outside_capture(cache: dict[Any, T | None], key: Hashable, make: Callable[..., T | None],
+                         *args: Any) -> T | None:
+    """cache[key], made by `make(*args)` (a collective step; None where unavailable) on the first call outside a CUDA
+    graph capture; None inside a capture before that. Every rank makes its calls, and captures them, in the same
+    order, so all reach the collective at the same call, or all take the path without it."""
+    if key not in cache:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        cache[key] = make(*args)
+    return cache[key]
 
 
 def _all_reduce(x: torch.Tensor, group: Any) -> None:
@@ -44,12 +58,8 @@ def _one_shot_buffer(x: torch.Tensor, group: Any) -> torch.Tensor | None:
     """The group's symmetric buffer when x takes the one-shot path, else None (NCCL)."""
     if not one_shot_eligible(x):
         return None
-    key = (group.group_name, x.dtype)
-    if key not in _symmetric:
-        if torch.cuda.is_current_stream_capturing():
-            return None  # never made inside a capture; every rank captures the same calls, so all choose NCCL here
-        _symmetric[key] = _rendezvous(key[0], x.dtype, x.device)
-    return _symmetric[key]
+    return made_outside_capture(_symmetric, (group.group_name, x.dtype), _rendezvous, group.group_name, x.dtype,
+                                x.device)
 
 
 def _rendezvous(group_name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from layerzero.kernels.reference.collectives import all_reduce
+from layerzero.kernels.reference.collectives import all_reduce, made_outside_capture
 from layerzero.kernels.triton.launch import Launcher, await_inputs, next_pow2
 from layerzero.kernels.triton.norm import fused_add_rms_norm
 from layerzero.kernels.triton.specs import REDUCE_NORM_MAX_ROWS as MAX_ROWS
@@ -141,17 +141,16 @@ def _symmetric_rows(group: Any, device: torch.device) -> SymmetricRows | None:
     """The group's SymmetricRows, made on the first call outside a capture (a collective step every rank reaches
     at the same call, as the all-reduce's own buffer is); None inside a capture before that, or where symmetric
     memory is unavailable (every rank then composes the two ops alike)."""
-    name = group.group_name
-    if name not in _groups:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        try:
-            _groups[name] = SymmetricRows(group, device)
-        except (RuntimeError, NotImplementedError, ImportError, AttributeError, TypeError) as exc:
-            log.warning("all_reduce_add_rms_norm: no symmetric memory for group %s (%r); the all-reduce and the "
-                        "add + norm run as two kernels", name, exc)
-            _groups[name] = None
-    return _groups[name]
+    return made_outside_capture(_groups, group.group_name, _make_rows, group, device)
+
+
+def _make_rows(group: Any, device: torch.device) -> SymmetricRows | None:
+    try:
+        return SymmetricRows(group, device)
+    except (RuntimeError, NotImplementedError, ImportError, AttributeError, TypeError) as exc:
+        log.warning("all_reduce_add_rms_norm: no symmetric memory for group %s (%r); the all-reduce and the add + "
+                    "norm run as two kernels", group.group_name, exc)
+        return None
 
 
 def reduce_then_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
