@@ -6,7 +6,8 @@
 # Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_distributed.sh MODES
 # MODES joins any of tests (the distributed GPU tests), allreduce (the all-reduce table), gemv (the sharded
 # projections' GEMV against cuBLAS), profiles (TP=1 and TP=2), tp (the decode table; tp2profile adds a TP=2 profile
-# after it), dp (offline DP=2 against DP=1), dpserve (`infer serve -dp 2` against the offline engine, 256 streams) and
+# after it), dp (offline DP=2 against DP=1 in process, through one core process, and one core given half the
+# prompts; DP_CONFIGS picks), dpserve (`infer serve -dp 2` against the offline engine, 256 and 1024 streams) and
 # tpserve (`infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams), e.g. `tests,tp,tp2profile`;
 # all is every one. One call of the
 # device tool holds at most 10 minutes: split the modes over calls.
@@ -45,11 +46,12 @@ if want tp; then
   want tp2profile && profile 2 70
 fi
 if want dp; then
-  timeout 240 python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 1 \
-    --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | tail -8
+  nvidia-smi topo -m > "$out/topology.txt" 2>&1; lscpu >> "$out/topology.txt" 2>&1
+  timeout "${DP_S:-420}" python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 3 \
+    --configs "${DP_CONFIGS:-dp,share,core}" --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | grep -v "start-up:" | tail -8
 fi
 if want dpserve; then
-  OUT_DIR="$out" timeout 280 python3 benchmarks/serve_vs_offline.py --levels 256 --repeats 1 --data-parallel-size 2 \
+  OUT_DIR="$out" timeout "${DPSERVE_S:-330}" python3 benchmarks/serve_vs_offline.py --levels 256,1024 --repeats 1 --data-parallel-size 2 \
     2>&1 | grep -v Loading | tail -4
 fi
 if want tpserve; then

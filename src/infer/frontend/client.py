@@ -52,8 +52,14 @@ class _Live:
     """A request submitted here and not finished yet."""
 
     queue: asyncio.Queue[StepOutput]
+    ended: asyncio.Future[None]  # done once its final output is queued
     submitted: float = field(default_factory=time.monotonic)
     last_token: float | None = None
+
+    def put(self, out: StepOutput) -> None:
+        self.queue.put_nowait(out)
+        if out.finished and not self.ended.done():  # a reader that left cancelled it
+            self.ended.set_result(None)
 
 
 class RequestStream:
@@ -79,6 +85,19 @@ class RequestStream:
         finally:
             if not self.finished:
                 self._client.abort(self.request_id)
+
+    async def whole(self) -> list[StepOutput]:
+        """Every output at once, when the request has ended: one wake-up per request instead of one per token, for
+        a caller that reads only the end (offline generation, a response sent whole). Leaving early aborts it."""
+        try:
+            await self._live.ended
+        finally:
+            if not self._live.ended.done() or self._live.ended.cancelled():
+                self._client.abort(self.request_id)
+        queue = self._live.queue
+        outputs = [queue.get_nowait() for _ in range(queue.qsize())]
+        self.finished = True
+        return outputs
 
 
 class EngineClient:
@@ -165,7 +184,7 @@ class EngineClient:
         if self.num_waiting >= self.max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({self.max_waiting_requests} requests); retry later")
         payload = m.encode_request(m.CoreRequest(request_id, list(prompt_token_ids), params))
-        live = self._live[request_id] = _Live(asyncio.Queue())
+        live = self._live[request_id] = _Live(asyncio.Queue(), self._loop.create_future())
         self.text.add(request_id, prompt_token_ids, params, probe_names, incremental_text)
         self._adds.append((request_id, payload))
         self._submitted += 1
@@ -251,7 +270,7 @@ class EngineClient:
                 live.last_token = now
             if out.finished:
                 del live_of[out.request_id]
-            live.queue.put_nowait(out)
+            live.put(out)
         stopped = self.text.take_stopped()
         if stopped:
             self._send(m.Abort(stopped, "stop"))
@@ -300,7 +319,7 @@ class EngineClient:
         live = self._live.pop(request_id, None)
         out = self.text.finish(request_id, reason)
         if live is not None and out is not None:
-            live.queue.put_nowait(out)
+            live.put(out)
 
     def _gone(self, reason: str) -> None:
         """Fail every live request and call, once."""

@@ -150,9 +150,10 @@ class Generation:
         """Every choice to the end; None when the client disconnected first (every choice is then aborted)."""
         choices = [Choice(i) for i in range(len(self.jobs))]
 
-        async def gather() -> None:
-            async for index, out in self.events():
-                choices[index].add(out)
+        async def gather() -> None:  # each choice's outputs once it ends: no wake-up per token
+            for choice, outputs in zip(choices, await asyncio.gather(*(s.whole() for s in self.streams))):
+                for out in outputs:
+                    choice.add(out)
 
         work = asyncio.create_task(gather())
         watch = asyncio.create_task(_until_disconnected(request))
