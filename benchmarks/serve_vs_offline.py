@@ -139,7 +139,10 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int,
                fresh: bool = False, data_parallel: int = 1, tensor_parallel: int = 1) -> dict[int, dict]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
-    flags += [f"--data-parallel-size={data_parallel}", f"--tensor-parallel-size={tensor_parallel}"]
+    flags += [f"--data-parallel-size={data_parallel}", f"--tensor-parallel-size={tensor_parallel}",
+              # every stream of the largest level admitted, as the offline engine admits every prompt (the default
+              # 256 per engine answered 503s to a 1,024-stream level on 2 engines with 8 API servers)
+              f"--max-waiting-requests={max(levels)}"]
     started = time.perf_counter()
     with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning",
                        "--api-server-count", str(api_servers), *flags, timeout=600) as server:
