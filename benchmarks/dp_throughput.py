@@ -11,9 +11,10 @@ CPU each core gets cpu_count // N threads) behind one DPClient, the requests rou
 `--configs` picks what is timed: `dp` (DP=N), `core` (DP=1 through one engine-core process, as the DP client
 drives each of N: what a core costs apart from sharing the host), `share` (one core process given every N-th
 prompt: one DP engine's part alone; N x its tok/s is what DP=N reaches if the engines do not slow each other),
-`pinned` (DP=N with every thread of core i
-bound to its own slice of the host's CPUs, its GPU's NUMA-local ones where sysfs says which) and `inproc` (the
-in-process DP=1, the baseline the ratio is taken against). Each configuration is loaded on its own (the
+`pinned` (DP=N with every thread of core i bound to its own slice of the host's CPUs, its GPU's NUMA-local ones
+where sysfs says which) and `inproc` (the in-process DP=1, the baseline the ratio is taken against). `--timeline`
+prints, per run of a multi-process configuration, when the prompts were sent and each core's outputs arrived.
+Each configuration is loaded on its own (the
 multi-process ones first, while this process has not touched the GPU), warmed with one small batch, then timed
 --repeats times (the first timed run may still compile kernels for new shapes: each run's time is reported);
 the median run counts. Prints tok/s and the ratio; --report writes a markdown report.
