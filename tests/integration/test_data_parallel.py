@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from infer import LLM, SamplingParams
-from infer.dp_llm import DataParallelLLM
+from infer.dp_llm import SEND_EVERY, DataParallelLLM
 from server_harness import MODEL, process_gone, running_server, serve_process
 
 pytestmark = pytest.mark.slow
@@ -184,4 +184,10 @@ def test_offline_llm_with_data_parallel_size_2_gives_the_outputs_of_one_engine(s
     with LLM(str(smollm2_gguf), max_seq_len=1024, data_parallel_size=2) as llm:
         assert type(llm) is DataParallelLLM and isinstance(llm, LLM)
         texts = [out.text for out in llm.generate(PROMPTS, params)]
+        # more prompts than go to the cores at once (dp_llm.SEND_EVERY): every batch sent, answers in prompt order
+        many = [f"{prompt} {i}" for i in range(9) for prompt in PROMPTS]
+        assert len(many) > SEND_EVERY
+        short = SamplingParams(temperature=0, max_tokens=2)
+        many_ids = [out.token_ids for out in llm.generate(many, short)]
     assert texts == [out.text for out in smollm2_llm.generate(PROMPTS, params)]
+    assert many_ids == [out.token_ids for out in smollm2_llm.generate(many, short)]
