@@ -131,7 +131,8 @@ def measure(model: str | None, options: dict[str, object], config: str, args: ar
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     seconds = statistics.median(runs)
-    this_cpu, cores_cpu = cpu[runs.index(seconds)] if seconds in runs else cpu[0]
+    # the CPU times of the median run (the upper one of an even count, whose median is no single run)
+    this_cpu, cores_cpu = cpu[sorted(range(len(runs)), key=runs.__getitem__)[len(runs) // 2]]
     tokens = len(prompts) * args.new_tokens
     return {"config": config, "dp": dp, "tok_s": tokens / seconds, "seconds": seconds, "runs_s": runs,
             "load_s": load_s, "client_cpu_s": this_cpu, "cores_cpu_s": cores_cpu}
