@@ -7,7 +7,7 @@ Per concurrency level C: C requests of random token-id prompts (128-512 tokens),
 EOS ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
 vocabulary, so any id decodes). Offline: `LLM.generate_ids` of the C prompts at once (the in-process engine). Server:
 `infer serve` as a user starts it (its own engine-core process, warmed up at start), C concurrent streamed
-completions through httpx from up to 8 client processes (sse_client.py: one event loop each, started and connected
+completions through httpx from up to --client-processes processes (default 8; sse_client.py: one event loop each, started and connected
 before the clock starts, so neither the client nor its start-up is measured; with --fresh-connections each stream
 opens its connection in the burst, as a crowd of new clients does), every SSE chunk read and parsed;
 tok/s is generated tokens over the wall time from releasing the clients to the last stream's end; ITL is the gap
@@ -38,6 +38,7 @@ import httpx
 import torch
 
 import model_shapes as ms
+from proc_cpu import cpu_delta, tree_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
@@ -98,8 +99,9 @@ def _offline_run(llm: object, prompts: list[list[int]], params: object) -> tuple
 
 
 def run_server_level(url: str, model: str, prompts: list[list[int]], clients: int,
-                     fresh: bool = False) -> dict[str, float]:
-    """C concurrent streams from `clients` processes of sse_client.py, released together once all are connected."""
+                     fresh: bool = False, server_pid: int | None = None) -> dict[str, float]:
+    """C concurrent streams from `clients` processes of sse_client.py, released together once all are connected;
+    with `server_pid`, the CPU seconds each of the server's processes used meanwhile (by role, proc_cpu.py)."""
     bodies = [{"model": model, "prompt": p, "max_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0,
                "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
     work = Path(tempfile.mkdtemp(prefix="sse-"))
@@ -113,6 +115,7 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     for proc in procs:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError("a benchmark client failed to start")
+    cpu_before = tree_cpu(server_pid) if server_pid else {}
     start = time.time()
     for proc in procs:
         proc.stdin.write("go\n")
@@ -120,6 +123,7 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     for proc in procs:
         if proc.wait(900):
             raise RuntimeError(f"a benchmark client exited with {proc.returncode}")
+    server_cpu = cpu_delta(cpu_before, tree_cpu(server_pid)) if server_pid else {}
     results = [json.loads((work / f"result{i}.json").read_text()) for i in range(len(procs))]
     shutil.rmtree(work)
     streams = [s for r in results for s in r["streams"]]
@@ -127,7 +131,8 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     tokens = sum(s["tokens"] for s in streams)
     gaps = sorted(b - a for s in streams for a, b in zip(s["chunk_times"], s["chunk_times"][1:]))
     ttft = sorted(s["chunk_times"][0] - s["sent"] for s in streams)
-    return {"tok_s": tokens / (end - start), "tokens": tokens, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
+    return {"tok_s": tokens / (end - start), "tokens": tokens, "wall_s": end - start,
+            "cpu_s": server_cpu | {"client": sorted((round(r["cpu_s"], 2) for r in results), reverse=True)}, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
             "itl_p99_ms": 1e3 * gaps[int(len(gaps) * 0.99)], "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2],
             "release_to_first_send_ms": 1e3 * (min(s["sent"] for s in streams) - start),
             "ttft_from_release_p50_ms": 1e3 * sorted(s["chunk_times"][0] - start for s in streams)[len(streams) // 2],
@@ -137,7 +142,8 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
 
 
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int,
-               fresh: bool = False, data_parallel: int = 1, tensor_parallel: int = 1) -> dict[int, dict]:
+               fresh: bool = False, data_parallel: int = 1, tensor_parallel: int = 1,
+               client_processes: int = 8) -> dict[int, dict]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
     flags += [f"--data-parallel-size={data_parallel}", f"--tensor-parallel-size={tensor_parallel}",
               # every stream of the largest level admitted, as the offline engine admits every prompt (the default
@@ -152,14 +158,14 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
         out: dict[int, dict] = {"startup_s": startup}  # type: ignore[dict-item]
         for level in levels:
             runs = [run_server_level(f"{base}/v1/completions", model,
-                                     prompts_for(vocab, level, seed=1000 * level + repeat), clients=min(8, level),
-                                     fresh=fresh)
+                                     prompts_for(vocab, level, seed=1000 * level + repeat), clients=min(client_processes, level),
+                                     fresh=fresh, server_pid=server.proc.pid)
                     for repeat in range(-1, repeats)]
             best = sorted(runs[1:], key=lambda r: r["tok_s"])[repeats // 2]
             out[level] = best | {"runs": [r["tok_s"] for r in runs[1:]], "first": runs[0]["tok_s"], "first_run": runs[0]}
             print(f"server C={level}: {best['tok_s']:.0f} tok/s, ITL p50 {best['itl_p50_ms']:.1f} ms, TTFT p50 "
-                  f"{best['ttft_p50_ms']:.0f} ms, release to first send {best['release_to_first_send_ms']:.0f} ms",
-                  flush=True)
+                  f"{best['ttft_p50_ms']:.0f} ms, release to first send {best['release_to_first_send_ms']:.0f} ms; "
+                  f"{cpu_line(best)}", flush=True)
         return out
 
 
@@ -174,6 +180,8 @@ def main() -> None:
                         help="each stream opens its connection when released (a burst of new clients)")
     parser.add_argument("--data-parallel-size", type=int, default=1,
                         help="engine cores behind the server (one GPU each), against the one offline engine")
+    parser.add_argument("--client-processes", type=int, default=8,
+                        help="benchmark client processes the streams are spread over (each one event loop, one CPU)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs each engine (offline and served) shards the model over")
     args = parser.parse_args()
@@ -183,15 +191,22 @@ def main() -> None:
     offline = run_offline(path, vocab, levels, args.repeats, args.tensor_parallel_size)
     api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
     server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections,
-                        args.data_parallel_size, args.tensor_parallel_size)
+                        args.data_parallel_size, args.tensor_parallel_size, args.client_processes)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
               "engine": ENGINE_FLAGS, "api_server_count": api_servers, "repeats": args.repeats, "new_tokens": NEW_TOKENS,
-              "fresh_connections": args.fresh_connections, "data_parallel_size": args.data_parallel_size,
+              "fresh_connections": args.fresh_connections, "client_processes": args.client_processes,
+              "data_parallel_size": args.data_parallel_size,
               "tensor_parallel_size": args.tensor_parallel_size,
               "startup_s": server.pop("startup_s"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
                           "ratio": server[level]["tok_s"] / offline[level]["tok_s"]} for level in levels}}
     write(report)
+
+
+def cpu_line(run: dict) -> str:
+    """The run's wall time and each process's CPU seconds by role."""
+    roles = "; ".join(f"{role} {' '.join(f'{v:.1f}' for v in values)}" for role, values in run.get("cpu_s", {}).items())
+    return f"{run.get('wall_s', float('nan')):.1f} s wall; CPU s: {roles}"
 
 
 def write(r: dict) -> None:
@@ -201,13 +216,14 @@ def write(r: dict) -> None:
     stem += "" if r["shape"] == "llama-3.2-1b" else f"_{r['shape']}"  # the default shape's reports keep their names
     stem += f"_dp{r['data_parallel_size']}" if r.get("data_parallel_size", 1) > 1 else ""
     stem += f"_tp{r['tensor_parallel_size']}" if r.get("tensor_parallel_size", 1) > 1 else ""
+    stem += f"_clients{r['client_processes']}" if r.get("client_processes", 8) != 8 else ""
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     lines = [f"# `infer serve` vs the offline engine — {r['shape']} (random bf16 weights), {r['gpu']}", "",
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "
              f"token-id prompts of 128-512 tokens, {r['new_tokens']} new tokens each, greedy, EOS ignored; the server "
              f"with {r['api_server_count']} API server process(es)"
              f"{' and ' + str(r['data_parallel_size']) + ' engine cores (DP) against one offline engine' if r.get('data_parallel_size', 1) > 1 else ''}"
-             f"{', both sharded over ' + str(r['tensor_parallel_size']) + ' GPUs (TP)' if r.get('tensor_parallel_size', 1) > 1 else ''}, every SSE chunk read by httpx clients in up to 8 "
+             f"{', both sharded over ' + str(r['tensor_parallel_size']) + ' GPUs (TP)' if r.get('tensor_parallel_size', 1) > 1 else ''}, every SSE chunk read by httpx clients in up to {r.get('client_processes', 8)} "
              f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}. Medians of {r.get('repeats', 3)} runs (the upper one of an even count) after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "
@@ -219,6 +235,10 @@ def write(r: dict) -> None:
                      f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} ms | {s['ttft_p50_ms']:.0f} ms | "
                      f"{row['offline'].get('ttft_p50_ms', float('nan')):.0f} / {s['ttft_from_release_p50_ms']:.0f} ms | "
                      f"{row['offline']['first']:,.0f} / {s['first']:,.0f} |")
+    lines += ["", "CPU seconds each process used during the median server run (proc_cpu.py: `core` maps libtorch, "
+              "`api` is every other process of the server, `client` the benchmark's sse_client.py processes):",
+              ""] + [f"- C={level}: {cpu_line(row['server'])}" for level, row in r["levels"].items()
+                     if row["server"].get("cpu_s")]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -5,14 +5,16 @@
 Imports only httpx (start-up stays out of the measured time). Prints "ready" once it holds one open connection per
 stream (with `fresh`: one warm connection only, each stream opening its own when released, as a burst of new clients
 does), waits for a line on stdin (the parent releases every client at once), sends all bodies concurrently, reads
-every chunk of every stream, and writes [{"tokens", "usage", "chunk_times", "sent", "done"}, ...] (times from time.time(): when
-the request went out, each text chunk arrived, the stream ended) to RESULT.json.
+every chunk of every stream, and writes {"streams": [{"tokens", "usage", "chunk_times", "sent", "done"}, ...], "cpu_s"}
+(times from time.time(): when the request went out, each text chunk arrived, the stream ended; cpu_s: the process's
+CPU seconds from its release to its last stream's end) to RESULT.json.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -38,7 +40,7 @@ async def stream_completion(http: httpx.AsyncClient, url: str, body: dict) -> di
             "done": time.time()}
 
 
-async def _main(url: str, bodies: list[dict], fresh: bool) -> list[dict]:
+async def _main(url: str, bodies: list[dict], fresh: bool) -> tuple[list[dict], float]:
     limits = httpx.Limits(max_connections=len(bodies) + 4, max_keepalive_connections=len(bodies) + 4)
     async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         # one warm keep-alive connection per stream, as a long-running client has: a fresh client's first request
@@ -48,13 +50,20 @@ async def _main(url: str, bodies: list[dict], fresh: bool) -> list[dict]:
         await asyncio.gather(*(http.get(health) for _ in bodies[: 1 if fresh else len(bodies)]))
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        return await asyncio.gather(*(stream_completion(http, url, b) for b in bodies))
+        released = cpu_seconds()
+        streams = await asyncio.gather(*(stream_completion(http, url, b) for b in bodies))
+        return streams, cpu_seconds() - released
+
+
+def cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 if __name__ == "__main__":
     url, bodies_path, result_path = sys.argv[1:4]
     with open(bodies_path) as f:
         bodies = json.load(f)
-    streams = asyncio.run(_main(url, bodies, sys.argv[4:5] == ["fresh"]))
+    streams, cpu_s = asyncio.run(_main(url, bodies, sys.argv[4:5] == ["fresh"]))
     with open(result_path, "w") as f:
-        json.dump({"streams": streams}, f)
+        json.dump({"streams": streams, "cpu_s": cpu_s}, f)

@@ -7,7 +7,8 @@
 # MODES joins any of tests (the distributed GPU tests), allreduce (the all-reduce table), gemv (the sharded
 # projections' GEMV against cuBLAS), profiles (TP=1 and TP=2), tp (the decode table; tp2profile adds a TP=2 profile
 # after it), dp (offline DP=2 against DP=1 in process, through one core process, and one core given half the
-# prompts; DP_CONFIGS picks), dpserve (`infer serve -dp 2` against the offline engine, 256 and 1024 streams) and
+# prompts; DP_CONFIGS picks), dpserve (`infer serve -dp 2` against the offline engine, 256 and 1024 streams; DPSERVE_LEVELS, DPSERVE_API, DPSERVE_CLIENTS, DPSERVE_REPEATS;
+# DPSERVE_DP=1 serves one core, the baseline) and
 # tpserve (`infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams), e.g. `tests,tp,tp2profile`;
 # all is every one. One call of the
 # device tool holds at most 10 minutes: split the modes over calls.
@@ -50,9 +51,12 @@ if want dp; then
   timeout "${DP_S:-420}" python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 3 \
     --configs "${DP_CONFIGS:-dp,share,core}" --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | grep -v "start-up:" | tail -8
 fi
-if want dpserve; then
-  OUT_DIR="$out" timeout "${DPSERVE_S:-330}" python3 benchmarks/serve_vs_offline.py --levels 256,1024 --repeats 1 --data-parallel-size 2 \
-    2>&1 | grep -v Loading | tail -4
+if want dpserve; then  # DPSERVE_API: API server counts to run in turn (default: what `infer serve` picks)
+  for api in ${DPSERVE_API:-default}; do
+    count=(); [[ $api != default ]] && count=(--api-server-count "$api")
+    OUT_DIR="$out" timeout "${DPSERVE_S:-330}" python3 benchmarks/serve_vs_offline.py --levels "${DPSERVE_LEVELS:-256,1024}" \
+      --repeats "${DPSERVE_REPEATS:-1}" --data-parallel-size "${DPSERVE_DP:-2}" --client-processes "${DPSERVE_CLIENTS:-8}" "${count[@]}" 2>&1 | grep -v Loading | tail -6
+  done
 fi
 if want tpserve; then
   OUT_DIR="$out" timeout 280 python3 benchmarks/serve_vs_offline.py --shape llama-3.1-8b --levels 64 --repeats 1 \

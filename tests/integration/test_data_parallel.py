@@ -161,7 +161,9 @@ def _running(base: str) -> int:
 
 
 def test_a_killed_api_server_is_started_again():
-    with serve_process("--api-server-count", "2", "--max-seq-len", "256") as served:
+    """Two API servers routing over two cores through their shared load board; one killed is started again (on its
+    row of the board) and both serve."""
+    with serve_process("--api-server-count", "2", "-dp", "2", "--max-seq-len", "256") as served:
         base = served.base_url
         victim = httpx.get(f"{base}/health", timeout=10).json()["pid"]
         os.kill(victim, signal.SIGKILL)
@@ -175,6 +177,10 @@ def test_a_killed_api_server_is_started_again():
             except httpx.TransportError:
                 pass
         assert len(seen - {victim}) == 2
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: httpx.post(f"{base}/v1/completions", json=body, timeout=60).status_code,
+                                  range(8)))
+        assert codes == [200] * 8
     out = served.output()
     assert re.search(r"API server infer-api-\d was killed by signal SIGKILL; started again", out), out
 

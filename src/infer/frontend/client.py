@@ -111,6 +111,7 @@ class EngineClient:
         self.loras: dict[str, str] = dict(info.config.lora_modules or {})  # LoRA adapter name -> its path
         self.on_core_gone = on_core_gone
         self.on_core_back = on_core_back
+        self.on_live_count: Callable[[int], None] | None = None  # told num_live whenever it changes (DP routing)
         self.gone_reason: str | None = None
         self.text = TextProcessor(tokenizer)
         self._live: dict[str, _Live] = {}
@@ -189,6 +190,8 @@ class EngineClient:
         self._adds.append((request_id, payload))
         self._submitted += 1
         self._schedule_flush()
+        if self.on_live_count is not None:
+            self.on_live_count(len(self._live))
         return RequestStream(self, request_id, live)
 
     def abort(self, request_id: str) -> None:
@@ -261,6 +264,7 @@ class EngineClient:
         self._core_waiting, self._core_running, self._received = step.num_waiting, step.num_running, step.received
         now = time.monotonic()
         live_of, observe = self._live, self.metrics.observe
+        ended = False
         for out in self.text.process_step(step.emitted):
             live = live_of.get(out.request_id)
             if live is None:
@@ -270,7 +274,10 @@ class EngineClient:
                 live.last_token = now
             if out.finished:
                 del live_of[out.request_id]
+                ended = True
             live.put(out)
+        if ended and self.on_live_count is not None:
+            self.on_live_count(len(live_of))
         stopped = self.text.take_stopped()
         if stopped:
             self._send(m.Abort(stopped, "stop"))
@@ -320,6 +327,8 @@ class EngineClient:
         out = self.text.finish(request_id, reason)
         if live is not None and out is not None:
             live.put(out)
+        if live is not None and self.on_live_count is not None:
+            self.on_live_count(len(self._live))
 
     def _gone(self, reason: str) -> None:
         """Fail every live request and call, once."""

@@ -1,7 +1,9 @@
 """DPClient: N engine cores (`--data-parallel-size N`) behind the interface of one EngineClient.
 
 It wraps one EngineClient per core (each with its own ZMQ socket, heartbeats, text processing and serving
-metrics) and adds only what differs: `submit` asks the Router (dp_router.py) which core takes the request;
+metrics) and adds only what differs: `submit` asks the Router (dp_router.py) which core takes the request, by
+the live requests every API server has on each core (the LoadBoard, load_board.py, which this client keeps
+current for its own);
 `abort` reaches the core that owns it (only the client holding a live request sends anything); utility calls go
 to every live core and their answers are combined (`metrics` sums the cores' stats and queues and concatenates
 every API server's serving metrics; `reload_probes` swaps the set in every core; `idle` and `audit_blocks` cover
@@ -23,6 +25,7 @@ from typing import Any
 from infer.frontend.client import CoreGoneError, EngineClient, QueueFullError, RequestStream
 from infer.wire import EngineStats
 from infer.frontend.dp_router import EngineLoad, Router
+from infer.frontend.load_board import LoadBoard
 from infer.frontend.metrics import ServingMetrics
 from infer.loader.tokenizer import Tokenizer
 from infer.sampling.params import SamplingParams
@@ -33,14 +36,21 @@ log = logging.getLogger("infer.server")
 
 class DPClient:
     def __init__(self, infos: Sequence[CoreInfo], tokenizer: Tokenizer, max_waiting_requests: int,
-                 on_core_gone: Callable[[str], None] | None = None, load_balance_method: str = "least_load") -> None:
+                 on_core_gone: Callable[[str], None] | None = None, load_balance_method: str = "least_load",
+                 board: LoadBoard | None = None) -> None:
         self.infos = list(infos)
         self.on_core_gone = on_core_gone
         self.gone_reason: str | None = None  # set once every core is gone
         self.per_engine_waiting = max_waiting_requests
         self.clients = [EngineClient(info, tokenizer, max_waiting_requests, partial(self._core_gone, i),
                                      partial(self._core_back, i)) for i, info in enumerate(self.infos)]
-        self.router = Router(load_balance_method, len(self.clients), self.infos[0].config.block_size)
+        self.board = board or LoadBoard.private(len(self.clients))
+        if self.board.engines != len(self.clients):
+            raise ValueError(f"a load board of {self.board.engines} engines for {len(self.clients)} cores")
+        for i, client in enumerate(self.clients):
+            client.on_live_count = partial(self.board.set, i)
+        self.router = Router(load_balance_method, len(self.clients), self.infos[0].config.block_size,
+                             first=self.board.row)
 
     @property
     def info(self) -> CoreInfo:
@@ -106,8 +116,8 @@ class DPClient:
     # requests ----------------------------------------------------------------------------------
 
     def loads(self) -> list[EngineLoad]:
-        return [EngineLoad(c.num_waiting, c.num_running, not c.alive or c.num_waiting >= self.per_engine_waiting)
-                for c in self.clients]
+        return [EngineLoad(live, not c.alive or c.num_waiting >= self.per_engine_waiting)
+                for live, c in zip(self.board.totals(), self.clients)]
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                probe_names: tuple[str, ...] = (), incremental_text: bool = True) -> RequestStream:
@@ -184,9 +194,10 @@ def merge_lora_requests(per_engine: list[tuple[tuple[str, int, int], ...]]) -> t
 
 
 def client_for(infos: Sequence[CoreInfo], tokenizer: Tokenizer,
-               on_core_gone: Callable[[str], None] | None = None) -> EngineClient | DPClient:
-    """The API server's client: an EngineClient for one core, a DPClient routing over several."""
+               on_core_gone: Callable[[str], None] | None = None, board: LoadBoard | None = None) -> EngineClient | DPClient:
+    """The API server's client: an EngineClient for one core, a DPClient routing over several (by `board`, the
+    load board the API servers share, or a private one)."""
     config = infos[0].config
     if len(infos) == 1:
         return EngineClient(infos[0], tokenizer, config.max_waiting_requests, on_core_gone)
-    return DPClient(infos, tokenizer, config.max_waiting_requests, on_core_gone, config.load_balance_method)
+    return DPClient(infos, tokenizer, config.max_waiting_requests, on_core_gone, config.load_balance_method, board)

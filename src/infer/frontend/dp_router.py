@@ -3,10 +3,11 @@
 An API server holds one `Router` and asks it once per request (each choice of a request with n > 1 or several
 prompts is routed on its own). Policies (`--load-balance-method`):
 
-- least_load (default): the engine with the fewest waiting + running requests, as the engine last reported them
-  to this API server, plus this API server's requests on their way to it (sent, not yet taken in). Ties go to
-  the lowest index; a burst within one event-loop turn still spreads, since each submit counts at once.
-- round_robin: engines in turn, regardless of load.
+- least_load (default): the engine with the fewest live requests (waiting, running or on their way) over every
+  API server, as the shared LoadBoard (load_board.py) holds them when the request is routed; each submit counts
+  at once, so a burst spreads evenly. Ties go to the router's `first` engine, then the ones after it (API server
+  i starts at engine i).
+- round_robin: engines in turn from the router's `first`, regardless of load.
 - prefix_affinity: the first `PREFIX_BLOCKS` full KV blocks of the prompt (fewer if the prompt is shorter) are
   hashed to a "home" engine, so prompts that share that prefix meet its prefix cache. The home engine is kept
   while its load is at most `AFFINITY_FACTOR` x the least load + `AFFINITY_SLACK`; beyond that, and for prompts
@@ -35,19 +36,15 @@ AFFINITY_SLACK = 4
 class EngineLoad(NamedTuple):
     """One engine's load as an API server sees it."""
 
-    waiting: int  # last reported waiting queue + this server's requests not taken in yet
-    running: int  # last reported running batch
+    requests: int  # live requests on the engine (waiting, running or on their way), every API server's
     full: bool  # the waiting queue is at max_waiting_requests: no new request goes there
-
-    @property
-    def total(self) -> int:
-        return self.waiting + self.running
 
 
 class Router:
     """Picks an engine index per request under one load-balance method."""
 
-    def __init__(self, method: str, engines: int, block_size: int, prefix_blocks: int = PREFIX_BLOCKS) -> None:
+    def __init__(self, method: str, engines: int, block_size: int, prefix_blocks: int = PREFIX_BLOCKS,
+                 first: int = 0) -> None:
         if method not in LOAD_BALANCE_METHODS:
             raise ValueError(f"load_balance_method={method!r}: must be one of {', '.join(LOAD_BALANCE_METHODS)}")
         if engines < 1:
@@ -58,7 +55,8 @@ class Router:
         self.engines = engines
         self.block_size = block_size
         self.prefix_blocks = prefix_blocks
-        self._turn = itertools.count()
+        self.first = first % engines  # where ties (least_load) and turns (round_robin) start
+        self._turn = itertools.count(self.first)
 
     def pick(self, prompt_token_ids: Sequence[int], loads: Sequence[EngineLoad], adapter: str | None = None) -> int | None:
         """The engine for this request (`adapter`: the LoRA adapter it runs), or None when every engine's waiting queue
@@ -71,11 +69,11 @@ class Router:
         if self.method == "round_robin":
             start = next(self._turn) % self.engines
             return min(open_, key=lambda i: (i - start) % self.engines)
-        least = min(open_, key=lambda i: loads[i].total)
+        least = min(open_, key=lambda i: (loads[i].requests, (i - self.first) % self.engines))
         if self.method == "prefix_affinity":
             home = self.home(prompt_token_ids, adapter)
             if home is not None and not loads[home].full and \
-                    loads[home].total <= AFFINITY_FACTOR * loads[least].total + AFFINITY_SLACK:
+                    loads[home].requests <= AFFINITY_FACTOR * loads[least].requests + AFFINITY_SLACK:
                 return home
         return least
 

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -30,6 +31,7 @@ from infer.engine.config import EngineConfig
 from infer.build.core_process import CoreProcess, CoreStartError
 from infer.wire import CoreInfo
 from infer.frontend.dp_client import client_for
+from infer.frontend.load_board import LoadBoard
 from infer.build.dp_cores import start_cores
 from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
 from infer.server.console import ended, say
@@ -95,9 +97,12 @@ def served_model(info: CoreInfo) -> ServedModel:
 
 
 def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int = 0,
-                   reuse_port: bool = False, limits: ServerLimits | None = None, spawned: float | None = None) -> int:
+                   reuse_port: bool = False, limits: ServerLimits | None = None, spawned: float | None = None,
+                   board: tuple[Any, int] | None = None) -> int:
     """One API server on the port, connected to every core, until it is stopped (0) or a core is gone (1, after
-    answering 503s). `spawned`: when its process was started (time.time()), else now, for the start-up report."""
+    answering 503s). `spawned`: when its process was started (time.time()), else now, for the start-up report.
+    `board`: the cells of the load board the API servers share and their number (several cores and API servers;
+    this one writes row `index`)."""
     spawned = spawned or time.time()
     from infer.server.app import create_app
     from infer.server.state import ServerState
@@ -109,7 +114,8 @@ def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_l
         say(f"error: {reason}; answering 503 and stopping")
         asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S, lambda: setattr(server, "should_exit", True))
 
-    client = client_for(infos, served.tokenizer, core_gone)
+    shared = None if board is None else LoadBoard(board[0], board[1], len(infos), row=index)
+    client = client_for(infos, served.tokenizer, core_gone, shared)
     limits = limits or ServerLimits()
     state = ServerState(served, client, name, index, limits=limits)
     server = DrainingServer(uvicorn_config(create_app(state), limits, log_level), limits, client)
@@ -135,9 +141,9 @@ def stop_on_sigterm(server: uvicorn.Server) -> None:
 
 
 def _api_server_main(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int,
-                     limits: ServerLimits, spawned: float) -> None:
+                     limits: ServerLimits, spawned: float, board: tuple[Any, int] | None) -> None:
     sys.exit(run_api_server(infos, name, host, port, log_level, index, reuse_port=True, limits=limits,
-                            spawned=spawned))
+                            spawned=spawned, board=board))
 
 
 def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_level: str, count: int,
@@ -147,10 +153,11 @@ def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_le
     parallelism CoreRestarts starts it again."""
     ctx = multiprocessing.get_context("spawn")
     infos = [core.info for core in cores]
+    board = (LoadBoard.shared(count, len(cores)), count) if len(cores) > 1 else None  # routing over DP cores
 
     def spawn(i: int) -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_api_server_main, args=(infos, name, host, port, log_level, i, limits, time.time()),
-                        name=f"infer-api-{i}")
+        p = ctx.Process(target=_api_server_main, args=(infos, name, host, port, log_level, i, limits, time.time(),
+                                                       board), name=f"infer-api-{i}")
         p.start()
         return p
 

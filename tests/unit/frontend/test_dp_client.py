@@ -15,6 +15,7 @@ from infer.frontend.client import CoreGoneError, QueueFullError
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.wire import EngineStats
 from infer.frontend.dp_client import DPClient
+from infer.frontend.load_board import LoadBoard
 from infer.build.dp_cores import engine_configs
 from infer.frontend.metrics import ServingMetrics
 from infer.sampling.params import SamplingParams
@@ -33,12 +34,19 @@ class FakeClient:
     gone: str | None = None
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
     probes: Any = None
+    on_live_count: Any = None
 
     def submit(self, request_id: str, prompt: list[int], params: Any, probe_names: tuple[str, ...] = (),
                incremental_text: bool = True) -> str:
         self.live.add(request_id)
         self.num_waiting += 1
+        self.on_live_count(len(self.live))
         return request_id
+
+    def finish(self, request_id: str) -> None:
+        self.live.discard(request_id)
+        self.num_waiting -= 1
+        self.on_live_count(len(self.live))
 
     def abort(self, request_id: str) -> None:
         if request_id in self.live:
@@ -74,12 +82,13 @@ class FakeInfo:
     probes: Any = None
 
 
-def dp(n: int, method: str = "least_load", max_waiting: int = 4) -> tuple[DPClient, list[FakeClient], list[str]]:
+def dp(n: int, method: str = "least_load", max_waiting: int = 4,
+       board: LoadBoard | None = None) -> tuple[DPClient, list[FakeClient], list[str]]:
     gone: list[str] = []
     config = EngineConfig(device="cpu", load_balance_method=method)
     client = DPClient([FakeInfo(config, pid=i) for i in range(n)], _NoTokenizer(), max_waiting, gone.append,  # type: ignore[list-item]
-                      method)
-    fakes = [FakeClient() for _ in range(n)]
+                      method, board)
+    fakes = [FakeClient(on_live_count=real.on_live_count) for real in client.clients]  # what DPClient hooked up
     client.clients = fakes  # type: ignore[assignment]
     return client, fakes, gone
 
@@ -89,8 +98,9 @@ class _NoTokenizer:
 
 
 def test_submits_spread_by_least_load_and_skip_a_full_engine():
-    client, fakes, _ = dp(2, max_waiting=2)
-    fakes[0].num_running = 5
+    cells = LoadBoard.shared(2, 2)
+    client, fakes, _ = dp(2, max_waiting=2, board=LoadBoard(cells, 2, 2, row=0))
+    LoadBoard(cells, 2, 2, row=1).set(0, 5)  # another API server's 5 live requests on engine 0
     for i in range(3):
         client.submit(f"r{i}", [1, 2], SamplingParams())
     assert fakes[1].live == {"r0", "r1"} and fakes[0].live == {"r2"}  # engine 1 filled its queue, then engine 0
@@ -98,6 +108,26 @@ def test_submits_spread_by_least_load_and_skip_a_full_engine():
     with pytest.raises(QueueFullError, match="every live engine"):
         client.submit("r4", [1], SamplingParams())
     assert client.max_waiting_requests == 4 and client.num_live == 4
+
+
+def test_api_servers_sharing_a_board_split_a_burst_evenly_and_see_requests_end():
+    """Two API servers whose ties both start at engine 0 (rows 0 and 2 of 2 engines): by their own requests alone
+    each would send 2 of its 3 to engine 0 (4 against 2); through the board the burst lands 3 and 3."""
+    cells = LoadBoard.shared(3, 2)
+    servers = [dp(2, board=LoadBoard(cells, 3, 2, row=row))[:2] for row in (0, 2)]
+    for s, (client, _) in enumerate(servers):
+        for i in range(3):
+            client.submit(f"s{s}-r{i}", [1], SamplingParams())
+
+    def on_engines() -> list[int]:
+        return [sum(len(fakes[e].live) for _, fakes in servers) for e in range(2)]
+
+    assert on_engines() == [3, 3]
+    client, fakes = servers[0]
+    for request_id in list(fakes[0].live):
+        fakes[0].finish(request_id)
+    assert on_engines() == [1, 3]
+    assert [load.requests for load in client.loads()] == [1, 3] == [load.requests for load in servers[1][0].loads()]
 
 
 def test_an_abort_reaches_only_the_owner():
