@@ -42,7 +42,7 @@ def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
 
 def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
          cu_seqlens_q: torch.Tensor | None, context_lens: torch.Tensor, scale: float, sliding_window: int | None,
-         max_context_len: int, max_q_len: int = 0) -> torch.Tensor:
+         max_context_len: int, max_q_len: int = 0, extra: tuple[str, ...] = ()) -> torch.Tensor:
     q = rows_of_heads(q)
     out = torch.empty(q.shape, dtype=q.dtype)
     tables, lens = _int32(block_tables), _int32(context_lens)
@@ -50,7 +50,7 @@ def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, bl
     check_caches(key_cache, value_cache)
     blocks, block_size, kv_heads, dim = key_cache.shape
     name = "paged_attention_bf16" if key_cache.dtype == torch.bfloat16 else "paged_attention"
-    status = kernel("attention", name, ARGS, ctypes.c_int)(
+    status = kernel("attention", name, ARGS, ctypes.c_int, extra)(
         q.data_ptr(), q.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         None if cu is None else cu.data_ptr(), lens.data_ptr(), lens.shape[0], q.shape[1], kv_heads, dim,
         block_size, blocks, max_context_len, scale, sliding_window or 0, max_q_len, out.data_ptr(), torch.get_num_threads(),
@@ -65,15 +65,18 @@ def _run(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, bl
 
 def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, *, block_tables: torch.Tensor,
                     context_lens: torch.Tensor, scale: float, sliding_window: int | None,
-                    max_context_len: int) -> torch.Tensor:
-    """q [B, H, D], one token per sequence, over caches [blocks, block_size, Hkv, D]."""
-    return _run(q, key_cache, value_cache, block_tables, None, context_lens, scale, sliding_window, max_context_len)
+                    max_context_len: int, _extra: tuple[str, ...] = ()) -> torch.Tensor:
+    """q [B, H, D], one token per sequence, over caches [blocks, block_size, Hkv, D]. `_extra`: compiler flags of
+    another build (tests: the AVX2 and plain-C forms on any x86 machine)."""
+    return _run(q, key_cache, value_cache, block_tables, None, context_lens, scale, sliding_window, max_context_len,
+                extra=_extra)
 
 
 def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, *,
                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
                             max_seqlen_q: int, max_context_len: int, scale: float, sliding_window: int | None,
-                            cu_seqlens_q_host: list[int] | None, context_lens_host: list[int] | None) -> torch.Tensor:
+                            cu_seqlens_q_host: list[int] | None, context_lens_host: list[int] | None,
+                            _extra: tuple[str, ...] = ()) -> torch.Tensor:
     """Packed q [T, H, D] by cu_seqlens_q: each sequence's new tokens are the last of its context_lens.
 
     Sequences of up to LONG_CHUNK new tokens (decode rows of a mixed step, short prompts) go through the C kernel,
@@ -82,7 +85,7 @@ def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cach
     bounds = cu_seqlens_q.tolist() if cu_seqlens_q_host is None else cu_seqlens_q_host
     lens = context_lens.tolist() if context_lens_host is None else context_lens_host
     out = _run(q, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale, sliding_window,
-               max_context_len, LONG_CHUNK)
+               max_context_len, LONG_CHUNK, _extra)
     # over a bf16 cache (a CPU bf16 model's, whose attention output is rounded to bf16 for its o projection anyway)
     # SDPA runs in bf16 where the CPU multiplies bf16 (half its float32 time on a 128-token prompt); without bf16
     # products (AVX2) the o projection takes float32 rows and bf16 SDPA is the slower one

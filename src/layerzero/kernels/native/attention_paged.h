@@ -55,6 +55,62 @@
     }
 ATTEND(4)
 ATTEND(8)
+#elif defined(__AVX2__) && defined(__FMA__)
+/* ATTEND's AVX2 form for a head size of C * 8 floats: 8-lane vectors, a key row's C vectors loaded once for all
+ * `per` heads, each head's output accumulated 8 vectors (64 columns) at a time over the value rows. */
+#define ATTEND8(C)                                                                                                 \
+    static void KV_NAME(attend8_##C)(const float *q, int64_t per, int64_t d, const KV_T *kc, const KV_T *vc,     \
+                                     const int32_t *table, int64_t bs, int64_t row_stride, int64_t kv_offset,   \
+                                     int64_t lo, int64_t pos, float scale, float *scores, int64_t max_ctx,      \
+                                     float *out) {                                                              \
+        int64_t n = pos - lo + 1;                                                                                 \
+        float top[per];                                                                                           \
+        for (int64_t g = 0; g < per; g++) top[g] = -INFINITY;                                                     \
+        for (int64_t j = lo; j <= pos; j++) {                                                                     \
+            const KV_T *k = kc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset;                 \
+            if (j + 4 <= pos) { /* the hardware prefetcher does not follow the block table */                    \
+                const KV_T *ahead = kc + ((int64_t)table[(j + 4) / bs] * bs + (j + 4) % bs) * row_stride + kv_offset;\
+                for (int c = 0; c < C; c += 64 / (8 * (int)sizeof(KV_T)))                                          \
+                    _mm_prefetch((const char *)(ahead + 8 * c), _MM_HINT_T0);                                     \
+            }                                                                                                     \
+            __m256 kv[C];                                                                                         \
+            for (int c = 0; c < C; c++) kv[c] = KV_LOAD8(k + 8 * c);                                              \
+            for (int64_t g = 0; g < per; g++) {                                                                   \
+                const float *qg = q + g * d;                                                                      \
+                __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qg), kv[0]);                                           \
+                for (int c = 1; c < C; c++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c), kv[c], acc);       \
+                __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));                \
+                h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                           \
+                float s = scale * _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));                               \
+                scores[g * max_ctx + j - lo] = s;                                                                 \
+                if (s > top[g]) top[g] = s;                                                                       \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (int64_t g = 0; g < per; g++) {                                                                       \
+            float *sc = scores + g * max_ctx, total = 0.0f;                                                       \
+            exp_shifted(sc, n, top[g]);                                                                           \
+            for (int64_t j = 0; j < n; j++) total += sc[j];                                                       \
+            __m256 inv = _mm256_set1_ps(total > 0.0f ? 1.0f / total : 0.0f); /* no visible key (padding): 0 */    \
+            for (int c0 = 0; c0 < C; c0 += 8) {                                                                   \
+                __m256 o[8];                                                                                      \
+                for (int c = 0; c < 8; c++) o[c] = _mm256_setzero_ps();                                           \
+                for (int64_t j = lo; j <= pos; j++) {                                                             \
+                    const KV_T *v = vc + ((int64_t)table[j / bs] * bs + j % bs) * row_stride + kv_offset + 8 * c0;\
+                    if (j + 4 <= pos) {                                                                           \
+                        const KV_T *ahead = vc + ((int64_t)table[(j + 4) / bs] * bs + (j + 4) % bs) * row_stride      \
+                                            + kv_offset + 8 * c0;                                                 \
+                        for (int c = 0; c < 8; c += 64 / (8 * (int)sizeof(KV_T)))                                   \
+                            _mm_prefetch((const char *)(ahead + 8 * c), _MM_HINT_T0);                            \
+                    }                                                                                             \
+                    __m256 ev = _mm256_set1_ps(sc[j - lo]);                                                       \
+                    for (int c = 0; c < 8; c++) o[c] = _mm256_fmadd_ps(ev, KV_LOAD8(v + 8 * c), o[c]);            \
+                }                                                                                                 \
+                for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + g * d + 8 * (c0 + c), _mm256_mul_ps(o[c], inv));\
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+ATTEND8(8)
+ATTEND8(16)
 #endif
 
 /* q [T, H, D] with row stride q_stride (heads side by side); caches [blocks, bs, Hkv, D]; tables [B, max_blocks]
@@ -110,6 +166,13 @@ int KV_NAME(paged_attention)(const float *q, int64_t q_stride, const KV_T *kc, c
                                                                   max_ctx, out + (t * heads + h0) * d);
                 continue;
             }
+#elif defined(__AVX2__) && defined(__FMA__)
+            if (d == 64 || d == 128) {
+                (d == 64 ? KV_NAME(attend8_8) : KV_NAME(attend8_16))(q + t * q_stride + h0 * d, per, d, kc, vc, table,
+                                                                     bs, row_stride, kv_offset, lo, pos, scale,
+                                                                     scores, max_ctx, out + (t * heads + h0) * d);
+                continue;
+            }
 #endif
             float top[per], total[per];
             for (int64_t g = 0; g < per; g++) top[g] = -INFINITY;
@@ -149,3 +212,4 @@ int KV_NAME(paged_attention)(const float *q, int64_t q_stride, const KV_T *kc, c
 }
 
 #undef ATTEND
+#undef ATTEND8

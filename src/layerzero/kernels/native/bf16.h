@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -31,6 +31,13 @@ static inline uint16_t bf16_round(float f) {
 /* 16 bf16 values at p widened into float32 lanes. */
 static inline __m512 bf16_widen16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+
+#if defined(__AVX2__)
+/* 8 bf16 values at p widened into float32 lanes. */
+static inline __m256 bf16_widen8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 #endif
 

@@ -164,11 +164,11 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
     }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-/* AVX2 (AMD Zen 2/3, Intel before AVX-512): 8-lane vectors and 16 registers. Each (output row, row of x) keeps two
- * accumulator chains (the even and odd 8-column groups of a chunk, or of a block). Up to 2 rows of x the 4-bit and
- * dense tiles run their two output rows together (at one row of x, four chains keep the FMA units busy: 4-bit ~1.2x);
- * with more, and always in the 8-bit tile (measured slower together), one output row after the other, so the
- * accumulators fit the registers. Either way each accumulator sums the same products in the same order, so a row of
+/* AVX2 (AMD Zen 2/3, Intel before AVX-512): 8-lane vectors and 16 registers. In the 4-bit and 8-bit tiles each
+ * (output row, row of x) keeps two accumulator chains (the even and odd 8-column groups of a chunk, or of a block).
+ * Up to 2 rows of x the 4-bit tile runs its two output rows together (at one row of x, four chains keep the FMA
+ * units busy: ~1.2x); with more, and always in the 8-bit tile (measured slower together), one output row after the
+ * other, so the accumulators fit the registers. The dense tile has its own layout (below). Either way each accumulator sums the same products in the same order, so a row of
  * x gets the same bits whatever R is. */
 #define JOINT(R) ((R) <= 2 ? 2 : 1)  /* output rows run together */
 static inline float hsum8(__m256 v) {
@@ -251,26 +251,33 @@ static inline __attribute__((always_inline)) __m256 dense8(const uint8_t *row, i
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + c)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-/* The dense part (bfloat16 or float32 weights, f32 a constant): one fma per weight and row of x. */
-static inline __attribute__((always_inline)) void dense_part(const Row *rows, const int W, const float *x, int64_t k,
-                                                            const int R, const int f32, float sums[][TILE]) {
+/* The dense tile (bfloat16 or float32 weights, f32 a constant): both output rows with every row of x together, one
+ * accumulator chain per (output row, row of x) over 8-column vectors: up to 8 chains keep the FMA units busy, and each
+ * product of a weight vector is shared by R rows of x (float32 at 16 rows of x: 0.75 loads an FMA, where one output
+ * row at a time with two chains each took 1.25). A chain sums the same products in the same order whatever R is. */
+static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const float *x, int64_t k, const int R,
+                                                            const int f32, float sums[2][TILE]) {
     const int bytes = f32 ? 4 : 2;
-    __m256 acc0[2][TILE], acc1[2][TILE];
-    for (int w = 0; w < W; w++)
-        for (int r = 0; r < R; r++) acc0[w][r] = acc1[w][r] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < k; c += HALF)
-        for (int w = 0; w < W; w++) {
+    __m256 acc_a[TILE], acc_b[TILE];
+    for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += 8) {
 #if PREFETCH8 > 0
-            if (((c * bytes) & 63) == 0) _mm_prefetch((const char *)rows[w].q + c * bytes + PREFETCH8, _MM_HINT_T0);
-#endif
-            __m256 w0 = dense8(rows[w].q, c, f32), w1 = dense8(rows[w].q, c + 8, f32);
-            for (int r = 0; r < R; r++) {
-                acc0[w][r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + c), acc0[w][r]);
-                acc1[w][r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + c + 8), acc1[w][r]);
-            }
+        if (((c * bytes) & 63) == 0) {
+            _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+            _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
         }
-    for (int w = 0; w < W; w++)
-        for (int r = 0; r < R; r++) sums[w][r] = hsum8(_mm256_add_ps(acc0[w][r], acc1[w][r]));
+#endif
+        __m256 wa = dense8(a.q, c, f32), wb = dense8(b.q, c, f32);
+        for (int r = 0; r < R; r++) {
+            __m256 xr = _mm256_loadu_ps(x + r * k + c);
+            acc_a[r] = _mm256_fmadd_ps(wa, xr, acc_a[r]);
+            acc_b[r] = _mm256_fmadd_ps(wb, xr, acc_b[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        sums[0][r] = hsum8(acc_a[r]);
+        sums[1][r] = hsum8(acc_b[r]);
+    }
 }
 static inline __attribute__((always_inline)) void int4_tile(Row a, Row b, const float *xp, int64_t k,
                                                            int64_t group, const int R, float sums[2][TILE]) {
@@ -281,11 +288,6 @@ static inline __attribute__((always_inline)) void int8_tile(Row a, Row b, const 
                                                            const int R, float sums[2][TILE]) {
     const Row rows[2] = {a, b};
     for (int w = 0; w < 2; w++) int8_part(rows + w, 1, x, k, block, R, sums + w);
-}
-static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const float *x, int64_t k, const int R,
-                                                            const int f32, float sums[2][TILE]) {
-    const Row rows[2] = {a, b};
-    for (int w = 0; w < 2; w += JOINT(R)) dense_part(rows + w, JOINT(R), x, k, R, f32, sums + w);
 }
 #else
 /* Portable form of the same sums (lane l of the vector form is element l of each half-chunk). */
@@ -381,10 +383,18 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
                       int64_t n, const float *scales, const float *zeros8, int64_t group, const float *bias,
                       float *out, int64_t j0, int64_t j1) {
     int64_t groups = k / group;
-    for (int64_t r0 = 0; r0 < m; r0 += TILE) {
-        int R = m - r0 < TILE ? (int)(m - r0) : TILE;
-        for (int64_t j = j0; j < j1; j += 2) {
+    /* Tiles of x outermost while the block's weights stay in L1 across them (the quantized rows); a block of wider
+     * rows (float32, bf16) would be read from L2 once per tile, so there each pair of weight rows, read from memory
+     * once, meets every tile of x instead (x stays in L2). */
+    int pair_outer = (j1 - j0) * row_bytes > 16384;
+    for (int64_t outer = 0; outer < (pair_outer ? j1 - j0 : m); outer += pair_outer ? 2 : TILE)
+        for (int64_t inner = 0; inner < (pair_outer ? m : j1 - j0); inner += pair_outer ? TILE : 2) {
+            int64_t r0 = pair_outer ? inner : outer, j = j0 + (pair_outer ? outer : inner);
+            int R = m - r0 < TILE ? (int)(m - r0) : TILE;
             int64_t j2 = j + 1 < j1 ? j + 1 : j;  /* a last odd row pairs with itself */
+            if (pair_outer && inner == 0 && j + 2 < j1)  /* the next pair streams in while this one meets every tile */
+                for (int64_t byte = 0; byte < 2 * row_bytes && j + 2 + byte / row_bytes < j1; byte += 64)
+                    __builtin_prefetch(q + (j + 2) * row_bytes + byte, 0, 2);
             Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups};
             Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups};
             float sums[2][TILE];
@@ -394,7 +404,6 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
                 if (j2 != j) out[(r0 + r) * n + j2] = bias != NULL ? sums[1][r] + bias[j2] : sums[1][r];
             }
         }
-    }
 }
 
 /* out [m, n] = x [m, k] . W.T (+ bias); row_bytes: bytes per stored weight row; zeros8 may be NULL. */

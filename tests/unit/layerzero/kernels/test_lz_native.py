@@ -159,13 +159,15 @@ def test_rms_norm_matches_float64(offset: float) -> None:
                        norm.rms_norm(strided.contiguous(), w, eps=1e-6, weight_offset=offset))
 
 
+@BUILDS
 @pytest.mark.parametrize("act", ["silu", "tanh", "none"])
-def test_gated_activations_match_float64(act: str) -> None:
+def test_gated_activations_match_float64(extra: tuple[str, ...], act: str) -> None:
     x = torch.randn(3, 2, 2 * 40, generator=torch.Generator().manual_seed(11)) * 4
+    x[0, 0, :8] = torch.tensor([-200.0, -104.5, -90.0, -87.5, 85.0, 88.0, 95.0, 0.0])  # exp's clamps and denormals
     if act == "silu":
-        got, want = activation.silu_and_mul(x), act_ref.silu_and_mul(x.double())
+        got, want = activation.silu_and_mul(x, _extra=extra), act_ref.silu_and_mul(x.double())
     else:
-        got, want = activation.gelu_and_mul(x, approximate=act), act_ref.gelu_and_mul(x.double(), act)
+        got, want = activation.gelu_and_mul(x, approximate=act, _extra=extra), act_ref.gelu_and_mul(x.double(), act)
     assert got.shape == (3, 2, 40) and torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -182,10 +184,11 @@ def _paged(seed: int, lens: list[int], heads: int, kv_heads: int, dim: int, bloc
     return gen, kc, vc, tables
 
 
+@BUILDS
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (3, 3, 20), (9, 3, 64), (4, 1, 128)])
-def test_paged_attention_decode_and_prefill_match_the_reference(window: int | None, heads: int, kv_heads: int,
-                                                                dim: int) -> None:
+def test_paged_attention_decode_and_prefill_match_the_reference(extra: tuple[str, ...], window: int | None,
+                                                                heads: int, kv_heads: int, dim: int) -> None:
     lens, q_lens = [9, 1, 14], [3, 1, 14]  # a chunk after cached tokens, a decode row, a whole prompt
     gen, kc, vc, tables = _paged(heads * dim, lens, heads, kv_heads, dim)
     context = torch.tensor(lens, dtype=torch.int32)
@@ -194,12 +197,12 @@ def test_paged_attention_decode_and_prefill_match_the_reference(window: int | No
     got = attention.paged_prefill_attention(
         q, kc, vc, block_tables=tables, cu_seqlens_q=torch.tensor(bounds, dtype=torch.int32), context_lens=context,
         max_seqlen_q=14, max_context_len=14, scale=0.3, sliding_window=window, cu_seqlens_q_host=bounds,
-        context_lens_host=lens)
+        context_lens_host=lens, _extra=extra)
     want = attn_ref.paged_prefill_attention(q.double(), kc.double(), vc.double(), tables, bounds, lens, 0.3, window)
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
     last = torch.tensor([2, 3, 17])  # each sequence's newest token, as a decode step would see it
     decode = attention.paged_attention(q[last].contiguous(), kc, vc, block_tables=tables, context_lens=context,
-                                       scale=0.3, sliding_window=window, max_context_len=14)
+                                       scale=0.3, sliding_window=window, max_context_len=14, _extra=extra)
     assert torch.equal(decode, got[last])  # the same bits in a decode step as in a mixed one
     ref = attn_ref.paged_attention(q[last].double(), kc.double(), vc.double(), tables, context, 0.3, window, 14)
     assert torch.allclose(decode.double(), ref, rtol=1e-5, atol=1e-5)
@@ -222,15 +225,16 @@ def test_long_prefill_chunks_go_through_sdpa_and_decode_rows_keep_their_bits() -
     assert torch.equal(decode[1], got[long])  # the decode row: C in both steps
 
 
+@BUILDS
 @pytest.mark.parametrize("dim", [64, 128])
-def test_a_decode_row_gets_the_same_bits_alone_and_among_many(dim: int) -> None:
+def test_a_decode_row_gets_the_same_bits_alone_and_among_many(extra: tuple[str, ...], dim: int) -> None:
     """The registers path (head sizes 64 and 128) splits work per head for a few rows and per KV head's group of
     query heads for many: a row's result must not depend on which."""
     lens = [40 + 7 * i for i in range(12)]
     gen, kc, vc, tables = _paged(dim, lens, 8, 2, dim)
     q = torch.randn(len(lens), 8, dim, generator=gen)
     context = torch.tensor(lens, dtype=torch.int32)
-    kwargs = dict(scale=dim**-0.5, sliding_window=None, max_context_len=max(lens))
+    kwargs = dict(scale=dim**-0.5, sliding_window=None, max_context_len=max(lens), _extra=extra)
     many = attention.paged_attention(q, kc, vc, block_tables=tables, context_lens=context, **kwargs)
     for i in (0, 5, 11):
         alone = attention.paged_attention(q[i : i + 1].contiguous(), kc, vc, block_tables=tables[i : i + 1],
