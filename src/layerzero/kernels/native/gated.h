@@ -1,5 +1,5 @@
-/* One row of a gated activation in float32: o[i] = act(gate[i]) * up[i]. act: 0 = SiLU, 1 = GeLU (tanh
- * approximation), 2 = GeLU (erf). SiLU and the tanh GeLU run 16 lanes (8 with AVX2) at a time through vexp.h (silu(g) = g / (1 +
+/* One row of a gated activation in float32: o[i] = act(gate[i]) * up[i]. act: 0 = SiLU, 1 = GeLU (tanh approximation),
+ * 2 = GeLU (erf). SiLU and the tanh GeLU run 16 lanes (8 with AVX2) at a time through vexp.h (silu(g) = g / (1 +
  * e^-g), gelu_tanh(g) = g / (1 + e^-2u), u = sqrt(2/pi) (g + 0.044715 g^3)); an element's arithmetic depends only on
  * its column, never on the rows beside it. Shared by the activation kernels and the MoE kernels. */
 #ifndef LAYERZERO_NATIVE_GATED_H

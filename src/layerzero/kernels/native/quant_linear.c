@@ -164,12 +164,12 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
     }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-/* AVX2 (AMD Zen 2/3, Intel before AVX-512): 8-lane vectors and 16 registers. In the 4-bit and 8-bit tiles each
- * (output row, row of x) keeps two accumulator chains (the even and odd 8-column groups of a chunk, or of a block).
- * Up to 2 rows of x the 4-bit tile runs its two output rows together (at one row of x, four chains keep the FMA
- * units busy: ~1.2x); with more, and always in the 8-bit tile (measured slower together), one output row after the
- * other, so the accumulators fit the registers. The dense tile has its own layout (below). Either way each accumulator sums the same products in the same order, so a row of
- * x gets the same bits whatever R is. */
+/* AVX2 (AMD Zen 2/3, Intel before AVX-512): 8-lane vectors and 16 registers. In the 4-bit and 8-bit tiles each (output
+ * row, row of x) keeps two accumulator chains (the even and odd 8-column groups of a chunk, or of a block). Up to 2
+ * rows of x the 4-bit tile runs its two output rows together (at one row of x, four chains keep the FMA units busy:
+ * ~1.2x); with more, and always in the 8-bit tile (measured slower together), one output row after the other, so the
+ * accumulators fit the registers. The dense tile has its own layout (below). Either way each accumulator sums the same
+ * products in the same order, so a row of x gets the same bits whatever R is. */
 #define JOINT(R) ((R) <= 2 ? 2 : 1)  /* output rows run together */
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -1,8 +1,8 @@
-/* exp over 16 float32 lanes (AVX-512; 8 with AVX2 and FMA), for the softmax of attention and the gated activations: glibc's expf does not
- * vectorize without -ffast-math, and one scalar expf (~10 ns) per element made a 16-row decode step's SiLU and
- * softmax cost more than its matmuls. exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln 2 in two parts
- * (Cody-Waite), exp(r) by Cephes' degree-7 polynomial: within 2 ulp of expf over the float range. build.py hashes
- * this header into every library's cache key. */
+/* exp over 16 float32 lanes (AVX-512; 8 with AVX2 and FMA), for the softmax of attention and the gated activations:
+ * glibc's expf does not vectorize without -ffast-math, and one scalar expf (~10 ns) per element made a 16-row decode
+ * step's SiLU and softmax cost more than its matmuls. exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln 2 in two
+ * parts (Cody-Waite), exp(r) by Cephes' degree-7 polynomial: within 2 ulp of expf over the float range. build.py
+ * hashes this header into every library's cache key. */
 #ifndef LAYERZERO_NATIVE_VEXP_H
 #define LAYERZERO_NATIVE_VEXP_H
 
