@@ -2,20 +2,23 @@
 
     python benchmarks/serve_vs_offline.py [--shape llama-3.2-1b] [--levels 1,16,64,256] [--api-server-count N]
                                           [--fresh-connections] [--data-parallel-size N] [--tensor-parallel-size N]
+                                          [--client-processes N]
 
-Per concurrency level C: C requests of random token-id prompts (128-512 tokens), 256 new tokens each, greedy,
-EOS ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
+Per concurrency level C: C requests of random token-id prompts (128-512 tokens), 256 new tokens each, greedy, EOS
+ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
 vocabulary, so any id decodes). Offline: `LLM.generate_ids` of the C prompts at once (the in-process engine). Server:
 `infer serve` as a user starts it (its own engine-core process, warmed up at start), C concurrent streamed
-completions through httpx from up to --client-processes processes (default 8; sse_client.py: one event loop each, started and connected
-before the clock starts, so neither the client nor its start-up is measured; with --fresh-connections each stream
-opens its connection in the burst, as a crowd of new clients does), every SSE chunk read and parsed;
-tok/s is generated tokens over the wall time from releasing the clients to the last stream's end; ITL is the gap
-between a stream's chunks, TTFT from a request's send to its first text chunk. Per level one first run (reported, not timed into the median), then the median of
---repeats runs (fresh prompts each run, so the prefix cache never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR
-(default benchmarks/reports). With --data-parallel-size N the server runs N engine cores (`-dp N`, one GPU each)
-against the one offline engine: the ratio is then data parallelism's scaling through the server. With
---tensor-parallel-size N both the offline engine and the server shard the model over N GPUs (`-tp N`). GPU run:
+completions through httpx from up to --client-processes processes (default 8; sse_client.py: one event loop each,
+started and connected before the clock starts, so neither the client nor its start-up is measured; with
+--fresh-connections each stream opens its connection in the burst, as a crowd of new clients does), every SSE chunk
+read and parsed; tok/s is generated tokens over the wall time from releasing the clients to the last stream's end;
+ITL is the gap between a stream's chunks, TTFT from a request's send to its first text chunk. Per level one first run
+(reported, not timed into the median), then the median of --repeats runs (fresh prompts each run, so the prefix cache
+never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR (default benchmarks/reports). With
+--data-parallel-size N the server runs N engine cores (`-dp N`, one GPU each) against the one offline engine: the
+ratio is then data parallelism's scaling through the server. With --tensor-parallel-size N both the offline engine
+and the server shard the model over N GPUs (`-tp N`). The report adds each process's CPU seconds during the median
+server run, by role (proc_cpu.py): which of the engine cores, the API servers and the clients was saturated. GPU run:
 `bash scripts/gpu_serving.sh`.
 """
 
@@ -132,7 +135,8 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     gaps = sorted(b - a for s in streams for a, b in zip(s["chunk_times"], s["chunk_times"][1:]))
     ttft = sorted(s["chunk_times"][0] - s["sent"] for s in streams)
     return {"tok_s": tokens / (end - start), "tokens": tokens, "wall_s": end - start,
-            "cpu_s": server_cpu | {"client": sorted((round(r["cpu_s"], 2) for r in results), reverse=True)}, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
+            "cpu_s": server_cpu | {"client": sorted((round(r["cpu_s"], 2) for r in results),
+                                                    reverse=True)}, "itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
             "itl_p99_ms": 1e3 * gaps[int(len(gaps) * 0.99)], "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2],
             "release_to_first_send_ms": 1e3 * (min(s["sent"] for s in streams) - start),
             "ttft_from_release_p50_ms": 1e3 * sorted(s["chunk_times"][0] - start for s in streams)[len(streams) // 2],

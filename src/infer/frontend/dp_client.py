@@ -194,7 +194,8 @@ def merge_lora_requests(per_engine: list[tuple[tuple[str, int, int], ...]]) -> t
 
 
 def client_for(infos: Sequence[CoreInfo], tokenizer: Tokenizer,
-               on_core_gone: Callable[[str], None] | None = None, board: LoadBoard | None = None) -> EngineClient | DPClient:
+               on_core_gone: Callable[[str], None] | None = None,
+               board: LoadBoard | None = None) -> EngineClient | DPClient:
     """The API server's client: an EngineClient for one core, a DPClient routing over several (by `board`, the
     load board the API servers share, or a private one)."""
     config = infos[0].config
