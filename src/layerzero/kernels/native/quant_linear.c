@@ -383,10 +383,10 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
                       int64_t n, const float *scales, const float *zeros8, int64_t group, const float *bias,
                       float *out, int64_t j0, int64_t j1) {
     int64_t groups = k / group;
-    /* Tiles of x outermost while the block's weights stay in L1 across them (the quantized rows); a block of wider
-     * rows (float32, bf16) would be read from L2 once per tile, so there each pair of weight rows, read from memory
-     * once, meets every tile of x instead (x stays in L2). */
-    int pair_outer = (j1 - j0) * row_bytes > 16384;
+    /* Tiles of x outermost while the block's weights stay in L1 across them (the quantized rows); a block of dense
+     * rows (float32, bf16) too wide for that would be read from L2 once per tile, so there each pair of weight rows,
+     * read from memory once, meets every tile of x instead (x stays in L2). Measured for the dense rows only. */
+    int pair_outer = (tiles == f32_tiles || tiles == bf16_tiles) && (j1 - j0) * row_bytes > 16384;
     for (int64_t outer = 0; outer < (pair_outer ? j1 - j0 : m); outer += pair_outer ? 2 : TILE)
         for (int64_t inner = 0; inner < (pair_outer ? m : j1 - j0); inner += pair_outer ? TILE : 2) {
             int64_t r0 = pair_outer ? inner : outer, j = j0 + (pair_outer ? outer : inner);
