@@ -190,8 +190,7 @@ class EngineClient:
         self._adds.append((request_id, payload))
         self._submitted += 1
         self._schedule_flush()
-        if self.on_live_count is not None:
-            self.on_live_count(len(self._live))
+        self._live_changed()
         return RequestStream(self, request_id, live)
 
     def abort(self, request_id: str) -> None:
@@ -276,8 +275,8 @@ class EngineClient:
                 del live_of[out.request_id]
                 ended = True
             live.put(out)
-        if ended and self.on_live_count is not None:
-            self.on_live_count(len(live_of))
+        if ended:
+            self._live_changed()
         stopped = self.text.take_stopped()
         if stopped:
             self._send(m.Abort(stopped, "stop"))
@@ -327,7 +326,12 @@ class EngineClient:
         out = self.text.finish(request_id, reason)
         if live is not None and out is not None:
             live.put(out)
-        if live is not None and self.on_live_count is not None:
+        if live is not None:
+            self._live_changed()
+
+    def _live_changed(self) -> None:
+        """Tell `on_live_count` (the DP load board) how many requests are live here now."""
+        if self.on_live_count is not None:
             self.on_live_count(len(self._live))
 
     def _gone(self, reason: str) -> None:

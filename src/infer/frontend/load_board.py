@@ -5,8 +5,7 @@ reads the column sums: the requests on each engine across all API servers, curre
 engine's own report (waiting + running) lags by a step, and it counts only requests the core has taken in: a core
 inside a long prefill step reads none of its socket, so the API servers saw it as the emptier one and a burst
 from several API servers piled onto it. With identical requests filling every engine's batch exactly, the
-engine given a few extra ran them as a last wave of decode steps at a tiny batch (docs/serving.md, "Data
-parallelism").
+engine given a few extra ran them as a last wave of decode steps at a tiny batch (docs/distributed.md, "Routing").
 
 One writer per row and aligned 8-byte stores: readers may see a row a request old, never a torn value. The board
 lives in a `multiprocessing.RawArray` made by the launcher before it spawns the API servers (a restarted API
