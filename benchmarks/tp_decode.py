@@ -2,11 +2,13 @@
 the per-rank bandwidth roofline (each rank reads its share of the weights and of the KV every step).
 
     python benchmarks/tp_decode.py --shape llama-3.1-8b --tp 1 2 4 --report benchmarks/reports/distributed_h100.md
+    python benchmarks/tp_decode.py --shape qwen3-30b-a3b --tp 1 2 2ep   # 2ep: TP=2 with whole experts on ranks
 
 Random bf16 weights (`load_format="dummy"`: each rank draws its own shard) from benchmarks/model_shapes.py, each TP
 size in a process of its own, CUDA graphs on, greedy, EOS ignored. A batch's decode rate is (tokens of a long run - tokens of a one-token run) / the
 time between them, so the prompt's prefill is left out; each is the median of --repeats runs. GPU bandwidth for
-the roofline: --bandwidth-tbs (default: measured here with a device-to-device copy).
+the roofline: --bandwidth-tbs (default: measured here with a device-to-device copy). A mixture of experts' step reads
+the experts its batch routes to (expected distinct experts under uniform routing), split over the ranks like the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,26 +51,35 @@ def decode_rate(llm: LLM, batch: int, prompt_len: int, tokens: int, repeats: int
     return statistics.median(rates)
 
 
-def measure(args: argparse.Namespace, tp: int, bandwidth: float) -> list[dict[str, float]]:
-    """One TP size's rows (run in a process of its own: a process runs one NCCL tensor-parallel engine)."""
+def parse_tp(spec: str) -> tuple[int, bool]:
+    """`N` (TP=N) or `Nep` (TP=N with --enable-expert-parallel) -> (N, expert parallel)."""
+    ep = spec.endswith("ep")
+    return int(spec.removesuffix("ep")), ep
+
+
+def measure(args: argparse.Namespace, spec: str, bandwidth: float) -> list[dict[str, Any]]:
+    """One TP configuration's rows (run in a process of its own: a process runs one NCCL tensor-parallel engine)."""
+    tp, ep = parse_tp(spec)
     path = ms.write_model_dir(args.shape, Path(args.work))
     cfg = ms.model_config(args.shape)
-    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", tensor_parallel_size=tp,
+    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", tensor_parallel_size=tp, enable_expert_parallel=ep,
               max_batch_size=max(args.batches), max_seq_len=args.prompt_len + args.tokens + 64,
               kv_cache_memory_gb=args.kv_gb)
     rows = []
     for batch in args.batches:
         rate = decode_rate(llm, batch, args.prompt_len, args.tokens, args.repeats)
         context = args.prompt_len + args.tokens // 2
-        step_bytes = (ms.weight_bytes(cfg) + batch * ms.kv_read_bytes(cfg, context)) / tp
-        rows.append(dict(tp=tp, batch=batch, tok_s=rate, roofline=batch * bandwidth / step_bytes))
+        weights = ms.active_weight_bytes(cfg, ms.expected_experts(cfg, batch)) if cfg.num_experts else \
+            ms.weight_bytes(cfg)
+        step_bytes = (weights + batch * ms.kv_read_bytes(cfg, context)) / tp
+        rows.append(dict(tp=spec, batch=batch, tok_s=rate, roofline=batch * bandwidth / step_bytes))
     llm.close()
     return rows
 
 
-def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], float]:
     bandwidth = args.bandwidth_tbs * 1e12 if args.bandwidth_tbs else copy_bandwidth()
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     for tp in args.tp:
         argv = [sys.executable, __file__, "--one", str(tp), "--bandwidth-tbs", str(bandwidth / 1e12), "--shape",
                 args.shape, "--batches", *map(str, args.batches), "--prompt-len", str(args.prompt_len), "--tokens",
@@ -82,14 +94,15 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
             print(f"TP={tp} batch={row['batch']}: {row['tok_s']:.1f} tok/s = {row['tok_s'] / row['roofline']:.2f} of "
                   f"the per-rank roofline ({row['roofline']:.0f} tok/s)", flush=True)
     for row in rows:
-        base = next((r["tok_s"] for r in rows if r["tp"] == 1 and r["batch"] == row["batch"]), float("nan"))
+        base = next((r["tok_s"] for r in rows if r["tp"] == "1" and r["batch"] == row["batch"]), float("nan"))
         row["ratio"] = row["tok_s"] / base
     return rows, bandwidth
 
 
-def report(rows: list[dict[str, float]], bandwidth: float, args: argparse.Namespace) -> str:
+def report(rows: list[dict[str, Any]], bandwidth: float, args: argparse.Namespace) -> str:
     gpu = torch.cuda.get_device_name()
-    lines = [f"# Tensor-parallel decode, {args.shape} shape (random bf16 weights), {gpu} x{max(args.tp)}", "",
+    lines = [f"# Tensor-parallel decode, {args.shape} shape (random bf16 weights), {gpu} "
+             f"x{max(parse_tp(t)[0] for t in args.tp)}", "",
              f"`python benchmarks/tp_decode.py --shape {args.shape} --tp {' '.join(map(str, args.tp))}` "
              f"({platform.node()}, torch {torch.__version__}); prompt {args.prompt_len} tokens, {args.tokens} decoded, "
              f"median of {args.repeats}; roofline bandwidth {bandwidth / 1e12:.2f} TB/s (device copy) per rank.", "",
@@ -102,8 +115,9 @@ def report(rows: list[dict[str, float]], bandwidth: float, args: argparse.Namesp
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="llama-3.1-8b", choices=ms.GPU_SHAPES)
-    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--shape", default="llama-3.1-8b", choices=(*ms.GPU_SHAPES, "qwen3-30b-a3b"))
+    parser.add_argument("--tp", nargs="+", default=["1", "2"],
+                        help="TP sizes to run, each N or Nep (expert parallel); TP=1 is the ratios' base")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=128)
@@ -112,7 +126,7 @@ def main() -> None:
     parser.add_argument("--bandwidth-tbs", type=float, default=None)
     parser.add_argument("--work", default="/tmp/tp_models")
     parser.add_argument("--report", default=None)
-    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child measuring one TP size
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child measuring one TP size
     args = parser.parse_args()
     if args.one is not None:
         print("ROWS " + json.dumps(measure(args, args.one, args.bandwidth_tbs * 1e12)), flush=True)

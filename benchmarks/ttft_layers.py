@@ -2,6 +2,7 @@
 no HTTP), and `infer serve` over HTTP (streamed and not), for the same prompts on the same GPU.
 
     python benchmarks/ttft_layers.py [--shape llama-3.2-1b] [--prompt-tokens 300]
+    python benchmarks/ttft_layers.py --model .bench/hf/smollm2-135m-fp32 --prompt-tokens 128   # real weights, CPU too
 
 Each layer runs REPEATS single requests one after another and prints the median ms to the first token (and to the
 8th). A layer that adds more than its own work (a round trip over ZMQ, an HTTP request) points at the culprit.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
@@ -26,6 +28,7 @@ from server_harness import serve_process  # noqa: E402  (the tests' `infer serve
 
 REPEATS = 7
 FLAGS = {"max_seq_len": 2048, "max_batch_size": 256, "kv_cache_memory_gb": 8.0}
+LOAD: dict[str, str] = {"load_format": "dummy"}  # random weights of a shape; --model: the directory's own
 
 
 def _prompts(vocab: int, n: int, tokens: int) -> list[list[int]]:
@@ -36,7 +39,7 @@ def _prompts(vocab: int, n: int, tokens: int) -> list[list[int]]:
 def offline(path: Path, prompts: list[list[int]]) -> list[tuple[float, float]]:
     from infer import LLM, SamplingParams
 
-    llm = LLM(str(path), load_format="dummy", **FLAGS)
+    llm = LLM(str(path), **LOAD, **FLAGS)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     out = []
     for p in prompts:
@@ -56,7 +59,7 @@ async def _through_client(path: Path, prompts: list[list[int]]) -> list[tuple[fl
     from infer.sampling.params import SamplingParams
     from infer.server.launch import served_model
 
-    core = CoreProcess.start(EngineConfig(model=str(path), load_format="dummy", **FLAGS), timeout_s=600)
+    core = CoreProcess.start(EngineConfig(model=str(path), **LOAD, **FLAGS), timeout_s=600)
     try:
         served = served_model(core.info)
         client = EngineClient(core.info, served.tokenizer, 64)
@@ -76,7 +79,8 @@ async def _through_client(path: Path, prompts: list[list[int]]) -> list[tuple[fl
 
 def http(path: Path, prompts: list[list[int]]) -> dict[str, list[tuple[float, float]]]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in FLAGS.items()]
-    with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning", *flags,
+    load = [f"--{k.replace('_', '-')}={v}" for k, v in LOAD.items()]
+    with serve_process("--model", str(path), *load, "--log-level", "warning", *flags,
                        timeout=600) as server:
         base = server.base_url
         out: dict[str, list[tuple[float, float]]] = {"stream": [], "whole_1_token": [], "tokenize": []}
@@ -105,10 +109,19 @@ def http(path: Path, prompts: list[list[int]]) -> dict[str, list[tuple[float, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="llama-3.2-1b", choices=ms.GPU_SHAPES)
+    parser.add_argument("--model", default=None, help="a model directory with its weights, in place of --shape")
+    parser.add_argument("--kv-gb", type=float, default=FLAGS["kv_cache_memory_gb"])
     parser.add_argument("--prompt-tokens", type=int, default=300)
     args = parser.parse_args()
-    path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
-    prompts = _prompts(ms.model_config(args.shape).vocab_size, REPEATS, args.prompt_tokens)
+    FLAGS["kv_cache_memory_gb"] = args.kv_gb
+    if args.model:
+        LOAD.clear()
+        path = Path(args.model)
+        vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    else:
+        path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
+        vocab = ms.model_config(args.shape).vocab_size
+    prompts = _prompts(vocab, REPEATS, args.prompt_tokens)
     layers = {"offline LLM.stream": offline(path, prompts),
               "EngineClient over ZMQ": asyncio.run(_through_client(path, prompts))}
     layers |= {f"HTTP {k}": v for k, v in http(path, prompts).items()}
