@@ -56,7 +56,8 @@ def _gemv(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 def triton_gemv(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: dict[str, int]) -> None:
     m, k = x.shape
     n = w.shape[0]
-    _gemv[(triton.cdiv(n, tile["BLOCK_N"]),)](x, w, y, m, n, k, BLOCK_M=16, BLOCK_N=tile["BLOCK_N"],
+    _gemv[(triton.cdiv(n, tile["BLOCK_N"]),)](x, w, y, m, n, k, BLOCK_M=max(16, triton.next_power_of_2(m)),
+                                              BLOCK_N=tile["BLOCK_N"],
                                               BLOCK_K=tile["BLOCK_K"], num_warps=tile["num_warps"],
                                               num_stages=tile["num_stages"])
 
