@@ -11,6 +11,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from infer.build.builder import build_engine
+from infer.build.placement import core_cpus, pin
 from infer.build.startup_log import phase
 from infer.distributed.group import DistributedError
 from infer.engine.config import EngineConfig, EngineConfigError
@@ -20,12 +21,16 @@ from infer.wire import CoreInfo
 log = logging.getLogger("infer.core")
 
 
-def run_core(config: EngineConfig, address: str, ready: Connection, spawned: float) -> None:
+def run_core(config: EngineConfig, address: str, ready: Connection, spawned: float, host_cpus: list[int]) -> None:
     """The core process's main: build and warm the engine, report to the parent, then serve until stopped.
-    `spawned`: when the parent started this process (time.time()), for the start-up report."""
+    `spawned`: when the parent started this process (time.time()), for the start-up report; `host_cpus`: the CPUs
+    this core takes its own among, on CUDA (build/placement.py)."""
     logging.basicConfig(level=logging.INFO, format="[infer core] %(message)s")
     phase("core process up", time.time() - spawned, "interpreter and imports")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
+    # before any thread or TP worker starts, so all of them run there
+    if (cpus := pin(core_cpus(config.resolved_device, config.tensor_parallel_size, host_cpus))) is not None:
+        log.info("on CPUs %s of its own (docs/distributed.md, Placement)", cpus)
     try:
         built = build_engine(config, core_only=True, hard_exit=True)
     except (EngineConfigError, ValueError, OSError, DistributedError) as exc:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from infer.build.core_env import core_environment
+from infer.build.placement import available_cpus
 from infer.engine.config import EngineConfig
 from infer.wire import CoreInfo
 
@@ -25,21 +26,26 @@ class CoreStartError(RuntimeError):
 class CoreProcess:
     """A started engine-core process and the facts it reported when ready."""
 
-    def __init__(self, process: multiprocessing.process.BaseProcess, info: CoreInfo, config: EngineConfig) -> None:
+    def __init__(self, process: multiprocessing.process.BaseProcess, info: CoreInfo, config: EngineConfig,
+                 host_cpus: list[int]) -> None:
         self.process = process
         self.info = info
         self.config = config  # as it was started with (a restart starts from it again)
+        self.host_cpus = host_cpus  # the CPUs its place was chosen among (a restart chooses among them again)
 
     @classmethod
-    def start(cls, config: EngineConfig, timeout_s: float | None = None, address: str | None = None) -> CoreProcess:
+    def start(cls, config: EngineConfig, timeout_s: float | None = None, address: str | None = None,
+              host_cpus: list[int] | None = None) -> CoreProcess:
         """Spawn the core, wait until it has loaded, warmed up and bound its socket; CoreStartError if it failed.
-        `address`: the endpoint of a core it replaces (its API servers reconnect there), else a new one."""
+        `address`: the endpoint of a core it replaces (its API servers reconnect there), else a new one.
+        `host_cpus`: the CPUs the core takes its own among (build/placement.py); default: this process's."""
+        host_cpus = available_cpus() if host_cpus is None else host_cpus
         address = address or f"ipc://{tempfile.mkdtemp(prefix='infer-')}/core.sock"  # a private (0700) folder
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe with CUDA and with threads
         ours, theirs = ctx.Pipe(duplex=False)
         # the target is named, not imported: this process (an API server, with one) never loads the engine's code
         process = ctx.Process(target=_run, args=("infer.build.core_main", "run_core", config, address, theirs,
-                                                 time.time()), name="infer-core", daemon=False)
+                                                 time.time(), host_cpus), name="infer-core", daemon=False)
         with core_environment():
             process.start()
         theirs.close()
@@ -56,7 +62,7 @@ class CoreProcess:
             message, config_error = payload
             process.join(10)
             raise CoreStartError(message, config_error)
-        return cls(process, payload, config)
+        return cls(process, payload, config, host_cpus)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the core to exit (SIGTERM), killing it if it does not within the timeout."""

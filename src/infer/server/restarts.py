@@ -48,7 +48,7 @@ class CoreRestarts:
         start = time.monotonic()
         while not self._stopping.is_set():
             try:
-                self.cores[index] = CoreProcess.start(old.config, address=old.info.address)
+                self.cores[index] = CoreProcess.start(old.config, address=old.info.address, host_cpus=old.host_cpus)
                 break
             except CoreStartError as exc:
                 say(f"error: engine core {index} did not restart ({exc}); trying again in {RETRY_S:g} s")
