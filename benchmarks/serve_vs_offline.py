@@ -45,6 +45,7 @@ from proc_cpu import cpu_delta, tree_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
+from infer.build.placement import available_cpus, core_cpus, other_cpus, ranges
 from infer.engine.config import EngineConfig
 from infer.server.launch import api_servers_for
 
@@ -101,10 +102,22 @@ def _offline_run(llm: object, prompts: list[list[int]], params: object) -> tuple
     return tokens / seconds, 1e3 * ttft[len(ttft) // 2]
 
 
+def client_cpus(data_parallel: int, tensor_parallel: int) -> frozenset[int] | None:
+    """The CPUs a data-parallel `infer serve` leaves to others on this host (build/placement.py): the clients run
+    there, off the engine cores' own CPUs, as clients on other machines would; None where the server pins nothing."""
+    host = available_cpus()
+    if data_parallel == 1:
+        return None
+    cores = [core_cpus(f"cuda:{i * tensor_parallel}", tensor_parallel, host) for i in range(data_parallel)]
+    return other_cpus(cores, host)
+
+
 def run_server_level(url: str, model: str, prompts: list[list[int]], clients: int,
-                     fresh: bool = False, server_pid: int | None = None) -> dict[str, float]:
-    """C concurrent streams from `clients` processes of sse_client.py, released together once all are connected;
-    with `server_pid`, the CPU seconds each of the server's processes used meanwhile (by role, proc_cpu.py)."""
+                     fresh: bool = False, server_pid: int | None = None,
+                     cpus: frozenset[int] | None = None) -> dict[str, float]:
+    """C concurrent streams from `clients` processes of sse_client.py (on `cpus`, if given), released together once
+    all are connected; with `server_pid`, the CPU seconds each of the server's processes used meanwhile (by role,
+    proc_cpu.py)."""
     bodies = [{"model": model, "prompt": p, "max_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0,
                "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
     work = Path(tempfile.mkdtemp(prefix="sse-"))
@@ -114,7 +127,8 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("sse_client.py")), url,
                                        str(work / f"bodies{i}.json"), str(work / f"result{i}.json"),
                                        *(["fresh"] if fresh else [])],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                      preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus)))
     for proc in procs:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError("a benchmark client failed to start")
@@ -159,11 +173,13 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
         startup = time.perf_counter() - started
         base = server.base_url
         model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
-        out: dict[int, dict] = {"startup_s": startup}  # type: ignore[dict-item]
+        cpus = client_cpus(data_parallel, tensor_parallel)
+        out: dict[int, dict] = {"startup_s": startup,  # type: ignore[dict-item]
+                                "client_cpus": ranges(cpus) if cpus else None}  # type: ignore[dict-item]
         for level in levels:
             runs = [run_server_level(f"{base}/v1/completions", model,
                                      prompts_for(vocab, level, seed=1000 * level + repeat), clients=min(client_processes, level),
-                                     fresh=fresh, server_pid=server.proc.pid)
+                                     fresh=fresh, server_pid=server.proc.pid, cpus=cpus)
                     for repeat in range(-1, repeats)]
             best = sorted(runs[1:], key=lambda r: r["tok_s"])[repeats // 2]
             out[level] = best | {"runs": [r["tok_s"] for r in runs[1:]], "first": runs[0]["tok_s"], "first_run": runs[0]}
@@ -201,7 +217,7 @@ def main() -> None:
               "fresh_connections": args.fresh_connections, "client_processes": args.client_processes,
               "data_parallel_size": args.data_parallel_size,
               "tensor_parallel_size": args.tensor_parallel_size,
-              "startup_s": server.pop("startup_s"), "levels": {
+              "startup_s": server.pop("startup_s"), "client_cpus": server.pop("client_cpus"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
                           "ratio": server[level]["tok_s"] / offline[level]["tok_s"]} for level in levels}}
     write(report)
@@ -240,7 +256,8 @@ def write(r: dict) -> None:
                      f"{row['offline'].get('ttft_p50_ms', float('nan')):.0f} / {s['ttft_from_release_p50_ms']:.0f} ms | "
                      f"{row['offline']['first']:,.0f} / {s['first']:,.0f} |")
     lines += ["", "CPU seconds each process used during the median server run (proc_cpu.py: `core` maps libtorch, "
-              "`api` is every other process of the server, `client` the benchmark's sse_client.py processes):",
+              "`api` is every other process of the server, `client` the benchmark's sse_client.py processes"
+              + (f", on CPUs {r['client_cpus']}, off the engine cores' own" if r.get("client_cpus") else "") + "):",
               ""] + [f"- C={level}: {cpu_line(row['server'])}" for level, row in r["levels"].items()
                      if row["server"].get("cpu_s")]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")

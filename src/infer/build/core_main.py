@@ -21,15 +21,16 @@ from infer.wire import CoreInfo
 log = logging.getLogger("infer.core")
 
 
-def run_core(config: EngineConfig, address: str, ready: Connection, spawned: float, host_cpus: list[int]) -> None:
+def run_core(config: EngineConfig, address: str, ready: Connection, spawned: float,
+             host_cpus: list[int] | None) -> None:
     """The core process's main: build and warm the engine, report to the parent, then serve until stopped.
     `spawned`: when the parent started this process (time.time()), for the start-up report; `host_cpus`: the CPUs
-    this core takes its own among, on CUDA (build/placement.py)."""
+    a data-parallel core takes its own among, on CUDA (build/placement.py), or None."""
     logging.basicConfig(level=logging.INFO, format="[infer core] %(message)s")
     phase("core process up", time.time() - spawned, "interpreter and imports")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us in order
     # before any thread or TP worker starts, so all of them run there
-    if (cpus := pin(core_cpus(config.resolved_device, config.tensor_parallel_size, host_cpus))) is not None:
+    if host_cpus and (cpus := pin(core_cpus(config.resolved_device, config.tensor_parallel_size, host_cpus))):
         log.info("on CPUs %s of its own (docs/distributed.md, Placement)", cpus)
     try:
         built = build_engine(config, core_only=True, hard_exit=True)

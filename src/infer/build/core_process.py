@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 from infer.build.core_env import core_environment
-from infer.build.placement import available_cpus
 from infer.engine.config import EngineConfig
 from infer.wire import CoreInfo
 
@@ -27,19 +26,19 @@ class CoreProcess:
     """A started engine-core process and the facts it reported when ready."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess, info: CoreInfo, config: EngineConfig,
-                 host_cpus: list[int]) -> None:
+                 host_cpus: list[int] | None = None) -> None:
         self.process = process
         self.info = info
         self.config = config  # as it was started with (a restart starts from it again)
-        self.host_cpus = host_cpus  # the CPUs its place was chosen among (a restart chooses among them again)
+        self.host_cpus = host_cpus  # the CPUs its place was chosen among, None: not pinned (a restart does the same)
 
     @classmethod
     def start(cls, config: EngineConfig, timeout_s: float | None = None, address: str | None = None,
               host_cpus: list[int] | None = None) -> CoreProcess:
         """Spawn the core, wait until it has loaded, warmed up and bound its socket; CoreStartError if it failed.
         `address`: the endpoint of a core it replaces (its API servers reconnect there), else a new one.
-        `host_cpus`: the CPUs the core takes its own among (build/placement.py); default: this process's."""
-        host_cpus = available_cpus() if host_cpus is None else host_cpus
+        `host_cpus`: the CPUs a data-parallel core takes its own among on CUDA (build/placement.py); None: the core
+        runs wherever this process may."""
         address = address or f"ipc://{tempfile.mkdtemp(prefix='infer-')}/core.sock"  # a private (0700) folder
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe with CUDA and with threads
         ours, theirs = ctx.Pipe(duplex=False)

@@ -18,6 +18,7 @@ from dataclasses import replace
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.build.core_env import core_environment
 from infer.build.core_process import CoreProcess, CoreStartError
+from infer.build.placement import available_cpus
 
 
 def engine_configs(config: EngineConfig) -> list[EngineConfig]:
@@ -58,9 +59,10 @@ def start_cores(config: EngineConfig, timeout_s: float | None = None) -> list[Co
     configs = engine_configs(config)
     if len(configs) == 1:
         return [CoreProcess.start(configs[0], timeout_s)]
+    host_cpus = available_cpus()  # each core on CPUs of its own, on CUDA (build/placement.py)
     # the environment is set once around all spawns: core_environment inside each start then changes nothing
     with core_environment(), _thread_share(config), ThreadPoolExecutor(len(configs)) as pool:
-        futures = [pool.submit(CoreProcess.start, c, timeout_s) for c in configs]
+        futures = [pool.submit(CoreProcess.start, c, timeout_s, None, host_cpus) for c in configs]
         results: list[CoreProcess | BaseException] = []
         for future in futures:
             try:

@@ -1,15 +1,17 @@
-"""Host CPUs for `infer serve` on CUDA: each engine core on CPUs of its own, the API servers on the others.
+"""Host CPUs for a data-parallel `infer serve` on CUDA: each engine core on CPUs of its own, the API servers on the
+others.
 
 A core on a GPU is host-bound at large batch: one Python thread schedules, launches and reads every step. Left to
-the scheduler it shares CPUs with API servers (and, in a benchmark, with clients) and moves between them; measured
-on 2 x H200 with `-dp 2`, 4 API servers and 16 client processes (docs/distributed.md, "Placement"): one core ran
-every function 15-25% slower per call than the other, and the server gave 101-106k tok/s unpinned against
-110-112k with the cores on CPUs of their own. The core on cuda:k takes the available CPUs at positions
-[CPUS_PER_RANK * k, CPUS_PER_RANK * (k + tp)) — by the physical GPU index where CUDA_VISIBLE_DEVICES lists
-numbers, so servers started one per GPU on one host take different CPUs — and its tensor-parallel workers run
-there too; the API servers and the launcher take every available CPU the server's cores do not. Available: this
-process's affinity (`taskset` narrows it). Nothing is pinned on the CPU (the engine's OpenMP threads use every
-core) or where the host has too few CPUs.
+the scheduler, two cores share CPUs with the API servers (and, in a benchmark, with clients) and move between them;
+measured on 2 x H200 with `-dp 2`, 4 API servers and 16 client processes (docs/distributed.md, "Placement"): one
+core ran every function 15-25% slower per call than the other, and the server gave 101-106k tok/s; with the cores
+on CPUs of their own and everything else on the others, 110-112k. The core on cuda:k takes the available CPUs at
+positions [CPUS_PER_RANK * k, CPUS_PER_RANK * (k + tp)) — by the physical GPU index where CUDA_VISIBLE_DEVICES
+lists numbers, so servers started one per GPU on one host take different CPUs — and its tensor-parallel workers
+run there too; the API servers and the launcher take every available CPU the cores do not. Available: the
+launcher's affinity (`taskset` narrows it). Not pinned: one engine (its core on 2 CPUs measured no faster,
+55.4-55.9k against 53.8-59.3k tok/s unpinned), the CPU (the engine's OpenMP threads use every core), and a core
+whose slot would leave fewer than MIN_OTHER_CPUS to the rest.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
         return 1
     infos = [core.info for core in cores]
     info = infos[0]
-    taken = [core_cpus(c.info.config.device, c.info.config.tensor_parallel_size, c.host_cpus) for c in cores]
+    taken = [core_cpus(c.info.config.device, c.info.config.tensor_parallel_size, c.host_cpus) if c.host_cpus else None
+             for c in cores]
     if (cpus := pin(other_cpus(taken, cores[0].host_cpus))) is not None:  # on CUDA: the CPUs the cores left
         say(f"API servers on CPUs {cpus}; the engine cores on their own")
     api_server_count = api_servers_for(info.config, api_server_count)  # the core's config names its device
