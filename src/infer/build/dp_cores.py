@@ -1,4 +1,5 @@
-"""Start the engine cores of `--data-parallel-size N`: one core process per engine, all loading at once.
+"""Start the engine cores of `--data-parallel-size N`: one core process per engine, all loading at once, each on
+CPUs of its own on CUDA (build/placement.py; `place_the_rest` pins the launcher to the others).
 
 Engine i runs with its own copy of the config: `data_parallel_size=1` (nothing below the API server knows of DP),
 `device` cuda:{base + i * tensor_parallel_size} on CUDA (base: the configured cuda:K, else 0; its TP ranks take
@@ -18,7 +19,7 @@ from dataclasses import replace
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.build.core_env import core_environment
 from infer.build.core_process import CoreProcess, CoreStartError
-from infer.build.placement import available_cpus
+from infer.build.placement import available_cpus, core_cpus, other_cpus, pin
 
 
 def engine_configs(config: EngineConfig) -> list[EngineConfig]:
@@ -79,3 +80,11 @@ def start_cores(config: EngineConfig, timeout_s: float | None = None) -> list[Co
             raise CoreStartError(f"engine {i} of {len(configs)}: {exc}", exc.config_error) from None
         raise exc
     return [r for r in results if isinstance(r, CoreProcess)]
+
+
+def place_the_rest(cores: list[CoreProcess]) -> str | None:
+    """Pin this process (the launcher, and the API servers it starts after this) to the CPUs that data-parallel
+    cores on CUDA left (build/placement.py); those CPUs as ranges, or None where the cores were not placed."""
+    taken = [core_cpus(c.info.config.device, c.info.config.tensor_parallel_size, c.host_cpus) if c.host_cpus
+             else None for c in cores]
+    return pin(other_cpus(taken, cores[0].host_cpus or []))

@@ -57,10 +57,13 @@ def other_cpus(cores: list[frozenset[int] | None], available: list[int]) -> froz
 
 def pin(cpus: frozenset[int] | None) -> str | None:
     """Run this process (its threads and the processes it starts from now on) on `cpus` and return them as ranges
-    ('0-3,8'); None: left as it was."""
+    ('0-3,8'); None: left as it was (no CPUs given, or the OS refused them)."""
     if not cpus or not hasattr(os, "sched_setaffinity"):
         return None
-    os.sched_setaffinity(0, cpus)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:  # a container's cpuset may refuse some of them: run unpinned, as without a plan
+        return None
     return ranges(cpus)
 def ranges(cpus: frozenset[int]) -> str:
     """'0-3,8' for {0, 1, 2, 3, 8}."""

@@ -32,8 +32,7 @@ from infer.build.core_process import CoreProcess, CoreStartError
 from infer.wire import CoreInfo
 from infer.frontend.dp_client import client_for
 from infer.frontend.load_board import LoadBoard
-from infer.build.dp_cores import start_cores
-from infer.build.placement import core_cpus, other_cpus, pin
+from infer.build.dp_cores import place_the_rest, start_cores
 from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
 from infer.server.console import ended, say
 from infer.server.limits import ServerLimits
@@ -59,9 +58,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
         return 1
     infos = [core.info for core in cores]
     info = infos[0]
-    taken = [core_cpus(c.info.config.device, c.info.config.tensor_parallel_size, c.host_cpus) if c.host_cpus else None
-             for c in cores]
-    if (cpus := pin(other_cpus(taken, cores[0].host_cpus))) is not None:  # on CUDA: the CPUs the cores left
+    if (cpus := place_the_rest(cores)) is not None:
         say(f"API servers on CPUs {cpus}; the engine cores on their own")
     api_server_count = api_servers_for(info.config, api_server_count)  # the core's config names its device
     name = served_model_name or (BUNDLED_NAME if config.model is None else Path(info.model_path).stem)

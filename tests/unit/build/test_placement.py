@@ -4,10 +4,12 @@ physical GPU so that servers started one per GPU do not share them, and everythi
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
 from infer.build import placement
+from infer.build.dp_cores import place_the_rest
 from infer.build.placement import CPUS_PER_RANK, MIN_OTHER_CPUS, core_cpus, other_cpus, physical_gpu, ranges
 
 HOST = list(range(32))
@@ -63,3 +65,28 @@ def test_pin_sets_this_process_affinity_and_none_leaves_it(monkeypatch):
     assert placement.pin(None) is None and calls == []
     assert placement.pin(frozenset({2, 3})) == "2-3"
     assert calls == [(0, {2, 3})]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_a_refused_cpu_set_leaves_the_process_unpinned(monkeypatch):
+    def refuse(pid, cpus):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(placement.os, "sched_setaffinity", refuse)
+    assert placement.pin(frozenset({0, 1})) is None
+
+
+def _core(device: str, host_cpus: list[int] | None, tp: int = 1) -> SimpleNamespace:
+    config = SimpleNamespace(device=device, tensor_parallel_size=tp)
+    return SimpleNamespace(info=SimpleNamespace(config=config), host_cpus=host_cpus)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_the_launcher_takes_what_placed_cores_leave_and_nothing_otherwise(monkeypatch):
+    calls = []
+    monkeypatch.setattr(placement.os, "sched_setaffinity", lambda pid, cpus: calls.append(set(cpus)))
+    assert place_the_rest([_core("cuda:0", HOST), _core("cuda:1", HOST)]) == "4-31"
+    assert calls == [set(range(4, 32))]
+    assert place_the_rest([_core("cuda:0", None)]) is None  # one engine: not placed
+    assert place_the_rest([_core("cpu", HOST), _core("cpu", HOST)]) is None  # CPU engines use every core
+    assert len(calls) == 1
