@@ -10,7 +10,7 @@ positions [CPUS_PER_RANK * k, CPUS_PER_RANK * (k + tp)) — by the physical GPU 
 lists numbers, so servers started one per GPU on one host take different CPUs — and its tensor-parallel workers
 run there too; the API servers and the launcher take every available CPU the cores do not. Available: the
 launcher's affinity (`taskset` narrows it). Not pinned: one engine (its core on 2 CPUs measured no faster,
-55.4-55.9k against 53.8-59.3k tok/s unpinned), the CPU (the engine's OpenMP threads use every core), and a core
+55.4-55.9k against 53.3-59.3k tok/s unpinned), the CPU (the engine's OpenMP threads use every core), and a core
 whose slot would leave fewer than MIN_OTHER_CPUS to the rest.
 """
 
