@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Tensor and data parallelism on the lent multi-GPU machine: the distributed tests under INFER_STRICT_SYNC=1, then
-# all-reduce time per call in graphs, TP decode (Llama-3.1-8B shape, batch 1 and 32, TP=1/2/4 in one run) and DP=2 vs
-# DP=1 offline throughput (Llama-3.2-1B shape), and a profile of TP=1 and TP=2 batch-1 decode. Reports under $OUT. NVLink multicast stays off (never unset
-# NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1; they are set here if absent).
+# Tensor and data parallelism on the lent multi-GPU machine. Reports under $OUT. NVLink multicast stays off (never
+# unset NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1; they are set here if absent).
 # Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_distributed.sh MODES
-# MODES joins any of tests (the distributed GPU tests), allreduce (the all-reduce table), gemv (the sharded
-# projections' GEMV against cuBLAS), profiles (TP=1 and TP=2), tp (the decode table; tp2profile adds a TP=2 profile
-# after it; TP_BATCHES picks the batches, default "1 32"), tpmoe (the same on the Qwen3-30B-A3B shape: TP=1, TP=2
-# with the experts sliced, TP=2 with whole experts on ranks), dp (offline DP=2 against DP=1 in process, through one core process, and one core given half the
-# prompts; DP_CONFIGS picks), dpserve (`infer serve -dp 2` against the offline engine, 256 and 1024 streams; DPSERVE_LEVELS, DPSERVE_API, DPSERVE_CLIENTS, DPSERVE_REPEATS;
-# DPSERVE_DP=1 serves one core, the baseline) and
-# tpserve (`infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams), e.g. `tests,tp,tp2profile`;
-# all is every one. One call of the
-# device tool holds at most 10 minutes: split the modes over calls.
+# MODES joins any of (e.g. `tests,tp,tp2profile`; `all` is every one; one device call holds at most 10 minutes, so
+# split the modes over calls):
+#   tests      the distributed GPU tests under INFER_STRICT_SYNC=1
+#   allreduce  all-reduce time per call inside graphs
+#   gemv       the sharded projections' GEMV against cuBLAS
+#   profiles   a batch-1 decode profile at TP=1 and TP=2
+#   tp         TP decode, Llama-3.1-8B shape, batch 1 and 32 (TP_BATCHES), TP=1/2(/4); tp2profile adds a TP=2 profile
+#   tpmoe      the same on the Qwen3-30B-A3B shape: TP=1, TP=2 with the experts sliced, TP=2 with whole experts
+#   dp         offline DP=2 against DP=1 in process, through one core process, one core given half the prompts
+#              (DP_CONFIGS picks)
+#   dpserve    `infer serve -dp 2` against the offline engine (DPSERVE_LEVELS, DPSERVE_API, DPSERVE_CLIENTS,
+#              DPSERVE_REPEATS; DPSERVE_DP=1 serves one core, the baseline)
+#   tpserve    `infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams
 set -uo pipefail
 source scripts/gpu_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -43,13 +45,13 @@ if want profiles; then
   profile 2 90
 fi
 if want tp; then
-  timeout "${TP_S:-270}" python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --batches ${TP_BATCHES:-1 32} --repeats 2 --report "$out/tp_decode.md" 2>&1 \
-    | grep -v "Loading" | tail -16
+  timeout "${TP_S:-270}" python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --batches ${TP_BATCHES:-1 32} \
+    --repeats 2 --report "$out/tp_decode.md" 2>&1 | grep -v "Loading" | tail -16
   want tp2profile && profile 2 70
 fi
 if want tpmoe; then  # the Qwen3-30B-A3B shape: experts sliced by their intermediate dim (TP=2) or whole (2ep)
-  timeout "${TPMOE_S:-420}" python3 benchmarks/tp_decode.py --shape qwen3-30b-a3b --tp 1 2 2ep --batches ${TP_BATCHES:-1 32} \
-    --repeats 2 --report "$out/tp_decode_moe.md" 2>&1 | grep -v "Loading" | tail -16
+  timeout "${TPMOE_S:-420}" python3 benchmarks/tp_decode.py --shape qwen3-30b-a3b --tp 1 2 2ep \
+    --batches ${TP_BATCHES:-1 32} --repeats 2 --report "$out/tp_decode_moe.md" 2>&1 | grep -v "Loading" | tail -16
 fi
 if want dp; then
   nvidia-smi topo -m > "$out/topology.txt" 2>&1; lscpu >> "$out/topology.txt" 2>&1
