@@ -105,9 +105,9 @@ def _offline_run(llm: object, prompts: list[list[int]], params: object) -> tuple
 def client_cpus(data_parallel: int, tensor_parallel: int) -> frozenset[int] | None:
     """The CPUs a data-parallel `infer serve` leaves to others on this host (build/placement.py): the clients run
     there, off the engine cores' own CPUs, as clients on other machines would; None where the server pins nothing."""
-    host = available_cpus()
     if data_parallel == 1:
         return None
+    host = available_cpus()
     cores = [core_cpus(f"cuda:{i * tensor_parallel}", tensor_parallel, host) for i in range(data_parallel)]
     return other_cpus(cores, host)
 
