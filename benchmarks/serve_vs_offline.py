@@ -45,7 +45,7 @@ from proc_cpu import cpu_delta, tree_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_harness import serve_process  # noqa: E402  (the tests' `infer serve` subprocess harness)
-from infer.build.placement import available_cpus, core_cpus, other_cpus, ranges
+from infer.build.placement import available_cpus, other_cpus, ranges
 from infer.engine.config import EngineConfig
 from infer.server.launch import api_servers_for
 
@@ -107,9 +107,8 @@ def client_cpus(data_parallel: int, tensor_parallel: int) -> frozenset[int] | No
     there, off the engine cores' own CPUs, as clients on other machines would; None where the server pins nothing."""
     if data_parallel == 1:
         return None
-    host = available_cpus()
-    cores = [core_cpus(f"cuda:{i * tensor_parallel}", tensor_parallel, host) for i in range(data_parallel)]
-    return other_cpus(cores, host)
+    return other_cpus([(f"cuda:{i * tensor_parallel}", tensor_parallel) for i in range(data_parallel)],
+                      available_cpus())
 
 
 def run_server_level(url: str, model: str, prompts: list[list[int]], clients: int,

@@ -78,9 +78,8 @@ async def _through_client(path: Path, prompts: list[list[int]]) -> list[tuple[fl
 
 
 def http(path: Path, prompts: list[list[int]]) -> dict[str, list[tuple[float, float]]]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FLAGS.items()]
-    load = [f"--{k.replace('_', '-')}={v}" for k, v in LOAD.items()]
-    with serve_process("--model", str(path), *load, "--log-level", "warning", *flags,
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in (LOAD | FLAGS).items()]
+    with serve_process("--model", str(path), "--log-level", "warning", *flags,
                        timeout=600) as server:
         base = server.base_url
         out: dict[str, list[tuple[float, float]]] = {"stream": [], "whole_1_token": [], "tokenize": []}

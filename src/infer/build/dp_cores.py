@@ -19,7 +19,7 @@ from dataclasses import replace
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.build.core_env import core_environment
 from infer.build.core_process import CoreProcess, CoreStartError
-from infer.build.placement import available_cpus, core_cpus, other_cpus, pin
+from infer.build.placement import available_cpus, other_cpus, pin
 
 
 def engine_configs(config: EngineConfig) -> list[EngineConfig]:
@@ -85,6 +85,7 @@ def start_cores(config: EngineConfig, timeout_s: float | None = None) -> list[Co
 def place_the_rest(cores: list[CoreProcess]) -> str | None:
     """Pin this process (the launcher, and the API servers it starts after this) to the CPUs that data-parallel
     cores on CUDA left (build/placement.py); those CPUs as ranges, or None where the cores were not placed."""
-    taken = [core_cpus(c.info.config.device, c.info.config.tensor_parallel_size, c.host_cpus) if c.host_cpus
-             else None for c in cores]
-    return pin(other_cpus(taken, cores[0].host_cpus or []))
+    if not cores[0].host_cpus:  # the cores of one call share one list; None: not placed
+        return None
+    engines = [(c.info.config.device, c.info.config.tensor_parallel_size) for c in cores]
+    return pin(other_cpus(engines, cores[0].host_cpus))

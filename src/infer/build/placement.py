@@ -47,9 +47,10 @@ def core_cpus(device: str, tensor_parallel_size: int, available: list[int]) -> f
     return frozenset(available[first:last])
 
 
-def other_cpus(cores: list[frozenset[int] | None], available: list[int]) -> frozenset[int] | None:
-    """The CPUs for everything but the cores (API servers, the launcher): the available ones no core holds; None
-    unless every core is pinned."""
+def other_cpus(engines: list[tuple[str, int]], available: list[int]) -> frozenset[int] | None:
+    """The CPUs for everything but the cores of `engines` (each its resolved device and TP size): the available
+    ones no core holds; None unless every core is pinned."""
+    cores = [core_cpus(device, tp, available) for device, tp in engines]
     if not cores or any(c is None for c in cores):
         return None
     return frozenset(available) - frozenset().union(*cores)  # type: ignore[arg-type]
@@ -65,6 +66,8 @@ def pin(cpus: frozenset[int] | None) -> str | None:
     except OSError:  # a container's cpuset may refuse some of them: run unpinned, as without a plan
         return None
     return ranges(cpus)
+
+
 def ranges(cpus: frozenset[int]) -> str:
     """'0-3,8' for {0, 1, 2, 3, 8}."""
     out, run = [], []

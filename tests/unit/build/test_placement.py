@@ -47,9 +47,8 @@ def test_the_physical_gpu_comes_from_cuda_visible_devices(monkeypatch):
 
 
 def test_the_others_take_every_cpu_no_core_holds_and_only_when_every_core_is_pinned():
-    cores = [core_cpus("cuda:0", 1, HOST), core_cpus("cuda:1", 1, HOST)]
-    assert other_cpus(cores, HOST) == frozenset(range(4, 32))
-    assert other_cpus([cores[0], None], HOST) is None
+    assert other_cpus([("cuda:0", 1), ("cuda:1", 1)], HOST) == frozenset(range(4, 32))
+    assert other_cpus([("cuda:0", 1), ("cpu", 1)], HOST) is None
     assert other_cpus([], HOST) is None
 
 
