@@ -123,11 +123,12 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     procs = []
     for i in range(min(clients, len(bodies))):
         (work / f"bodies{i}.json").write_text(json.dumps(bodies[i::clients]))
-        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("sse_client.py")), url,
-                                       str(work / f"bodies{i}.json"), str(work / f"result{i}.json"),
-                                       *(["fresh"] if fresh else [])],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                      preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus)))
+        with (work / f"stderr{i}.txt").open("w") as stderr:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("sse_client.py")), url,
+                                           str(work / f"bodies{i}.json"), str(work / f"result{i}.json"),
+                                           *(["fresh"] if fresh else [])],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                          preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus)))
     for proc in procs:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError("a benchmark client failed to start")
@@ -136,9 +137,10 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
     for proc in procs:
         proc.stdin.write("go\n")
         proc.stdin.flush()
-    for proc in procs:
+    for i, proc in enumerate(procs):
         if proc.wait(900):
-            raise RuntimeError(f"a benchmark client exited with {proc.returncode}")
+            tail = (work / f"stderr{i}.txt").read_text()[-2000:]
+            raise RuntimeError(f"a benchmark client exited with {proc.returncode}:\n{tail}")
     server_cpu = cpu_delta(cpu_before, tree_cpu(server_pid)) if server_pid else {}
     results = [json.loads((work / f"result{i}.json").read_text()) for i in range(len(procs))]
     shutil.rmtree(work)

@@ -143,7 +143,8 @@ def _add_http_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-connections", type=int, default=None, metavar="N",
                    help="open connections per API server; past it a new connection replaces the oldest one still "
                         "sending its request, or is answered 503 when all are being served (default: "
-                        f"{RESERVED_FDS} below the file-descriptor limit, ulimit -n)")
+                        f"{RESERVED_FDS} below the file-descriptor limit, which the server first raises to "
+                        "the hard limit, ulimit -Hn, up to 65,536)")
     g.add_argument("--keep-alive-timeout-s", type=float, default=d.keep_alive_timeout_s, metavar="S",
                    help="an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)")
     g.add_argument("--shutdown-timeout-s", type=float, default=d.shutdown_timeout_s, metavar="S",

@@ -35,7 +35,7 @@ from infer.frontend.load_board import LoadBoard
 from infer.build.dp_cores import place_the_rest, start_cores
 from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
 from infer.server.console import ended, say
-from infer.server.limits import ServerLimits
+from infer.server.limits import ServerLimits, raise_open_file_limit
 from infer.server.restarts import CoreRestarts
 
 API_SERVER_RESTARTS = 5  # a minute, per API server: past it, one that keeps dying is left down
@@ -47,6 +47,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
           api_server_count: int | None = None, limits: ServerLimits | None = None) -> int:
     """Run `infer serve` until interrupted or until the core exits; the process's exit code."""
     limits = limits or ServerLimits()
+    raise_open_file_limit()  # before any child starts: they inherit it
     _check_port(host, port)  # before the minutes of loading: a taken port fails at once
     say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
     try:

@@ -17,6 +17,7 @@ MIN_BODY_BYTES = 1 * MIB
 LARGE_TEXT_CHARS = 16_384  # text longer than this is tokenized on a worker thread, not on the event loop
 RESERVED_FDS = 256  # file descriptors an API server keeps for what is not a client connection (ZMQ, files, threads)
 MIN_CONNECTIONS = 64
+OPEN_FILES_WANTED = 65_536  # the soft open-file limit a server raises itself to (as far as the hard limit allows)
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,18 @@ class ServerLimits:
         if self.max_request_body_mb is not None:
             return int(self.max_request_body_mb * MIB)
         return max(MIN_BODY_BYTES, max_seq_len * BODY_BYTES_PER_CONTEXT_TOKEN)
+
+
+def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> int:
+    """Raise this process's soft open-file limit towards `wanted` (never above the hard limit, never lowering it);
+    the soft limit now. Many shells start at 1,024, which would cap an API server at 768 connections: each stream
+    is a socket. Children (the API servers, the cores) inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # a sandbox may refuse; the connection cap then follows the old limit
+            return soft
+        return target
+    return soft
