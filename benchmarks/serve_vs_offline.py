@@ -162,12 +162,15 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
 
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int,
                fresh: bool = False, data_parallel: int = 1, tensor_parallel: int = 1,
-               client_processes: int = 8) -> dict[int, dict]:
+               client_processes: int = 8, serve_args: list[str] | None = None) -> dict[int, dict]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
     flags += [f"--data-parallel-size={data_parallel}", f"--tensor-parallel-size={tensor_parallel}",
               # every stream of the largest level admitted, as the offline engine admits every prompt (the default
               # 256 per engine answered 503s to a 1,024-stream level on 2 engines with 8 API servers)
-              f"--max-waiting-requests={max(levels)}"]
+              f"--max-waiting-requests={max(levels)}",
+              # the clients open every connection, then hold it idle until the release: with the 5 s default a
+              # 2,048-stream level failed (httpx ReadError as requests went out on kept-alive connections), at 60 s ran
+              "--keep-alive-timeout-s=120", *(serve_args or [])]
     started = time.perf_counter()
     with serve_process("--model", str(path), "--load-format", "dummy", "--log-level", "warning",
                        "--api-server-count", str(api_servers), *flags, timeout=600) as server:
@@ -178,10 +181,15 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
         out: dict[int, dict] = {"startup_s": startup,  # type: ignore[dict-item]
                                 "client_cpus": ranges(cpus) if cpus else None}  # type: ignore[dict-item]
         for level in levels:
-            runs = [run_server_level(f"{base}/v1/completions", model,
-                                     prompts_for(vocab, level, seed=1000 * level + repeat), clients=min(client_processes, level),
-                                     fresh=fresh, server_pid=server.proc.pid, cpus=cpus)
-                    for repeat in range(-1, repeats)]
+            try:
+                runs = [run_server_level(f"{base}/v1/completions", model,
+                                         prompts_for(vocab, level, seed=1000 * level + repeat),
+                                         clients=min(client_processes, level),
+                                         fresh=fresh, server_pid=server.proc.pid, cpus=cpus)
+                        for repeat in range(-1, repeats)]
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}\n--- the server printed (last 3,000 characters):\n"
+                                   f"{server.printed.text(wait_s=0)[-3000:]}") from None
             best = sorted(runs[1:], key=lambda r: r["tok_s"])[repeats // 2]
             out[level] = best | {"runs": [r["tok_s"] for r in runs[1:]], "first": runs[0]["tok_s"], "first_run": runs[0]}
             print(f"server C={level}: {best['tok_s']:.0f} tok/s, ITL p50 {best['itl_p50_ms']:.1f} ms, TTFT p50 "
@@ -203,6 +211,8 @@ def main() -> None:
                         help="engine cores behind the server (one GPU each), against the one offline engine")
     parser.add_argument("--client-processes", type=int, default=8,
                         help="benchmark client processes the streams are spread over (each one event loop, one CPU)")
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="FLAG=VALUE",
+                        help="one more `infer serve` flag, e.g. --serve-arg=--keep-alive-timeout-s=60 (repeatable)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs each engine (offline and served) shards the model over")
     args = parser.parse_args()
@@ -212,12 +222,12 @@ def main() -> None:
     offline = run_offline(path, vocab, levels, args.repeats, args.tensor_parallel_size)
     api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
     server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections,
-                        args.data_parallel_size, args.tensor_parallel_size, args.client_processes)
+                        args.data_parallel_size, args.tensor_parallel_size, args.client_processes, args.serve_arg)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
               "engine": ENGINE_FLAGS, "api_server_count": api_servers, "repeats": args.repeats, "new_tokens": NEW_TOKENS,
               "fresh_connections": args.fresh_connections, "client_processes": args.client_processes,
               "data_parallel_size": args.data_parallel_size,
-              "tensor_parallel_size": args.tensor_parallel_size,
+              "tensor_parallel_size": args.tensor_parallel_size, "serve_args": args.serve_arg,
               "startup_s": server.pop("startup_s"), "client_cpus": server.pop("client_cpus"), "levels": {
                   level: {"offline": offline[level], "server": server[level],
                           "ratio": server[level]["tok_s"] / offline[level]["tok_s"]} for level in levels}}

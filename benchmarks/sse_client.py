@@ -47,11 +47,19 @@ async def _main(url: str, bodies: list[dict], fresh: bool) -> tuple[list[dict], 
         # pays its connection and lazy set-up (~70-200 ms), which is not the server's time to first token; `fresh`
         # warms the client with one connection and leaves the others to be opened in the burst
         health = url.split("/v1/")[0] + "/health"
+        started = time.time()
         await asyncio.gather(*(http.get(health) for _ in bodies[: 1 if fresh else len(bodies)]))
+        connected = time.time()
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         released = cpu_seconds()
-        streams = await asyncio.gather(*(stream_completion(http, url, b) for b in bodies))
+        try:
+            streams = await asyncio.gather(*(stream_completion(http, url, b) for b in bodies))
+        except httpx.HTTPError:  # which phase was slow: connecting, or waiting idle for the release
+            print(f"connections opened in {connected - started:.2f} s, released {time.time() - connected:.2f} s "
+                  "after (the server closes idle keep-alive connections after --keep-alive-timeout-s)",
+                  file=sys.stderr)
+            raise
         return streams, cpu_seconds() - released
 
 

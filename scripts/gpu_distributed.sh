@@ -62,7 +62,7 @@ if want dpserve; then  # DPSERVE_API: API server counts to run in turn (default:
   for api in ${DPSERVE_API:-default}; do
     count=(); [[ $api != default ]] && count=(--api-server-count "$api")
     OUT_DIR="$out" timeout "${DPSERVE_S:-330}" python3 benchmarks/serve_vs_offline.py --levels "${DPSERVE_LEVELS:-256,1024}" \
-      --repeats "${DPSERVE_REPEATS:-1}" --data-parallel-size "${DPSERVE_DP:-2}" --client-processes "${DPSERVE_CLIENTS:-8}" "${count[@]}" 2>&1 | grep -v Loading | tail -6
+      --repeats "${DPSERVE_REPEATS:-1}" --data-parallel-size "${DPSERVE_DP:-2}" --client-processes "${DPSERVE_CLIENTS:-8}" "${count[@]}" 2>&1 | grep -v Loading | tail -40
   done
 fi
 if want tpserve; then

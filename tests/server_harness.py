@@ -116,16 +116,36 @@ def running_server(model: object, limits: ServerLimits | None = None, **engine_o
             core.stop()
 
 
+class _Printed:
+    """A process's output, read as it comes: nobody reading a full pipe would block the server at its next print
+    (at thousands of streams, warnings fill 64 KiB)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self._lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self._lines.append(line)
+
+    def text(self, wait_s: float = 10.0) -> str:
+        """What it printed so far; all of it once the process has exited (the reader reaches the end)."""
+        self._thread.join(wait_s)
+        return "".join(self._lines)
+
+
 @dataclass
 class ServeProcess:
     """`infer serve` running in a subprocess."""
 
     base_url: str
     proc: subprocess.Popen
+    printed: _Printed
 
     def output(self) -> str:
         """Everything it printed (after it has exited)."""
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        return self.printed.text()
 
 
 @contextmanager
@@ -134,28 +154,29 @@ def serve_process(*flags: str, timeout: float = 120) -> Iterator[ServeProcess]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "infer.cli", "serve", "--port", str(port), *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    printed = _Printed(proc)
 
     def still_running() -> None:
         if proc.poll() is not None:
-            raise RuntimeError(f"infer serve exited with {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}")
+            raise RuntimeError(f"infer serve exited with {proc.returncode}: {printed.text()}")
 
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, timeout=timeout, still_starting=still_running)
-        yield ServeProcess(base, proc)
+        yield ServeProcess(base, proc, printed)
     finally:
         if proc.poll() is None:
             proc.terminate()
             try:  # longer than the server's own bound: it kills an API server still draining after ~40 s
                 proc.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
-                _kill_stuck(proc)
+                _kill_stuck(proc, printed)
 
 
 STOP_WAIT_S = 60
 
 
-def _kill_stuck(proc: subprocess.Popen) -> None:
+def _kill_stuck(proc: subprocess.Popen, printed: _Printed) -> None:
     """A server still running STOP_WAIT_S after SIGTERM: SIGABRT to it and its children (with PYTHONFAULTHANDLER
     set each prints its threads' stacks), then SIGKILL, so no process is left holding the port or the GPU; raises
     with what it printed."""
@@ -172,5 +193,5 @@ def _kill_stuck(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=30)
-    printed = proc.stdout.read() if proc.stdout else ""
-    raise RuntimeError(f"infer serve did not exit within {STOP_WAIT_S} s of SIGTERM; it printed:\n{printed[-20000:]}")
+    raise RuntimeError(f"infer serve did not exit within {STOP_WAIT_S} s of SIGTERM; it printed:\n"
+                       f"{printed.text()[-20000:]}")

@@ -53,7 +53,7 @@ def test_sigterm_aborts_a_never_ending_request_at_the_deadline_and_exits_0():
         assert served.proc.wait(timeout=60) == 0
         assert stream.finish_reason() == "abort"
         assert len(stream.chunks) < ENDLESS["max_tokens"]
-        output = served.proc.stdout.read() if served.proc.stdout else ""
+        output = served.output()
         assert "--shutdown-timeout-s" in output, output[-2000:]
 
 
