@@ -7,15 +7,15 @@ finished (`*.done`, then `response.output_item.done`); the items at the end are 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from infer.server.responses import json_text
 from infer.server.responses_items import call_item, item_id, message_item, output_text, reasoning_item
 
 
 def sse_event(payload: dict[str, Any]) -> str:
     """One event as OpenAI sends it: the event's type on its own line, then its JSON."""
-    return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n"
+    return f"event: {payload['type']}\ndata: {json_text(payload)}\n\n"
 
 
 class OutputEvents:
