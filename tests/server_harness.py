@@ -117,8 +117,8 @@ def running_server(model: object, limits: ServerLimits | None = None, **engine_o
 
 
 class _Printed:
-    """A process's output, read as it comes: nobody reading a full pipe would block the server at its next print
-    (at thousands of streams, warnings fill 64 KiB)."""
+    """A process's output, read as it comes: a pipe nobody reads blocks the server at its next print once it holds
+    64 KiB."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
         self._lines: list[str] = []

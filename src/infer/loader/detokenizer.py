@@ -49,21 +49,25 @@ class IncrementalDetokenizer:
 
     def flush(self, keep_incomplete: bool = True) -> str:
         """At the end of generation: whatever text was held back. An incomplete last character decodes as U+FFFD,
-        or is left out with `keep_incomplete` off, as `push` leaves it out of the text while it waits for its rest."""
-        delta = self._advance(final=True)
-        if keep_incomplete or not delta.endswith("\ufffd"):
-            return delta
-        cut = len(delta) - len(delta.rstrip("\ufffd"))
-        self._text = self._text[:-cut]
-        return delta[:-cut]
+        or with `keep_incomplete` off is left out exactly as `push` leaves it out while it waits for its rest:
+        with the rest of the text its tokens carry (a token " \xc2" holds back its space too)."""
+        window = self._decode(self._prefix_offset, len(self._ids))
+        if keep_incomplete or not window.endswith("\ufffd"):
+            return self._advance(final=True, window=window)
+        pending = self._ids[self._read_offset :]  # rare (an output cut inside a character): push them as a stream would
+        del self._ids[self._read_offset :]
+        return "".join(self.push(token) for token in pending)
 
     def _decode(self, start: int, end: int) -> str:
         return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special_tokens)
 
-    def _advance(self, final: bool) -> str:
+    def _advance(self, final: bool, window: str | None = None) -> str:
+        """`window`: the text of ids[prefix_offset:], when the caller has decoded it already."""
         if self._prefix_text is None:
             self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
-        prefix, window = self._prefix_text, self._decode(self._prefix_offset, len(self._ids))
+        prefix = self._prefix_text
+        if window is None:
+            window = self._decode(self._prefix_offset, len(self._ids))
         if not final and (len(window) <= len(prefix) or window.endswith("\ufffd")):
             return ""
         delta = window[len(prefix) :]
