@@ -52,8 +52,9 @@ def drive(base: str, streams: int, tokens: int, runs: int, out: list[tuple[int, 
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        for proc in procs:
-            proc.wait()
+        if any(proc.wait() for proc in procs):
+            print("a client failed; its error is above", file=sys.stderr)
+            break
         cpu = time.process_time() - cpu
         got = sum(s["tokens"] for i in range(CLIENTS)
                   for s in json.loads((work / f"result{i}.json").read_text())["streams"])
@@ -82,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     path = save_tiny_with_tokenizer("llama", Path(tempfile.mkdtemp(prefix="api-cost-")) / "tiny")
     cores = start_cores(EngineConfig(model=str(path), device="cpu", dtype="float32", max_batch_size=args.streams,
-                                     max_seq_len=args.tokens + 64), timeout_s=600)
+                                     max_waiting_requests=args.streams, max_seq_len=args.tokens + 64), timeout_s=600)
     try:
         served = served_model(cores[0].info)
         limits = ServerLimits()
@@ -97,6 +98,8 @@ def main() -> None:
     finally:
         for core in cores:
             core.stop()
+    if not runs:
+        raise SystemExit("no run completed")
     per_token = [1e6 * cpu / tokens for tokens, cpu in runs]
     print(f"{args.streams} streams x {args.tokens} tokens, {CLIENTS} client processes: API server CPU "
           f"{statistics.median(per_token):.1f} us/token (runs {', '.join(f'{v:.1f}' for v in per_token)}), "
