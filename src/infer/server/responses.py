@@ -29,8 +29,8 @@ _JSON = msgspec.json.Encoder(enc_hook=_plain_number)
 
 
 def json_text(payload: object) -> str:
-    """Compact JSON of a response body or event: msgspec, ~6x json.dumps on a stream chunk (one per token).
-    Non-ASCII text is sent as UTF-8 rather than escaped; NaN becomes null."""
+    """Compact JSON of a stream chunk or event (one per token): msgspec, ~6x json.dumps. Non-ASCII text is sent
+    as UTF-8 rather than escaped; NaN becomes null. Whole responses go through starlette's JSONResponse."""
     return _JSON.encode(payload).decode()
 
 
