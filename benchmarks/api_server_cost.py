@@ -1,13 +1,15 @@
 """CPU time one API server spends per streamed token: the ceiling it puts on `infer serve`'s throughput.
 
-    python benchmarks/api_server_cost.py [--streams 128] [--tokens 256] [--runs 3] [--profile]
+    python benchmarks/api_server_cost.py [--streams 128] [--tokens 256] [--runs 3] [--profile] [--baseline]
 
 The API server (uvicorn, the app `infer serve` runs) serves in this process's main thread, an engine core serves a
 tiny random Llama (tests/checkpoints.py; its forward is cheap, so the core keeps the API server busy) in its own
 process, and two sse_client.py processes stream completions and read every chunk. CPU per token is this process's
 CPU time over a run (the driver thread that releases the clients does nothing meanwhile) over the tokens the
 clients counted; 1e6 / that is the most streamed tokens per second one API server could format on this CPU.
-`--profile` adds a cProfile of the server over every run. The first run warms up and is not counted.
+`--profile` adds a cProfile of the server over every run; `--baseline` serves on uvicorn's pure-Python stack
+(asyncio's event loop, the h11 parser) instead of the server's own (uvloop, httptools), for comparison. The first
+run warms up and is not counted.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--baseline", action="store_true", help="uvicorn's asyncio loop and h11 parser")
     args = parser.parse_args()
     path = save_tiny_with_tokenizer("llama", Path(tempfile.mkdtemp(prefix="api-cost-")) / "tiny")
     cores = start_cores(EngineConfig(model=str(path), device="cpu", dtype="float32", max_batch_size=args.streams,
@@ -89,7 +92,10 @@ def main() -> None:
         limits = ServerLimits()
         state = ServerState(served, client_for([c.info for c in cores], served.tokenizer), "m", limits=limits)
         port = free_port()
-        server = uvicorn.Server(uvicorn_config(create_app(state), limits, "warning", host="127.0.0.1", port=port))
+        config = uvicorn_config(create_app(state), limits, "warning", host="127.0.0.1", port=port)
+        if args.baseline:
+            config.loop, config.http = "asyncio", "h11"
+        server = uvicorn.Server(config)
         runs: list[tuple[int, float]] = []
         threading.Thread(target=drive, args=(f"http://127.0.0.1:{port}", args.streams, args.tokens, args.runs, runs,
                                              server), daemon=True).start()
@@ -101,7 +107,8 @@ def main() -> None:
     if not runs:
         raise SystemExit("no run completed")
     per_token = [1e6 * cpu / tokens for tokens, cpu in runs]
-    print(f"{args.streams} streams x {args.tokens} tokens, {CLIENTS} client processes: API server CPU "
+    stack = "asyncio + h11" if args.baseline else "uvloop + httptools"
+    print(f"{args.streams} streams x {args.tokens} tokens, {CLIENTS} client processes, {stack}: API server CPU "
           f"{statistics.median(per_token):.1f} us/token (runs {', '.join(f'{v:.1f}' for v in per_token)}), "
           f"at most {1e6 / statistics.median(per_token):,.0f} streamed tokens/s on one core of this CPU")
     if profile:

@@ -2,7 +2,7 @@
 # Serving at engine speed on the lent GPU: the engine's GPU tests under INFER_STRICT_SYNC=1, then `infer serve`
 # against the offline engine (serve_vs_offline), nano-vllm's offline workload with prefix caching on and off and the
 # first run after start, and where a decode step's time goes (reports under $OUT).
-# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_serving.sh [tests|bench|serve|variance|b256]
+# Usage (device tool, from the repo root, carrying .whl):  bash scripts/gpu_serving.sh [tests|bench|serve|variance|b256|apicost]
 set -uo pipefail
 source scripts/gpu_env.sh
 mode="${1:-all}"
@@ -17,6 +17,14 @@ if [[ "$mode" == all || "$mode" == serve ]]; then
   OUT_DIR="$out" timeout 500 python3 benchmarks/serve_vs_offline.py ${API_SERVERS:+--api-server-count "$API_SERVERS"} \
     --levels "${LEVELS:-1,16,64,256}" > "$out/serve_vs_offline_api${API_SERVERS:-default}.log" 2>&1
   tail -8 "$out/serve_vs_offline_api${API_SERVERS:-default}.log"
+fi
+if [[ "$mode" == apicost ]]; then
+  # one API server's CPU per streamed token on its own stack against uvicorn's asyncio + h11, alternated
+  for round in $(seq "${APICOST_ROUNDS:-2}"); do
+    for stack in "" --baseline; do
+      timeout 150 python3 benchmarks/api_server_cost.py --runs 3 $stack 2>&1 | grep "us/token" | tee -a "$out/api_server_cost.log"
+    done
+  done
 fi
 if [[ "$mode" == variance ]]; then
   timeout 300 python3 benchmarks/run_variance.py > "$out/run_variance.log" 2>&1

@@ -96,5 +96,5 @@ def _content_length(scope: Scope) -> int | None:
             try:
                 return int(value)
             except ValueError:
-                return None  # h11 refuses a malformed length before the application runs
+                return None  # the HTTP parser refuses a malformed length before the application runs
     return None

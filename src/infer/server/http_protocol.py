@@ -1,5 +1,8 @@
-"""uvicorn's h11 protocol with a deadline on request headers (`--header-timeout-s`) and a cap on open connections
-(`--max-connections`).
+"""uvicorn's httptools protocol with a deadline on request headers (`--header-timeout-s`) and a cap on open
+connections (`--max-connections`).
+
+httptools (llhttp, in C) rather than uvicorn's pure-Python h11: a streamed token costs one body write, and h11's
+state machine per write was ~a quarter of the API server's CPU per token (docs/serving.md, "CPU per token").
 
 uvicorn times out idle keep-alive connections but never a client that opens a connection and sends nothing, or
 sends its request line and headers a byte at a time: each holds a connection (and a file descriptor) for as long
@@ -18,8 +21,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("infer.server")
 
@@ -30,17 +32,18 @@ REFUSED_BODY = (b'{"error": {"message": "this API server has --max-connections c
 EVICTION_TRIES = 64  # serving connections skipped at the front of the queue before a new one is refused
 
 
-class LimitedH11Protocol(H11Protocol):
-    """H11Protocol that closes connections whose request headers take longer than `header_timeout_s` and keeps at
-    most `max_connections` open (each subclass made by `limited_protocol` has its own set)."""
+class LimitedProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol that closes connections whose request headers take longer than `header_timeout_s` and
+    keeps at most `max_connections` open (each subclass made by `limited_protocol` has its own set)."""
 
     header_timeout_s: float = 10.0
     max_connections: int = 1 << 30
-    opened: OrderedDict[LimitedH11Protocol, None]  # open connections, oldest first
+    opened: OrderedDict[LimitedProtocol, None]  # open connections, oldest first
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._in_headers = True  # from the first byte of a request (or the connection's opening) to its last header
         opened = type(self).opened
         if len(opened) >= self.max_connections and not self._evict(opened):
             log.warning("refused a connection: %d open, all serving requests (--max-connections)", len(opened))
@@ -50,13 +53,16 @@ class LimitedH11Protocol(H11Protocol):
         opened[self] = None
         self._arm_header_timer()
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is h11.IDLE:
-            if self._header_timer is None:  # the first bytes of a next request on a kept-alive connection
-                self._arm_header_timer()
-        else:
-            self._cancel_header_timer()
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+        if self._header_timer is None:  # the first bytes of a next request on a kept-alive connection
+            self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._cancel_header_timer()
+        super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -66,10 +72,11 @@ class LimitedH11Protocol(H11Protocol):
     @property
     def _receiving(self) -> bool:
         """Whether this connection has no whole request to serve: idle, in its headers, or in its body."""
-        serving = self.cycle is not None and not self.cycle.response_complete
-        return not serving or self.conn.their_state is h11.SEND_BODY
+        cycle = self.cycle
+        serving = cycle is not None and not cycle.response_complete
+        return not serving or self._in_headers or cycle.more_body
 
-    def _evict(self, opened: OrderedDict[LimitedH11Protocol, None]) -> bool:
+    def _evict(self, opened: OrderedDict[LimitedProtocol, None]) -> bool:
         """Close the oldest connection that is not serving a request; False when none of the first few is such."""
         for _ in range(min(EVICTION_TRIES, len(opened))):
             oldest = next(iter(opened))
@@ -92,13 +99,13 @@ class LimitedH11Protocol(H11Protocol):
 
     def _headers_timed_out(self) -> None:
         self._header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._in_headers and not self.transport.is_closing():
             log.info("closed a connection whose request headers took over %g s (--header-timeout-s)",
                      self.header_timeout_s)
             self.transport.close()
 
 
-def limited_protocol(header_timeout_s: float, max_connections: int) -> type[LimitedH11Protocol]:
+def limited_protocol(header_timeout_s: float, max_connections: int) -> type[LimitedProtocol]:
     """The protocol class for uvicorn.Config(http=...) with these limits."""
-    return type("LimitedH11Protocol", (LimitedH11Protocol,), {
+    return type("LimitedProtocol", (LimitedProtocol,), {
         "header_timeout_s": header_timeout_s, "max_connections": max_connections, "opened": OrderedDict()})
