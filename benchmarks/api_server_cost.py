@@ -89,7 +89,7 @@ def main() -> None:
                                      max_waiting_requests=args.streams, max_seq_len=args.tokens + 64), timeout_s=600)
     try:
         served = served_model(cores[0].info)
-        limits = ServerLimits()
+        limits = ServerLimits(keep_alive_timeout_s=120)  # the clients hold their opened connections idle until released
         state = ServerState(served, client_for([c.info for c in cores], served.tokenizer), "m", limits=limits)
         port = free_port()
         config = uvicorn_config(create_app(state), limits, "warning", host="127.0.0.1", port=port)

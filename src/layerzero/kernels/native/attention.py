@@ -84,8 +84,11 @@ def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cach
     kernel where the C kernel takes one query row at a time (1.4x faster on a 1,131-token prompt)."""
     bounds = cu_seqlens_q.tolist() if cu_seqlens_q_host is None else cu_seqlens_q_host
     lens = context_lens.tolist() if context_lens_host is None else context_lens_host
-    out = _run(q, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale, sliding_window,
-               max_context_len, LONG_CHUNK, _extra)
+    if any(end - start <= LONG_CHUNK for start, end in zip(bounds[:-1], bounds[1:])):
+        out = _run(q, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale, sliding_window,
+                   max_context_len, LONG_CHUNK, _extra)
+    else:  # only long chunks (a prompt's prefill): no C call, whose threads would wake to skip every row
+        out = torch.empty(q.shape, dtype=q.dtype)
     # over a bf16 cache (a CPU bf16 model's, whose attention output is rounded to bf16 for its o projection anyway)
     # SDPA runs in bf16 where the CPU multiplies bf16 (half its float32 time on a 128-token prompt); without bf16
     # products (AVX2) the o projection takes float32 rows and bf16 SDPA is the slower one

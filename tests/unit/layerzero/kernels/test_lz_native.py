@@ -225,6 +225,20 @@ def test_long_prefill_chunks_go_through_sdpa_and_decode_rows_keep_their_bits() -
     assert torch.equal(decode[1], got[long])  # the decode row: C in both steps
 
 
+def test_a_step_of_long_prefill_chunks_only_is_attended_whole() -> None:
+    """No short chunk: the C kernel is not called, every row comes from SDPA (none left unwritten)."""
+    long = attention.LONG_CHUNK + 1
+    lens, bounds = [long + 5, long], [0, long, 2 * long]  # after 5 cached tokens, and a fresh prompt
+    gen, kc, vc, tables = _paged(23, lens, 4, 2, 16)
+    q = torch.randn(bounds[-1], 4, 16, generator=gen)
+    got = attention.paged_prefill_attention(
+        q, kc, vc, block_tables=tables, cu_seqlens_q=torch.tensor(bounds, dtype=torch.int32),
+        context_lens=torch.tensor(lens, dtype=torch.int32), max_seqlen_q=long, max_context_len=max(lens), scale=0.25,
+        sliding_window=None, cu_seqlens_q_host=bounds, context_lens_host=lens)
+    want = attn_ref.paged_prefill_attention(q.double(), kc.double(), vc.double(), tables, bounds, lens, 0.25, None)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 @BUILDS
 @pytest.mark.parametrize("dim", [64, 128])
 def test_a_decode_row_gets_the_same_bits_alone_and_among_many(extra: tuple[str, ...], dim: int) -> None:
