@@ -74,7 +74,7 @@ class LimitedProtocol(HttpToolsProtocol):
         """Whether this connection has no whole request to serve: idle, in its headers, or in its body."""
         cycle = self.cycle
         serving = cycle is not None and not cycle.response_complete
-        return not serving or self._in_headers or cycle.more_body
+        return not serving or cycle.more_body
 
     def _evict(self, opened: OrderedDict[LimitedProtocol, None]) -> bool:
         """Close the oldest connection that is not serving a request; False when none of the first few is such."""
