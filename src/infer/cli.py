@@ -422,7 +422,7 @@ def _access(args: argparse.Namespace):  # -> AccessPolicy (imported lazily: star
 
 def _show_sampling_defaults(config) -> None:  # (EngineConfig) imported lazily: startup time
     """Print the sampling defaults the generation config gives requests; a bad file fails here, before loading."""
-    from infer.build.rank_runner import resolve_model_path
+    from infer.loader.model_path import resolve_model_path
     from infer.loader.generation_config import generation_config_file, sampling_defaults
 
     path = resolve_model_path(config.model)
@@ -559,7 +559,7 @@ def _shown_probe(llm, name: str | None):  # -> ProbeInfo | None
 
 def _export_tokenizer(args: argparse.Namespace) -> int:
     from infer.families.chat_template import chat_template_name
-    from infer.build.rank_runner import resolve_model_path
+    from infer.loader.model_path import resolve_model_path
     from infer.loader.model_loader import read_config
     from infer.loader.tokenizer import Tokenizer
     from infer.families.chat_template import ChatTemplateError, load_template_file, template_source

@@ -343,3 +343,12 @@ def test_the_api_server_modules_import_without_torch() -> None:
             "'omniscience'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_model_s_sampling_defaults_are_read_without_torch() -> None:
+    """Resolving the model's path (the bundled GGUF when none is named) and reading its generation config, which
+    `infer serve` does before it starts the core, import no torch (the rank runner did, for the path: 2 s)."""
+    code = ("import sys; from infer.cli import _show_sampling_defaults; from infer.engine.config import EngineConfig; "
+            "_show_sampling_defaults(EngineConfig(device='cpu')); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

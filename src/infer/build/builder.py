@@ -19,11 +19,12 @@ from infer.lora.registry import LoRARegistry
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.engine.core import EngineCore
 from infer.build.in_process import Engine
-from infer.build.rank_runner import bounded, build_rank_runner, load_rank_model, resolve_model_path
+from infer.build.rank_runner import bounded, build_rank_runner, load_rank_model
 from infer.build.startup_log import Clock, phase, runner_phases
 from infer.build.warmup import warm_up
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import LoadedModel, load_model, read_config
+from infer.loader.model_path import resolve_model_path
 from infer.loader.tokenizer import Tokenizer
 from infer.families.config import ModelConfig
 from infer.frontend.served import ServedModel

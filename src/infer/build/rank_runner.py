@@ -7,7 +7,6 @@ every rank agrees on the block count and captures the same graphs in the same or
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,8 +15,8 @@ from infer.distributed.group import Groups
 from infer.distributed.tp_runner import TensorParallelRunner
 from infer.engine.config import EngineConfig, EngineConfigError
 from infer.kv.sizing import kv_bytes_per_token, kv_layout
-from infer.loader.gguf_file import bundled_smollm2
 from infer.loader.model_loader import LoadedModel, load_model
+from infer.loader.model_path import resolve_model_path
 from infer.lora.stacks import LoRAWeights
 from infer.families.config import ModelConfig
 from infer.models.shard import Shard
@@ -29,11 +28,6 @@ from omniscience import ProbeBank
 
 if TYPE_CHECKING:
     from infer.distributed.workers import WorkerSet
-
-
-def resolve_model_path(model: str | None) -> Path:
-    """None means the bundled SmolLM2-135M-Instruct GGUF."""
-    return bundled_smollm2() if model is None else Path(model).expanduser()
 
 
 CPU_KV_CACHE_BYTES = 2**30  # the CPU's default KV cache at most (a draft model shares it)

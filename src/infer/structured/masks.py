@@ -14,7 +14,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import llguidance
-import llguidance.torch
 import torch
 
 from infer.structured.compiler import first_part, is_limit_message
@@ -100,6 +99,6 @@ class BitmaskFiller:
 
 def _fill(rows: list[tuple[llguidance.LLMatcher, int]], mask: torch.Tensor, started: threading.Event) -> torch.Tensor:
     started.set()
-    if rows:
-        llguidance.torch.fill_next_token_bitmask_par(_executor(), rows, mask)
+    if rows:  # what llguidance.torch.fill_next_token_bitmask_par calls; that module imports torch.compile's stack
+        _executor().unsafe_compute_mask_ptr(rows, mask.data_ptr(), mask.shape[1] * 4, mask.shape[0])
     return mask
