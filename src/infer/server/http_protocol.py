@@ -2,12 +2,16 @@
 connections (`--max-connections`).
 
 httptools (llhttp, in C) rather than uvicorn's pure-Python h11: a streamed token costs one body write, and h11's
-state machine per write was ~a quarter of the API server's CPU per token (docs/serving.md, "CPU per token").
+state machine per write was about a fifth of the API server's CPU per token (benchmarks/reports/api_server_cost_cpu.md).
 
 uvicorn times out idle keep-alive connections but never a client that opens a connection and sends nothing, or
 sends its request line and headers a byte at a time: each holds a connection (and a file descriptor) for as long
 as it likes. Here a connection whose request headers are not complete within the deadline (counted from its
 opening, or from the first byte of a next request on a kept-alive connection) is closed.
+
+An idle keep-alive connection whose timeout comes due while its next request already waits unread is kept: uvloop
+runs a due timer before it reads the sockets, so on a busy server a client reusing its connection near the timeout
+would otherwise see it closed under its request.
 
 Past the cap, a new connection takes the place of the oldest one that has not delivered a whole request (still in
 its headers or body, or idle between requests): clients that trickle bytes can hold the server's connections only
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections import OrderedDict
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -88,6 +94,21 @@ class LimitedProtocol(HttpToolsProtocol):
                 return True
             opened.move_to_end(oldest)
         return False
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self._request_waiting():
+            super().timeout_keep_alive_handler()
+
+    def _request_waiting(self) -> bool:
+        """Whether bytes the event loop has not read yet wait on this connection's socket (peeked, not taken)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+                return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # nothing waiting (EAGAIN), or the socket is gone
+            return False
 
     def _arm_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
