@@ -180,15 +180,23 @@ def _add_access_flags(g: argparse._ArgumentGroup) -> None:
                         "this is given")
 
 
+def _flag_defaults():  # -> EngineConfig (imported lazily: startup time)
+    """EngineConfig's defaults, for the flags. Made for the CPU: device "auto" would import torch to look for CUDA
+    (~2 s of every `infer` command, --help included); no flag's default is one of the fields the device sets."""
+    from infer.engine.config import EngineConfig
+
+    return EngineConfig(device="cpu")
+
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     from infer.engine.config import BATCHING_MODES, KV_BACKENDS, LOAD_FORMATS, SCHEDULER_POLICIES, EngineConfig
     from infer.sampling.params import POOLINGS
 
-    d = EngineConfig()
+    d = _flag_defaults()
     g = p.add_argument_group("engine")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
-    g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N, or auto")
+    g.add_argument("--device", default=EngineConfig.device, help="cpu, cuda, cuda:N, or auto")
     g.add_argument("--max-seq-len", "--max-model-len", type=int, default=d.max_seq_len, metavar="N",
                    help="longest prompt + output, in tokens (--max-model-len: vLLM's name)")
     g.add_argument("--max-batch-size", "--max-num-seqs", type=int, default=None, metavar="N",
@@ -261,9 +269,7 @@ def _lora_module(text: str) -> tuple[str, str]:
 
 
 def _add_lora_flags(g: argparse._ArgumentGroup) -> None:
-    from infer.engine.config import EngineConfig
-
-    d = EngineConfig()
+    d = _flag_defaults()
     g.add_argument("--enable-lora", action="store_true",
                    help="serve LoRA adapters over the base model: a request's `model` names one (vLLM's flags)")
     g.add_argument("--lora-modules", type=_lora_module, nargs="+", action="extend", default=[], metavar="NAME=PATH",
@@ -289,9 +295,9 @@ def _lora_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _add_distributed_flags(g: argparse._ArgumentGroup) -> None:
-    from infer.engine.config import LOAD_BALANCE_METHODS, EngineConfig
+    from infer.engine.config import LOAD_BALANCE_METHODS
 
-    d = EngineConfig()
+    d = _flag_defaults()
     g.add_argument("-tp", "--tensor-parallel-size", type=int, default=d.tensor_parallel_size, metavar="N",
                    help="shard the model over N ranks (consecutive GPUs from --device; CPU processes on gloo)")
     g.add_argument("--enable-expert-parallel", action="store_true",
@@ -313,9 +319,7 @@ def _add_distributed_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
-    from infer.engine.config import EngineConfig
-
-    d = EngineConfig()
+    d = _flag_defaults()
     g.add_argument("--chunked-prefill", dest="use_chunked_prefill", action=argparse.BooleanOptionalAction,
                    default=None, help="split long prompts into chunks that share steps with running decodes "
                                       "(default: on with continuous batching)")
@@ -330,9 +334,9 @@ def _add_prefill_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def _add_speculative_flags(g: argparse._ArgumentGroup) -> None:
-    from infer.engine.config import DEFAULT_SPECULATIVE_TOKENS, SPECULATIVE_METHODS, EngineConfig
+    from infer.engine.config import DEFAULT_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
 
-    d = EngineConfig()
+    d = _flag_defaults()
     g.add_argument("--speculative-method", default=None, choices=[m for m in SPECULATIVE_METHODS if m],
                    help="propose draft tokens and verify them in one target forward (docs/speculative.md): "
                         "'ngram' looks the request's last tokens up in its own prompt and output; 'draft' runs "
@@ -435,6 +439,8 @@ def _show_sampling_defaults(config) -> None:  # (EngineConfig) imported lazily: 
 
 
 def _headless(config) -> bool:  # (EngineConfig) imported lazily: startup time
+    if config.node_rank == 0 and "RANK" not in os.environ:  # node 0, no torchrun rank: the distributed stack (torch)
+        return False                                        # need not be imported to say so
     from infer.distributed.startup import distributed_config, headless
 
     return headless(distributed_config(config))

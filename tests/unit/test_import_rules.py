@@ -18,6 +18,7 @@ source no longer needs fails the test too, so the list only shrinks. From a shel
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -352,3 +353,13 @@ def test_the_model_s_sampling_defaults_are_read_without_torch() -> None:
             "_show_sampling_defaults(EngineConfig(device='cpu')); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_cli_s_parser_and_a_node_0_launch_import_no_torch() -> None:
+    """`infer --help` and the launcher's checks before the core starts read EngineConfig's defaults for the CPU and
+    skip the distributed stack on node 0: no torch (~2 s of every command, and the launcher hosts API server 0)."""
+    code = ("import sys; from infer.cli import _headless, build_parser; from infer.engine.config import EngineConfig; "
+            "build_parser(); print(_headless(EngineConfig(device='cpu')), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if k != "RANK"}).stdout
+    assert out.split() == ["False", "False"]
