@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,14 @@ DEFAULT_SPECULATIVE_TOKENS = 4
 
 class EngineConfigError(ValueError):
     """An invalid EngineConfig field; the message starts with the field name."""
+
+
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")  # NVIDIA's driver, WSL2's GPU, ROCm's
+
+
+def gpu_driver_present() -> bool:
+    """Whether a GPU driver's device node exists; without one torch.cuda.is_available() is False."""
+    return any(os.path.exists(node) for node in GPU_DRIVER_NODES)
 
 
 @dataclass
@@ -237,6 +246,8 @@ class EngineConfig:
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
+        if not gpu_driver_present():  # CUDA cannot be there: no need to import torch (~2 s) to hear it say so
+            return "cpu"
         import torch  # only for "auto": a built engine's config names its device
 
         return "cuda" if torch.cuda.is_available() else "cpu"
