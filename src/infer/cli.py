@@ -439,8 +439,10 @@ def _show_sampling_defaults(config) -> None:  # (EngineConfig) imported lazily: 
 
 
 def _headless(config) -> bool:  # (EngineConfig) imported lazily: startup time
-    if config.node_rank == 0 and "RANK" not in os.environ:  # node 0, no torchrun rank: the distributed stack (torch)
-        return False                                        # need not be imported to say so
+    from infer.distributed.torchrun import under_torchrun
+
+    if config.node_rank == 0 and not under_torchrun():  # node 0 without torchrun: no need to import torch to say so
+        return False
     from infer.distributed.startup import distributed_config, headless
 
     return headless(distributed_config(config))

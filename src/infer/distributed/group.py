@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from infer.engine.config import EngineConfig, EngineConfigError
+from infer.distributed.torchrun import under_torchrun
 from infer.models.shard import Shard
 
 CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits for rank 0's next step as long as the server idles
 JOINED = "infer/joined"  # the store's count of ranks other than 0 that have arrived
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class DistributedError(RuntimeError):
@@ -47,11 +47,6 @@ class Placement:
     @property
     def backend(self) -> str:
         return "nccl" if self.device.startswith("cuda") else "gloo"
-
-
-def under_torchrun() -> bool:
-    """Started by torchrun (or anything that sets its variables): ranks, devices and the rendezvous come from it."""
-    return all(name in os.environ for name in TORCHRUN_VARS)
 
 
 def resolve_torchrun(config: EngineConfig) -> EngineConfig:

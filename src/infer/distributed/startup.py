@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from infer.distributed.group import Groups, device_of, free_port, join, placement, resolve_torchrun, under_torchrun
+from infer.distributed.group import Groups, device_of, free_port, join, placement, resolve_torchrun
+from infer.distributed.torchrun import under_torchrun
 from infer.distributed.workers import WorkerSet, run_worker
 from infer.engine.config import EngineConfig
 
