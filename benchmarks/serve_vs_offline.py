@@ -2,7 +2,7 @@
 
     python benchmarks/serve_vs_offline.py [--shape llama-3.2-1b] [--levels 1,16,64,256] [--api-server-count N]
                                           [--fresh-connections] [--data-parallel-size N] [--tensor-parallel-size N]
-                                          [--client-processes N]
+                                          [--client-processes N] [--requests-per-stream R]
 
 Per concurrency level C: C requests of random token-id prompts (128-512 tokens), 256 new tokens each, greedy, EOS
 ignored, random bf16 weights at the named shape (model_shapes.py: a word-level tokenizer of the model's whole
@@ -19,7 +19,10 @@ never hits). Writes serve_vs_offline_<gpu>.{json,md} under OUT_DIR (default benc
 ratio is then data parallelism's scaling through the server. With --tensor-parallel-size N both the offline engine
 and the server shard the model over N GPUs (`-tp N`). The report adds each process's CPU seconds during the median
 server run, by role (proc_cpu.py): which of the engine cores, the API servers and the clients was saturated. GPU run:
-`bash scripts/gpu_serving.sh`.
+`bash scripts/gpu_serving.sh`. With --requests-per-stream R each of the C streams sends R requests one after another
+(a closed loop: C users, each sending its next request when the last ended; C * R requests a level, the offline engine
+given all C * R at once): the ramp of the first wave and the drain of the last weigh 1/R as much, so a level measures
+the sustained rate rather than one burst.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def prompts_for(vocab: int, count: int, seed: int) -> list[list[int]]:
 
 
 def run_offline(path: Path, vocab: int, levels: list[int], repeats: int,
-                tensor_parallel: int = 1) -> dict[int, dict[str, float]]:
+                tensor_parallel: int = 1, per_stream: int = 1) -> dict[int, dict[str, float]]:
     from infer import LLM, SamplingParams
 
     llm = LLM(str(path), load_format="dummy", tensor_parallel_size=tensor_parallel, **ENGINE_FLAGS)
@@ -68,7 +71,7 @@ def run_offline(path: Path, vocab: int, levels: list[int], repeats: int,
     for level in levels:
         runs, ttfts = [], []
         for repeat in range(-1, repeats):  # repeat -1: the level's first run, reported beside the timed ones
-            prompts = prompts_for(vocab, level, seed=1000 * level + repeat)
+            prompts = prompts_for(vocab, level * per_stream, seed=1000 * level + repeat)
             torch.cuda.synchronize()
             tok_s, ttft = _offline_run(llm, prompts, params)
             runs.append(tok_s)
@@ -113,12 +116,13 @@ def client_cpus(data_parallel: int, tensor_parallel: int) -> frozenset[int] | No
 
 def run_server_level(url: str, model: str, prompts: list[list[int]], clients: int,
                      fresh: bool = False, server_pid: int | None = None,
-                     cpus: frozenset[int] | None = None) -> dict[str, float]:
-    """C concurrent streams from `clients` processes of sse_client.py (on `cpus`, if given), released together once
-    all are connected; with `server_pid`, the CPU seconds each of the server's processes used meanwhile (by role,
-    proc_cpu.py)."""
-    bodies = [{"model": model, "prompt": p, "max_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0,
-               "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
+                     cpus: frozenset[int] | None = None, per_stream: int = 1) -> dict[str, float]:
+    """len(prompts) / per_stream concurrent streams, each sending its `per_stream` prompts one after another, from
+    `clients` processes of sse_client.py (on `cpus`, if given), released together once all are connected; with
+    `server_pid`, the CPU seconds each of the server's processes used meanwhile (by role, proc_cpu.py)."""
+    requests = [{"model": model, "prompt": p, "max_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0,
+                 "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
+    bodies = [requests[i:i + per_stream] for i in range(0, len(requests), per_stream)]
     work = Path(tempfile.mkdtemp(prefix="sse-"))
     procs = []
     for i in range(min(clients, len(bodies))):
@@ -162,7 +166,8 @@ def run_server_level(url: str, model: str, prompts: list[list[int]], clients: in
 
 def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_servers: int,
                fresh: bool = False, data_parallel: int = 1, tensor_parallel: int = 1,
-               client_processes: int = 8, serve_args: list[str] | None = None) -> dict[int, dict]:
+               client_processes: int = 8, serve_args: list[str] | None = None, per_stream: int = 1
+               ) -> dict[int, dict]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
     flags += [f"--data-parallel-size={data_parallel}", f"--tensor-parallel-size={tensor_parallel}",
               # every stream of the largest level admitted, as the offline engine admits every prompt (the default
@@ -183,9 +188,10 @@ def run_server(path: Path, vocab: int, levels: list[int], repeats: int, api_serv
         for level in levels:
             try:
                 runs = [run_server_level(f"{base}/v1/completions", model,
-                                         prompts_for(vocab, level, seed=1000 * level + repeat),
-                                         clients=min(client_processes, level),
-                                         fresh=fresh, server_pid=server.proc.pid, cpus=cpus)
+                                         prompts_for(vocab, level * per_stream,
+                                                     seed=1000 * level + repeat),
+                                         clients=min(client_processes, level), fresh=fresh,
+                                         server_pid=server.proc.pid, cpus=cpus, per_stream=per_stream)
                         for repeat in range(-1, repeats)]
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}\n--- the server printed (last 3,000 characters):\n"
@@ -215,17 +221,24 @@ def main() -> None:
                         help="one more `infer serve` flag, e.g. --serve-arg=--keep-alive-timeout-s=60 (repeatable)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs each engine (offline and served) shards the model over")
+    parser.add_argument("--requests-per-stream", type=int, default=1, metavar="R",
+                        help="requests each stream sends one after another (a closed loop; default 1: one burst)")
     args = parser.parse_args()
+    if args.requests_per_stream < 1:
+        parser.error(f"--requests-per-stream must be >= 1, got {args.requests_per_stream}")
     levels = [int(x) for x in args.levels.split(",")]
     path = ms.write_model_dir(args.shape, Path("/tmp/infer-shapes"))
     vocab = ms.model_config(args.shape).vocab_size
-    offline = run_offline(path, vocab, levels, args.repeats, args.tensor_parallel_size)
+    offline = run_offline(path, vocab, levels, args.repeats, args.tensor_parallel_size,
+                          args.requests_per_stream)
     api_servers = api_servers_for(EngineConfig(device="cuda"), args.api_server_count)
     server = run_server(path, vocab, levels, args.repeats, api_servers, args.fresh_connections,
-                        args.data_parallel_size, args.tensor_parallel_size, args.client_processes, args.serve_arg)
+                        args.data_parallel_size, args.tensor_parallel_size, args.client_processes, args.serve_arg,
+                        args.requests_per_stream)
     report = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__,
               "engine": ENGINE_FLAGS, "api_server_count": api_servers, "repeats": args.repeats, "new_tokens": NEW_TOKENS,
               "fresh_connections": args.fresh_connections, "client_processes": args.client_processes,
+              "requests_per_stream": args.requests_per_stream,
               "data_parallel_size": args.data_parallel_size,
               "tensor_parallel_size": args.tensor_parallel_size, "serve_args": args.serve_arg,
               "startup_s": server.pop("startup_s"), "client_cpus": server.pop("client_cpus"), "levels": {
@@ -248,6 +261,7 @@ def write(r: dict) -> None:
     stem += f"_dp{r['data_parallel_size']}" if r.get("data_parallel_size", 1) > 1 else ""
     stem += f"_tp{r['tensor_parallel_size']}" if r.get("tensor_parallel_size", 1) > 1 else ""
     stem += f"_clients{r['client_processes']}" if r.get("client_processes", 8) != 8 else ""
+    stem += f"_r{r['requests_per_stream']}" if r.get("requests_per_stream", 1) > 1 else ""
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     lines = [f"# `infer serve` vs the offline engine — {r['shape']} (random bf16 weights), {r['gpu']}", "",
              f"Same process tree, same engine settings ({', '.join(f'{k}={v}' for k, v in r['engine'].items())}); "
@@ -255,7 +269,8 @@ def write(r: dict) -> None:
              f"with {r['api_server_count']} API server process(es)"
              f"{' and ' + str(r['data_parallel_size']) + ' engine cores (DP) against one offline engine' if r.get('data_parallel_size', 1) > 1 else ''}"
              f"{', both sharded over ' + str(r['tensor_parallel_size']) + ' GPUs (TP)' if r.get('tensor_parallel_size', 1) > 1 else ''}, every SSE chunk read by httpx clients in up to {r.get('client_processes', 8)} "
-             f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}. Medians of {r.get('repeats', 3)} runs (the upper one of an even count) after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
+             f"processes, {'each stream opening its connection in the burst' if r.get('fresh_connections') else 'connected before the clock starts'}"
+             f"{'; each stream sends ' + str(r['requests_per_stream']) + ' requests one after another (the offline engine gets them all at once)' if r.get('requests_per_stream', 1) > 1 else ''}. Medians of {r.get('repeats', 3)} runs (the upper one of an even count) after one first run per level (its tok/s in the last columns). Server start to healthy (load, CUDA graphs, warm-up): "
              f"{r['startup_s']:.1f} s. torch {r['torch']}.", "",
              "| concurrent streamed requests | offline `LLM.generate_ids` tok/s | `infer serve` tok/s | server ÷ offline "
              "| server ITL p50 / p99 | server TTFT p50 | TTFT p50 from release: offline / server | first run offline / server |",

@@ -2,12 +2,14 @@
 
     python benchmarks/sse_client.py URL BODIES.json RESULT.json [fresh]
 
-Imports only httpx (start-up stays out of the measured time). Prints "ready" once it holds one open connection per
-stream (with `fresh`: one warm connection only, each stream opening its own when released, as a burst of new clients
-does), waits for a line on stdin (the parent releases every client at once), sends all bodies concurrently, reads
-every chunk of every stream, and writes {"streams": [{"tokens", "usage", "chunk_times", "sent", "done"}, ...], "cpu_s"}
-(times from time.time(): when the request went out, each text chunk arrived, the stream ended; cpu_s: the process's
-CPU seconds from its release to its last stream's end) to RESULT.json.
+Imports only httpx (start-up stays out of the measured time). BODIES.json lists the streams: each a request body, or
+a list of bodies the stream sends one after another (a closed loop: a user who sends the next request when the last
+one ended). Prints "ready" once it holds one open connection per stream (with `fresh`: one warm connection only, each
+stream opening its own when released, as a burst of new clients does), waits for a line on stdin (the parent
+releases every client at once), starts every stream at once, reads every chunk of every stream, and writes
+{"streams": [{"tokens", "usage", "chunk_times", "sent", "done"}, ...], "cpu_s"} to RESULT.json: one record per
+request, in the order of the bodies (times from time.time(): when the request went out, each text chunk arrived, the
+stream ended), and cpu_s, the process's CPU seconds from its release to its last stream's end.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ async def stream_completion(http: httpx.AsyncClient, url: str, body: dict) -> di
             "done": time.time()}
 
 
-async def _main(url: str, bodies: list[dict], fresh: bool) -> tuple[list[dict], float]:
+async def _closed_loop(http: httpx.AsyncClient, url: str, bodies: list[dict]) -> list[dict]:
+    """One stream's requests, each sent when the one before it ended."""
+    return [await stream_completion(http, url, body) for body in bodies]
+
+
+async def _main(url: str, bodies: list[dict | list[dict]], fresh: bool) -> tuple[list[dict], float]:
     limits = httpx.Limits(max_connections=len(bodies) + 4, max_keepalive_connections=len(bodies) + 4)
     async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         # one warm keep-alive connection per stream, as a long-running client has: a fresh client's first request
@@ -54,13 +61,14 @@ async def _main(url: str, bodies: list[dict], fresh: bool) -> tuple[list[dict], 
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         released = cpu_seconds()
         try:
-            streams = await asyncio.gather(*(stream_completion(http, url, b) for b in bodies))
+            streams = await asyncio.gather(*(_closed_loop(http, url, b if isinstance(b, list) else [b])
+                                             for b in bodies))
         except httpx.HTTPError:  # which phase was slow: connecting, or waiting idle for the release
             print(f"connections opened in {connected - started:.2f} s, released {time.time() - connected:.2f} s "
                   "after (the server closes idle keep-alive connections after --keep-alive-timeout-s)",
                   file=sys.stderr)
             raise
-        return streams, cpu_seconds() - released
+        return [request for stream in streams for request in stream], cpu_seconds() - released
 
 
 def cpu_seconds() -> float:
