@@ -304,9 +304,9 @@ def test_the_checks_find_circles_and_broken_rules(tmp_path: Path) -> None:
 API_SERVER_ENTRIES = ("infer.server.launch", "infer.server.app")
 API_SERVER_FORBIDDEN = ("torch", "triton", "transformers", "layerzero", "omniscience", "infer.runners", "infer.models",
                         "infer.distributed", "infer.engine", "infer.build", "infer.llm", "infer.offline")
-API_SERVER_ALLOWED = ("infer.engine.config", "infer.engine.policy", "infer.build.core_process", "infer.build.core_env",
-                      "infer.build.dp_cores", "infer.build.placement")  # the engine's settings (and its policies'
-                                                                        # names); starting a core; where it runs
+API_SERVER_ALLOWED = ("infer.engine.config", "infer.engine.policy", "infer.engine.devices", "infer.build.core_process",
+                      "infer.build.core_env", "infer.build.dp_cores", "infer.build.placement")
+# the engine's settings (its policies' names, the devices "auto" picks among); starting a core; where it runs
 
 
 def api_server_closure(imports: list[Import]) -> dict[str, Import | None]:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from infer.engine.config import EngineConfig, EngineConfigError
+from infer.engine.devices import cuda_device_count
 from infer.build.core_env import core_environment
 from infer.build.core_process import CoreProcess, CoreStartError
 from infer.build.placement import available_cpus, other_cpus, pin
@@ -25,18 +26,17 @@ from infer.build.placement import available_cpus, other_cpus, pin
 def engine_configs(config: EngineConfig) -> list[EngineConfig]:
     """Each DP engine's config; EngineConfigError naming data_parallel_size when the devices are not there."""
     n, tp = config.data_parallel_size, config.tensor_parallel_size
-    if n == 1:  # the core resolves its device itself: the process starting it imports no torch
+    if n == 1:  # the core resolves its device itself
         return [config]
-    import torch
-
     device = config.resolved_device
     if not device.startswith("cuda"):
         return [replace(config, data_parallel_size=1, device=device, seed=config.seed + i) for i in range(n)]
     base = int(device.split(":")[1]) if ":" in device else 0
-    if torch.cuda.is_available() and base + n * tp > torch.cuda.device_count():
+    visible = cuda_device_count()  # without torch where it can (engine/devices.py): the launcher stays torch-free
+    if visible and base + n * tp > visible:
         raise EngineConfigError(
             f"data_parallel_size={n}: needs {n} x tensor_parallel_size={tp} CUDA devices from cuda:{base}, "
-            f"but {torch.cuda.device_count()} are visible")
+            f"but {visible} are visible")
     return [replace(config, data_parallel_size=1, device=f"cuda:{base + i * tp}", seed=config.seed + i)
             for i in range(n)]
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infer.engine.devices import cuda_device_count
 from infer.engine.policy import POLICIES
 from infer.sampling.params import POOLINGS
 from infer.families.chat_template import ChatTemplateError, load_template_file
@@ -28,14 +28,6 @@ DEFAULT_SPECULATIVE_TOKENS = 4
 
 class EngineConfigError(ValueError):
     """An invalid EngineConfig field; the message starts with the field name."""
-
-
-GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")  # NVIDIA's driver, WSL2's GPU, ROCm's
-
-
-def gpu_driver_present() -> bool:
-    """Whether a GPU driver's device node exists; without one torch.cuda.is_available() is False."""
-    return any(os.path.exists(node) for node in GPU_DRIVER_NODES)
 
 
 @dataclass
@@ -246,11 +238,7 @@ class EngineConfig:
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
-        if not gpu_driver_present():  # CUDA cannot be there: no need to import torch (~2 s) to hear it say so
-            return "cpu"
-        import torch  # only for "auto": a built engine's config names its device
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_device_count() else "cpu"  # asked without torch where it can be (engine/devices.py)
 
     @property
     def resolved_runner(self) -> str:

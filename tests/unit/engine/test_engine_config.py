@@ -77,18 +77,20 @@ def test_a_chat_template_file_that_does_not_compile_is_refused_naming_the_field_
 
 def test_device_auto_without_a_gpu_driver_is_the_cpu_without_importing_torch(monkeypatch) -> None:
     """No GPU driver node: "auto" is the CPU, decided without torch (the launcher, which hosts API server 0, then
-    never loads it); with one, torch is asked as before."""
+    never loads it); where the devices module cannot be certain, torch is asked."""
     import subprocess
     import sys
 
-    from infer.engine import config as config_module
+    from infer.engine import devices
 
-    code = ("import sys; from infer.engine import config; config.GPU_DRIVER_NODES = ('/nonexistent/nvidiactl',); "
+    code = ("import sys; from infer.engine import config, devices; "
+            "devices.GPU_DRIVER_NODES = ('/nonexistent/nvidiactl',); "
             "print(config.EngineConfig().resolved_device, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["cpu", "False"]
     import torch
 
-    monkeypatch.setattr(config_module, "gpu_driver_present", lambda: True)
+    monkeypatch.setattr(devices, "certain_cuda_devices", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert config_module.EngineConfig().resolved_device == "cuda"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert EngineConfig().resolved_device == "cuda"
