@@ -13,6 +13,7 @@
 /* x, out [rows, d]. With residual (and summed) [rows, d]: summed = x + residual, and summed is normalized. */
 void rms_norm(const float *x, const float *residual, float *summed, const float *weight, float offset, float eps,
               int64_t rows, int64_t d, float *out) {
+#pragma omp parallel for schedule(static) if (rows * d >= 65536)
     for (int64_t r = 0; r < rows; r++) {
         const float *src = x + r * d;
         float *o = out + r * d;

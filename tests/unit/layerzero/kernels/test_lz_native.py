@@ -289,6 +289,27 @@ def test_rope_matches_the_reference_on_a_strided_view(interleaved: bool) -> None
     assert got.is_contiguous() and torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6)
 
 
+
+def test_prompt_sized_norm_and_rope_split_over_threads_match_row_by_row() -> None:
+    """A prompt's rows (past the kernels' threshold for OpenMP) give each row the bits it gets alone."""
+    gen = torch.Generator().manual_seed(11)
+    x, res = torch.randn(160, 576, generator=gen), torch.randn(160, 576, generator=gen)
+    w = torch.randn(576, generator=gen)
+    normed, summed = norm.fused_add_rms_norm(x, res, w, eps=1e-5, weight_offset=0.0)
+    for r in (0, 77, 159):
+        one, one_sum = norm.fused_add_rms_norm(x[r:r + 1], res[r:r + 1], w, eps=1e-5, weight_offset=0.0)
+        assert torch.equal(normed[r:r + 1], one) and torch.equal(summed[r:r + 1], one_sum)
+        assert torch.equal(norm.rms_norm(x, w, eps=1e-5, weight_offset=0.0)[r], norm.rms_norm(x[r:r + 1], w, eps=1e-5,
+                                                                                              weight_offset=0.0)[0])
+    qk = torch.randn(160, 12, 64, generator=gen)
+    cos, sin = torch.randn(160, 32, generator=gen), torch.randn(160, 32, generator=gen)
+    for interleaved in (False, True):
+        got = rope_kv.rope(qk, cos, sin, interleaved=interleaved)
+        want = rope_ref.rope(qk.double(), cos.double(), sin.double(), interleaved)
+        assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6)
+        assert torch.equal(got[77], rope_kv.rope(qk[77:78], cos[77:78], sin[77:78], interleaved=interleaved)[0])
+
+
 def test_store_kv_cache_matches_the_reference() -> None:
     gen = torch.Generator().manual_seed(3)
     qkv = torch.randn(4, 3 * 2 * 8, generator=gen)
