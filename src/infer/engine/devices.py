@@ -6,6 +6,7 @@ library (NVML: it counts GPUs without creating a CUDA context) answer; where one
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import re
@@ -39,6 +40,7 @@ def torch_build() -> dict[str, str | None] | None:
     return out
 
 
+@functools.cache  # the host's GPUs and driver do not change under a process; `device` is resolved many times
 def nvml_gpus() -> tuple[int, int] | None:
     """(GPUs on the host, the driver's CUDA version as 1000 * major + 10 * minor) from NVML, or None where NVML
     cannot be loaded or asked."""

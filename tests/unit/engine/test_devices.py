@@ -107,4 +107,8 @@ def test_nvml_is_none_where_the_library_is_missing(monkeypatch) -> None:
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(devices.ctypes, "CDLL", missing)
-    assert devices.nvml_gpus() is None
+    devices.nvml_gpus.cache_clear()
+    try:
+        assert devices.nvml_gpus() is None
+    finally:
+        devices.nvml_gpus.cache_clear()
