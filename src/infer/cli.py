@@ -196,7 +196,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA")
-    g.add_argument("--device", default=EngineConfig.device, help="cpu, cuda, cuda:N, or auto")
+    g.add_argument("--device", default=EngineConfig.device,
+                   help="cpu, cuda, cuda:N, or auto: CUDA where a GPU is visible (CUDA_VISIBLE_DEVICES), else the CPU")
     g.add_argument("--max-seq-len", "--max-model-len", type=int, default=d.max_seq_len, metavar="N",
                    help="longest prompt + output, in tokens (--max-model-len: vLLM's name)")
     g.add_argument("--max-batch-size", "--max-num-seqs", type=int, default=None, metavar="N",
