@@ -7,7 +7,7 @@ set -uo pipefail
 source scripts/gpu_env.sh
 mode="${1:-all}"
 if [[ "$mode" == all || "$mode" == tests ]]; then
-  INFER_STRICT_SYNC=1 timeout 480 python3 -m pytest -q -p no:cacheprovider -x tests/gpu tests/unit/engine/test_overlap.py \
+  INFER_STRICT_SYNC=1 timeout "${TESTS_S:-540}" python3 -m pytest -q -p no:cacheprovider -x tests/gpu tests/unit/engine/test_overlap.py \
     tests/unit/engine tests/stress tests/integration/test_chunked_prefill.py tests/integration/test_structured_tiny.py \
     2>&1 | tail -30 > "$out/gpu_tests.log"
   tail -5 "$out/gpu_tests.log"
