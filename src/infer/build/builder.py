@@ -26,6 +26,7 @@ from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import LoadedModel, load_model, read_config
 from infer.loader.model_path import resolve_model_path
 from infer.loader.tokenizer import Tokenizer
+from infer.loader.tokenizer_prefetch import TokenizerPrefetch
 from infer.families.config import ModelConfig
 from infer.frontend.served import ServedModel
 from infer.heap import settle_heap
@@ -83,12 +84,15 @@ def load_drafter(config: EngineConfig, target: ModelConfig) -> LoadedModel:
     return drafter
 
 
-def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool = False) -> BuiltEngine:
+def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool = False,
+                 tokenizer_prefetch: TokenizerPrefetch | None = None) -> BuiltEngine:
     """Load the model and tokenizer, size the KV cache, build the runner (capturing CUDA graphs) and the engine:
     an Engine that detokenizes (offline use), or with `core_only` the bare EngineCore a core process runs.
     On CUDA, and for a core process on any device, the engine is warmed up before it is returned.
     With tensor_parallel_size > 1 this process is rank 0: it starts its node's workers first (docs/distributed.md);
-    `hard_exit` (a core process) ends the process when a worker dies and the engine loop is stuck in a collective."""
+    `hard_exit` (a core process) ends the process when a worker dies and the engine loop is stuck in a collective.
+    `tokenizer_prefetch`: the model's tokenizer being read meanwhile (a core process starts it before importing the engine),
+    else it is read here."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
     config = distributed_config(config)
@@ -114,9 +118,10 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
         loaded = load_rank_model(config, groups.shard if groups is not None else Shard())
         config = bounded(config, loaded.config)
         phase("weights loaded", clock.lap(), f"{path.name}, {config.resolved_device}")
-        tokenizer = Tokenizer.from_path(path)
+        tokenizer = tokenizer_prefetch.result() if tokenizer_prefetch is not None else Tokenizer.from_path(path)
         drafter = load_drafter(config, loaded.config) if config.draft_model is not None else None
-        phase("tokenizer" + (" and draft model" if drafter is not None else "") + " loaded", clock.lap())
+        phase("tokenizer" + (" and draft model" if drafter is not None else "") + " loaded", clock.lap(),
+              "read meanwhile by a child process" if tokenizer_prefetch and tokenizer_prefetch.from_child else "")
         runner = build_rank_runner(config, loaded, groups, probe_bank(config, loaded.config), drafter, workers)
         runner_phases(runner, clock.lap())
     except BaseException as exc:
