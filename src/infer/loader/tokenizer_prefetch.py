@@ -1,12 +1,12 @@
-"""An HF directory's tokenizer read in a child process while the engine core imports torch and loads the weights.
+"""An HF directory's tokenizer, read by a child process while the engine core imports torch and loads the weights.
 
-transformers' AutoTokenizer reads such a directory. In the core, after torch, its imports cost 3-7 s (its modules
-pull in the generation stack and torch.compile's), after the core's own imports and weights. The child is a fresh
-interpreter in which torch is hidden (`sys.modules["torch"] = None`: transformers then takes torch for absent and
-imports its tokenizer code alone, ~2-3 s; a tokenizer never needs torch) started before the core imports torch; it
-hands back the pickled `Tokenizer` (tokenizer.py: its backend as JSON, special tokens, chat template). Where it
-cannot, `result()` reads the tokenizer in this process: the same tokenizer, or the same error. A .gguf's vocabulary is
-read without transformers, in milliseconds: it is not prefetched. Measured: docs/loaders.md."""
+transformers' AutoTokenizer reads such a directory; in a process that has imported torch its imports take 3-7 s (the
+generation stack and torch.compile's come with them), which the core paid after its own imports and weights. The
+child is a fresh interpreter, started before the core imports torch, in which torch is hidden
+(`sys.modules["torch"] = None`: transformers takes it for absent and imports its tokenizer code alone, ~2-3 s; a
+tokenizer needs no torch). It hands back the pickled `Tokenizer` (its backend as JSON, special tokens, chat template).
+Where it cannot, `result()` reads the tokenizer in this process: the same tokenizer, or the same error. A .gguf's
+vocabulary is read without transformers, in milliseconds: it is not prefetched. Measured: docs/loaders.md."""
 
 from __future__ import annotations
 
@@ -19,9 +19,18 @@ from pathlib import Path
 
 from infer.loader.tokenizer import Tokenizer
 
-_CHILD = ("import json, pickle, sys; sys.path[:0] = json.loads(sys.argv[2]); sys.modules['torch'] = None; "
-          "from pathlib import Path; from infer.loader.tokenizer import Tokenizer; "
-          "sys.stdout.buffer.write(pickle.dumps(Tokenizer.from_hf_dir(Path(sys.argv[1]))))")
+_CHILD = """
+import json, pickle, sys
+sys.path[:0] = json.loads(sys.argv[2])
+sys.modules["torch"] = None
+from pathlib import Path
+from infer.loader.tokenizer import Tokenizer
+try:
+    data = pickle.dumps(Tokenizer.from_hf_dir(Path(sys.argv[1])))
+except Exception:
+    sys.exit(1)  # quietly: the core reads the directory itself and reports the error once
+sys.stdout.buffer.write(data)
+"""
 
 
 class TokenizerPrefetch:
