@@ -50,6 +50,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     raise_open_file_limit()  # before any child starts: they inherit it
     _check_port(host, port)  # before the minutes of loading: a taken port fails at once
     say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
+    threading.Thread(target=_import_app, name="infer-import-app").start()  # while the core loads: ~0.6 s of imports
     try:
         cores = start_cores(config)
     except CoreStartError as exc:
@@ -132,6 +133,16 @@ def run_api_server(infos: list[CoreInfo], name: str, host: str, port: int, log_l
         say(f"exiting: {client.gone_reason}")
         return 1
     return 0
+
+
+def _import_app() -> None:
+    """Import the HTTP app's modules (FastAPI, the protocol's models), which this process needs once it serves, while
+    the main thread waits for the engine core; a failure here is met again, and reported, where they are used."""
+    try:
+        import infer.server.app  # noqa: F401
+        import infer.server.state  # noqa: F401
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def stop_on_sigterm(server: uvicorn.Server) -> None:
