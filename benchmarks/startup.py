@@ -90,6 +90,8 @@ def run(model_args: list[str], api_servers: int | None, timeout_s: float) -> dic
         time.sleep(1.0)  # every API server process has finished starting (they answer as they come up)
         core_pid = health.get("core_pid")
         kids = [p for p in _children(proc.pid) if "resource_tracker" not in _cmdline(p)]
+        # several API servers are forked by multiprocessing's fork server, itself the launcher's child
+        kids = [q for p in kids for q in (_children(p) if "forkserver" in _cmdline(p) else [p])]
         api_pids = [p for p in kids if p != core_pid] or [proc.pid]
         memory = {"core": _rss_mb(core_pid) if core_pid else float("nan"), "launcher": _rss_mb(proc.pid),
                   "api_servers": [_rss_mb(p) for p in api_pids]}
