@@ -91,8 +91,8 @@ def build_engine(config: EngineConfig, core_only: bool = False, hard_exit: bool 
     On CUDA, and for a core process on any device, the engine is warmed up before it is returned.
     With tensor_parallel_size > 1 this process is rank 0: it starts its node's workers first (docs/distributed.md);
     `hard_exit` (a core process) ends the process when a worker dies and the engine loop is stuck in a collective.
-    `tokenizer_prefetch`: the model's tokenizer being read meanwhile (a core process starts it before importing the engine),
-    else it is read here."""
+    `tokenizer_prefetch`: the model's tokenizer being read meanwhile (a core process starts it before importing the
+    engine), else it is read here."""
     started = time.perf_counter()
     path = resolve_model_path(config.model)
     config = distributed_config(config)

@@ -95,7 +95,8 @@ def certain_cuda_devices() -> int | None:
         return None
     gpus, driver = host
     visible = visible_count(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if visible and driver // 1000 < int(build["cuda"].split(".")[0]):  # torch's CUDA needs a newer driver
+    major = re.match(r"\d+", build["cuda"])
+    if major is None or (visible and driver // 1000 < int(major.group())):  # torch's CUDA needs a newer driver
         return None
     return visible
 

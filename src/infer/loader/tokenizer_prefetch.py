@@ -19,6 +19,8 @@ from pathlib import Path
 
 from infer.loader.tokenizer import Tokenizer
 
+CHILD_TIMEOUT_S = 300.0  # past it the child is stopped and the tokenizer read here
+
 _CHILD = """
 import json, pickle, sys
 sys.path[:0] = json.loads(sys.argv[2])
@@ -51,7 +53,11 @@ class TokenizerPrefetch:
     def result(self) -> Tokenizer:
         """The tokenizer: the child's, or read here where the child failed (its error, if any, is raised here)."""
         if self._child is not None:
-            out, _ = self._child.communicate()
+            try:
+                out, _ = self._child.communicate(timeout=CHILD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                out, _ = self._child.communicate()
             child, self._child = self._child, None
             if child.returncode == 0:
                 try:

@@ -63,7 +63,7 @@ def test_nvml_answers_on_an_nvidia_host(nvidia_host) -> None:
     assert devices.certain_cuda_devices() == 0
 
 
-@pytest.mark.parametrize("change", ["old driver", "no nvml", "rocm build", "no nvidia node", "uuid"])
+@pytest.mark.parametrize("change", ["old driver", "no nvml", "rocm build", "no nvidia node", "uuid", "odd version"])
 def test_torch_decides_what_the_probe_cannot(nvidia_host, change) -> None:
     if change == "old driver":  # torch's CUDA 13 on a CUDA 12 driver: torch says whether it runs
         nvidia_host.setattr(devices, "nvml_gpus", lambda: (2, 12080))
@@ -71,6 +71,8 @@ def test_torch_decides_what_the_probe_cannot(nvidia_host, change) -> None:
         nvidia_host.setattr(devices, "nvml_gpus", lambda: None)
     elif change == "rocm build":
         nvidia_host.setattr(devices, "torch_build", lambda: {"cuda": None, "hip": "6.4"})
+    elif change == "odd version":
+        nvidia_host.setattr(devices, "torch_build", lambda: {"cuda": "custom", "hip": None})
     elif change == "no nvidia node":
         nvidia_host.setattr(devices, "NVIDIA_NODE", "/nonexistent/nvidiactl")
     else:

@@ -56,3 +56,15 @@ def test_cancel_stops_the_child(tmp_path: Path) -> None:
     assert child is not None and child.poll() is not None and prefetch._child is None
     assert prefetch.result().encode(TEXT) == Tokenizer.from_path(path).encode(TEXT)  # read here after a cancel
     assert not prefetch.from_child
+
+
+def test_a_child_past_its_time_is_stopped_and_the_tokenizer_read_here(tmp_path: Path, monkeypatch) -> None:
+    from infer.loader import tokenizer_prefetch
+
+    path = save_tiny_qwen3_chat(tmp_path / "qwen3")
+    monkeypatch.setattr(tokenizer_prefetch, "CHILD_TIMEOUT_S", 0.001)
+    prefetch = TokenizerPrefetch(path)
+    child = prefetch._child
+    got = prefetch.result()
+    assert child is not None and child.returncode != 0 and not prefetch.from_child
+    assert got.encode(TEXT) == Tokenizer.from_path(path).encode(TEXT)
