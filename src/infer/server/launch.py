@@ -34,7 +34,7 @@ from infer.wire import CoreInfo
 from infer.frontend.dp_client import client_for
 from infer.frontend.load_board import LoadBoard
 from infer.build.dp_cores import place_the_rest, start_cores
-from infer.build.placement import available_cpus
+from infer.build.placement import available_cpus, pin
 from infer.server.http_server import ABORT_GRACE_S, DrainingServer, uvicorn_config
 from infer.server.console import ended, say
 from infer.server.limits import ServerLimits, raise_open_file_limit
@@ -53,8 +53,8 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     _check_port(host, port)  # before the minutes of loading: a taken port fails at once
     say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
     threading.Thread(target=_import_app, name="infer-import-app").start()  # while the core loads: ~0.6 s of imports
-    if api_servers_for(config, api_server_count) > 1:  # their processes' parent imports while the core loads
-        _api_server_context().forkserver_ready()
+    if api_servers_for(config, api_server_count) > 1:
+        _start_fork_server()
     try:
         cores = start_cores(config)
     except CoreStartError as exc:
@@ -158,40 +158,32 @@ def stop_on_sigterm(server: uvicorn.Server) -> None:
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
 
 
-class _ApiServerContext:
-    """Where API server processes come from: a fork server (multiprocessing's "forkserver") that imported the API
-    server's modules once, started while the engine core loads, so each API server (and each restart) begins with its
-    imports done: ~1.5-2 s of a GPU host's start-up otherwise paid after the core is ready. The fork server is a fresh
-    interpreter, as "spawn" gives (this process never imports torch: nothing CUDA-bound is forked)."""
-
-    PRELOAD = ["infer.server.launch", "infer.server.app", "infer.server.state"]
-
-    def __init__(self) -> None:
-        self.ctx = multiprocessing.get_context("forkserver")
-        self.ctx.set_forkserver_preload(self.PRELOAD)
-
-    def forkserver_ready(self) -> None:
-        """Start the fork server now (it imports PRELOAD meanwhile); the first Process.start would otherwise."""
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
+API_SERVER_PRELOAD = ["infer.server.launch", "infer.server.app", "infer.server.state"]
 
 
-_CONTEXT: _ApiServerContext | None = None
+def _api_server_context() -> multiprocessing.context.BaseContext:
+    """Where API server processes come from: a fork server (multiprocessing's "forkserver") that imported their
+    modules once, so each API server (and each restart) begins with its imports done, ~1.5-2 s of a GPU host's
+    start-up otherwise paid after the core is ready. The fork server is a fresh interpreter, as "spawn" gives (this
+    process never imports torch: nothing CUDA-bound is forked)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(API_SERVER_PRELOAD)  # read when the fork server starts
+    return ctx
 
 
-def _api_server_context() -> _ApiServerContext:
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = _ApiServerContext()
-    return _CONTEXT
+def _start_fork_server() -> None:
+    """Start the API servers' fork server now, to import their modules while the engine core loads (the first
+    Process.start would start it otherwise)."""
+    from multiprocessing import forkserver
+
+    _api_server_context()
+    forkserver.ensure_running()
 
 
 def _api_server_main(infos: list[CoreInfo], name: str, host: str, port: int, log_level: str, index: int,
                      limits: ServerLimits, spawned: float, board: tuple[Any, int] | None,
                      cpus: list[int]) -> None:
-    if cpus and hasattr(os, "sched_setaffinity"):  # the launcher's CPUs now (the fork server's are from before)
-        os.sched_setaffinity(0, cpus)
+    pin(frozenset(cpus))  # the launcher's CPUs now (the fork server's are those of before the cores were placed)
     sys.exit(run_api_server(infos, name, host, port, log_level, index, reuse_port=True, limits=limits,
                             spawned=spawned, board=board))
 
@@ -201,7 +193,7 @@ def _supervise(cores: list[CoreProcess], name: str, host: str, port: int, log_le
     """Run `count` API server processes until stopped. An API server that exits while serving is started again (at
     most API_SERVER_RESTARTS times a minute each); with one engine core its exit ends the server, under data
     parallelism CoreRestarts starts it again."""
-    ctx = _api_server_context().ctx
+    ctx = _api_server_context()
     infos = [core.info for core in cores]
     cpus = available_cpus()  # after place_the_rest: the CPUs the cores left
     board = (LoadBoard.shared(count, len(cores)), count) if len(cores) > 1 else None  # routing over DP cores
