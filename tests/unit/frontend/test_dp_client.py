@@ -202,8 +202,7 @@ def test_one_engine_gone_leaves_the_others_serving_until_every_one_is_gone():
 def test_each_engine_gets_its_device_seed_and_no_dp_of_its_own(monkeypatch):
     cpu = engine_configs(EngineConfig(device="cpu", data_parallel_size=3, seed=5))
     assert [(c.device, c.seed, c.data_parallel_size) for c in cpu] == [("cpu", 5, 1), ("cpu", 6, 1), ("cpu", 7, 1)]
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
+    monkeypatch.setattr("infer.build.dp_cores.cuda_device_count", lambda: 8)  # engine/devices.py's count
     config = replace(EngineConfig(device="cpu"), device="cuda:2", data_parallel_size=3, tensor_parallel_size=2)
     assert [c.device for c in engine_configs(config)] == ["cuda:2", "cuda:4", "cuda:6"]
     with pytest.raises(EngineConfigError, match="data_parallel_size=4: needs 4 x tensor_parallel_size=2"):
