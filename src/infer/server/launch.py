@@ -52,9 +52,12 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     raise_open_file_limit()  # before any child starts: they inherit it
     _check_port(host, port)  # before the minutes of loading: a taken port fails at once
     say(f"loading {config.model or 'the bundled ' + BUNDLED_NAME} in the engine-core process ...")
-    threading.Thread(target=_import_app, name="infer-import-app").start()  # while the core loads: ~0.6 s of imports
-    if api_servers_for(config, api_server_count) > 1:
-        _start_fork_server()
+    # the HTTP side's imports (~0.6 s a process) while the core loads; the count is the launcher's guess of the one
+    # decided below from the core's config (a wrong guess costs that overlap only)
+    if api_servers_for(config, api_server_count) == 1:
+        threading.Thread(target=_import_app, name="infer-import-app").start()  # this process will serve
+    else:
+        _start_fork_server()  # the API servers will be forked from it
     try:
         cores = start_cores(config)
     except CoreStartError as exc:
