@@ -372,7 +372,8 @@ def main() -> None:
     BENCH.mkdir(exist_ok=True)
     if args.install_vllm:  # install only, as the usage above says; the measurement is a separate command
         install_vllm()
-        print(f"[cpu_vs_vllm] {VLLM_PIN} is in {VLLM_VENV.relative_to(ROOT)}; now run without --install-vllm", flush=True)
+        print(f"[cpu_vs_vllm] {VLLM_PIN} is in {VLLM_VENV.relative_to(ROOT)}; measure without --install-vllm",
+              flush=True)
         return
     systems = [s for s in args.systems.split(",") if s]
     if "vllm" in systems and not (VLLM_VENV / "bin/vllm").exists():
@@ -389,8 +390,7 @@ def main() -> None:
     texts = [prompts(tok_dir, per_round, k * per_round) for k in range(args.rounds + 1)]
     report: dict[str, Any] = {
         "benchmark": "cpu_vs_vllm", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "command": " ".join([".venv/bin/python", "benchmarks/cpu_vs_vllm.py",
-                             *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python", "benchmarks/cpu_vs_vllm.py", *sys.argv[1:]]),
         "commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                                  cwd=ROOT).stdout.strip(),
         "hardware": hardware_info(), "vllm_env": vllm_env if "vllm" in systems else None,
