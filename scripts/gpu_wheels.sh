@@ -9,10 +9,9 @@ WHL_DIR="${WHL_DIR:-.whl}"
 PACKAGES=(fastapi starlette uvicorn uvloop httptools pydantic pydantic_core annotated-types annotated-doc
   typing-inspection typing_extensions opentelemetry-api anyio sniffio h11 httpx httpcore llguidance pyzmq msgspec
   gguf hypothesis sortedcontainers openai httpx2 httpcore2 truststore jiter click peft)
-pins=()
-for package in "${PACKAGES[@]}"; do
-  pins+=("$package==$(.venv/bin/python -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$package")")
-done
+mapfile -t pins < <(.venv/bin/python -c \
+  'import importlib.metadata as m, sys; print("\n".join(f"{p}=={m.version(p)}" for p in sys.argv[1:]))' "${PACKAGES[@]}")
+(( ${#pins[@]} == ${#PACKAGES[@]} )) || { echo "[gpu_wheels] .venv lacks a package above: run make setup" >&2; exit 1; }
 mkdir -p "$WHL_DIR"
 .venv/bin/pip download -q --disable-pip-version-check -d "$WHL_DIR" --no-deps --only-binary=:all: \
   --python-version 3.12 --implementation cp --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
