@@ -1,7 +1,8 @@
 """The one-kernel all-reduce + residual add + RMSNorm over symmetric memory (a group of one on one GPU, of two, and
 of every GPU where there are more): against a float64 reference of the sum, the add and the norm, the same bits on
 every rank, eagerly and replayed in a CUDA graph with fresh inputs, calls of different row counts interleaved (each
-row keeps its own phase); the group's setup on the first call makes no host sync (a step may be the first caller)."""
+row keeps its own phase), a partial holding the buffers' empty mark (every bit set); the group's setup on the first
+call makes no host sync (a step may be the first caller)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,21 @@ def _rank(rank: int, world: int, port: int, queue: multiprocessing.Queue) -> Non
             torch.cuda.set_sync_debug_mode("default")
             _check(x, residual, weight, out, group, world, offset, eps)
         assert reduce_norm._symmetric_rows(group, x.device) is not None, "symmetric memory was not set up"
+        # an element whose bits are the empty mark (a NaN) is sent as another NaN: it arrives, nothing waits forever
+        x = torch.randn((2, 4096), generator=gen, device="cuda").to(torch.bfloat16)
+        x.view(torch.int16)[1, 7] = -1
+        residual = torch.randn((2, 4096), generator=shared, device="cuda").to(torch.bfloat16)
+        weight = torch.rand(4096, generator=shared, device="cuda").to(torch.bfloat16)
+        normed, summed = reduce_norm.all_reduce_add_rms_norm(x, residual, weight, eps=eps, weight_offset=offset,
+                                                             group=group)
+        assert bool(summed[1, 7].isnan()) and bool(normed[1].isnan().all())
+        assert bool(summed[0].isfinite().all()) and bool(summed[1, 8:].isfinite().all())
+        for rows, hidden, dtype in CASES:  # every row's next calls as before
+            x = torch.randn((rows, hidden), generator=gen, device="cuda").to(dtype)
+            residual = torch.randn((rows, hidden), generator=shared, device="cuda").to(dtype)
+            weight = torch.rand(hidden, generator=shared, device="cuda").to(dtype)
+            out = reduce_norm.all_reduce_add_rms_norm(x, residual, weight, eps=eps, weight_offset=offset, group=group)
+            _check(x, residual, weight, out, group, world, offset, eps)
         # a graph of three calls (8 rows, 1 row, 8 rows), replayed with fresh inputs
         hidden, dtype = 4096, torch.bfloat16
         xs = [torch.zeros((r, hidden), dtype=dtype, device="cuda") for r in (8, 1, 8)]

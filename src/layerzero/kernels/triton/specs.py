@@ -122,7 +122,7 @@ def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
 
 REDUCE_NORM_PRIORITY = 75  # the two-op form, below the one-kernel form wherever that takes the rows
 REDUCE_NORM_MAX_BLOCK = 16384  # the widest row one program holds in registers
-REDUCE_NORM_MAX_ROWS = 64  # rows (programs) a call takes: each has a flag per rank in the signal pads
+REDUCE_NORM_MAX_ROWS = 64  # rows (programs) a call takes: each has its own call counter
 REDUCE_NORM_SLOT_BYTES = 256 * 1024  # one rank's rows in one phase: 32 rows of a 4096-wide bf16 stream
 
 
