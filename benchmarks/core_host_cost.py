@@ -57,6 +57,7 @@ class NullRunner:
     when the step asks for them): the step costs the device nothing."""
 
     vocab_size = VOCAB
+    launches_ahead = True  # as the GPUs' runner: the core's overlapped step path
 
     def __init__(self, layout: ProbeLayout | None = None) -> None:
         self.layout = layout

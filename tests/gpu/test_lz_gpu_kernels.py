@@ -384,20 +384,24 @@ def test_rope_store_kv(dtype, heads, kv_heads, head_dim, qk_norm):
 
 
 @pytest.mark.parametrize("rows", [1, 8])
-@pytest.mark.parametrize("n,k", [(16384, 2048), (4096, 14336)])  # Llama-3.2-1B gate+up, Llama-3.1-8B down
-def test_skinny_linear_gemv(rows, n, k):
-    """Decode's projections through the Triton GEMV: close to cuBLAS's result, chosen by layerzero at these shapes,
-    replayed in a graph with new inputs."""
+@pytest.mark.parametrize("kernel,n,k", [
+    ("linear", 16384, 2048), ("linear", 4096, 14336),  # Llama-3.2-1B gate+up, Llama-3.1-8B down
+    ("linear_splitk", 2048, 4096), ("linear_splitk", 2048, 8192),  # Qwen3-30B-A3B's O, Llama-3.2-1B's down
+])
+def test_skinny_linear(rows, kernel, n, k):
+    """Decode's projections through the Triton GEMV or its split-K form: close to cuBLAS's result, chosen by
+    layerzero at these shapes, replayed in a graph with new inputs (split-K's partials from the graph's pool)."""
     import layerzero as lz
     from layerzero.kernels.triton import gemv
 
+    fn = gemv.linear_gemv if kernel == "linear" else gemv.linear_splitk
     g = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
-    assert lz.which("linear", x, w)["kernel_id"] == "triton.linear"
+    assert lz.which("linear", x, w)["kernel_id"] == f"triton.{kernel}"
     with _NoSync():
-        y = gemv.linear_gemv(x, w, bias)
+        y = fn(x, w, bias)
     want = (x.float() @ w.float().T + bias.float()).to(torch.bfloat16)
     torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
 
@@ -408,4 +412,4 @@ def test_skinny_linear_gemv(rows, n, k):
         torch.testing.assert_close(out, (x.float() @ w.float().T + bias.float()).to(torch.bfloat16), rtol=2e-2,
                                    atol=2e-2)
 
-    _graph_replay(lambda: gemv.linear_gemv(x, w, bias), refresh, check)
+    _graph_replay(lambda: fn(x, w, bias), refresh, check)

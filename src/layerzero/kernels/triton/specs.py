@@ -120,6 +120,36 @@ def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+# Long rows with too few outputs for the GEMV's column blocks to cover the SMs, under 64 MiB (Qwen3-30B-A3B's O
+# projection, 2048 outputs of 4096 columns): K split in SPLITK_SLICES slices of whole SPLITK_BLOCK_K steps
+# (gemv.linear_splitk) beat cuBLAS's split-K by 1.3 µs a layer in a chain of layers on an H200
+# (benchmarks/reports/splitk_chain_h200.md); on the Llama-3.1-8B TP=2 O shard (K 2048) it only tied.
+SPLITK_SLICES = 8
+SPLITK_BLOCK_K = 128
+
+
+def _splitk_shape(ctx: SelectionContext) -> list[Reason]:
+    """The split-K linear runs where it measured faster than cuBLAS: few rows, long rows, few outputs, a weight of
+    16 to 64 MiB whose K divides into its slices."""
+    reasons = []
+    if ctx.tokens > GEMV_MAX_ROWS:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the split-K GEMV takes at most "
+                                                   f"{GEMV_MAX_ROWS} (more rows are a GEMM's)"))
+    out = ctx.param("out_features") or 0
+    nbytes = out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    if not (ctx.hidden >= GEMV_LONG_ROW and out < GEMV_MIN_OUT_FEATURES
+            and GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES):
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight of {out} x {ctx.hidden}: the "
+                                                   f"split-K GEMV measured faster than cuBLAS only on rows of "
+                                                   f"{GEMV_LONG_ROW}+ with under {GEMV_MIN_OUT_FEATURES} outputs, "
+                                                   f"{GEMV_LONG_ROWS_MIN_BYTES // 2**20} to "
+                                                   f"{GEMV_MIN_WEIGHT_BYTES // 2**20} MiB"))
+    elif ctx.hidden % (SPLITK_SLICES * SPLITK_BLOCK_K):
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"K = {ctx.hidden} is not a multiple of {SPLITK_SLICES} slices "
+                                                   f"of {SPLITK_BLOCK_K}"))
+    return reasons
+
+
 REDUCE_NORM_PRIORITY = 75  # the two-op form, below the one-kernel form wherever that takes the rows
 REDUCE_NORM_MAX_BLOCK = 16384  # the widest row one program holds in registers
 REDUCE_NORM_MAX_ROWS = 64  # rows (programs) a call takes: each has its own call counter
@@ -273,6 +303,8 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, check=_gelu_mode, **common),
         KernelSpec("triton.linear", "linear", impl=_lazy("gemv", "linear_gemv"), priority=PRIORITY,
                    check=_gemv_shape, **common),
+        KernelSpec("triton.linear_splitk", "linear", impl=_lazy("gemv", "linear_splitk"), priority=PRIORITY,
+                   check=_splitk_shape, **common),
         KernelSpec("triton.linear_w8", "linear_w8", impl=_lazy("linear_w8", "linear_w8"), priority=PRIORITY,
                    quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_w8_blocks, **common),
         KernelSpec("triton.linear_int4", "linear_int4", impl=_lazy("linear_int4", "linear_int4"), priority=PRIORITY,

@@ -20,7 +20,7 @@ OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul",
 # an op's second kernel, for a regime the first serves badly
 SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.moe_gate_decode": "moe_gate", "triton.fused_moe_w8_decode": "fused_moe_w8",
                   "triton.lora_shrink_rows": "lora_shrink", "triton.lora_expand_rows": "lora_expand",
-                  "triton.reduce_then_add_rms_norm": "all_reduce_add_rms_norm"}
+                  "triton.reduce_then_add_rms_norm": "all_reduce_add_rms_norm", "triton.linear_splitk": "linear"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):
