@@ -49,8 +49,8 @@ def _reduce_add_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, bufs_ptr, cal
     phase = calls & 1
     dtype = x_ptr.dtype.element_ty
     x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=0.0)
-    bits = x.to(BITS, bitcast=True)
-    x = tl.where(bits == -1, bits - 1, bits).to(BITS).to(dtype, bitcast=True)  # all bits set is the empty mark: another NaN
+    bits = x.to(BITS, bitcast=True)  # every bit set is the empty mark: such a NaN goes as another NaN
+    x = tl.where(bits == -1, bits - 1, bits).to(BITS).to(dtype, bitcast=True)
     mine = ((phase * WORLD + RANK) * row_cap + row).to(tl.int64) * n_cols
     for peer in tl.static_range(WORLD):
         if peer != RANK:
