@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Batch-1 decode of the Qwen3-30B-A3B shape (random bf16 weights, CUDA graphs) on two trees in one call, alternated:
+# Decode of the Qwen3-30B-A3B shape (random bf16 weights, CUDA graphs; MOE_AB_BATCHES, default 1) on two trees in one
+# call, alternated:
 # the tree as it is and an earlier one unpacked under $BEFORE_SRC (`git archive REV src | tar -x -C .ab_before`,
 # carried). MOE_AB_TESTS: pytest node ids run first (strict sync is the GPU tests' default); MOE_AB_ROUNDS rounds of
 # (before, after); MOE_AB_ENV: extra environment for a row "env" (the after tree with it); MOE_AB_PATCH: Python run
