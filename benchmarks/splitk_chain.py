@@ -33,7 +33,7 @@ from device_rates import copy_bandwidth, graph_us
 from report_files import write_report
 
 from layerzero.kernels.triton import gemv
-from layerzero.kernels.triton.launch import Launcher, await_inputs
+from layerzero.kernels.triton.launch import Launcher, await_inputs, dot_precision
 from layerzero.kernels.triton.norm import fused_add_rms_norm
 
 SHAPES = {  # hidden, query width, QKV width (a rank's), O input width (a rank's)
@@ -49,27 +49,19 @@ EARLY_MAX_BYTES = 64 * 1024
 
 
 @triton.jit
-def _splitk_kernel(x_ptr, w_ptr, p_ptr, N, K, w_sn, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+def _early_splitk_kernel(x_ptr, w_ptr, p_ptr, N, K, w_sn, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    """layerzero's split-K kernel (gemv._splitk_kernel) for one row, but its whole weight slice loaded before the
+    PDL wait."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     s = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     c_mask = cols < N
-    if EARLY:
-        k = s * SPLIT + tl.arange(0, SPLIT)
-        w = tl.load(w_ptr + cols[None, :].to(tl.int64) * w_sn + k[:, None], mask=c_mask[None, :], other=0.0)
-        await_inputs(PDL)
-        x = tl.load(x_ptr + rows[:, None] * 0 + k[None, :], mask=(rows[:, None] < 1) & (k[None, :] < K), other=0.0)
-        acc = tl.dot(x, w)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        await_inputs(PDL)
-        for k0 in range(s * SPLIT, s * SPLIT + SPLIT, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + rows[:, None] * 0 + k[None, :], mask=(rows[:, None] < 1) & (k[None, :] < K),
-                        other=0.0)
-            w = tl.load(w_ptr + cols[None, :].to(tl.int64) * w_sn + k[:, None], mask=c_mask[None, :], other=0.0)
-            acc = tl.dot(x, w, acc)
+    k = s * SPLIT + tl.arange(0, SPLIT)
+    w = tl.load(w_ptr + cols[None, :].to(tl.int64) * w_sn + k[:, None], mask=c_mask[None, :], other=0.0)
+    await_inputs(PDL)
+    x = tl.load(x_ptr + rows[:, None] * 0 + k[None, :], mask=(rows[:, None] < 1) & (k[None, :] < K), other=0.0)
+    acc = tl.dot(x, w)
     tl.store(p_ptr + s * N + rows[:, None] * 0 + cols[None, :], acc, mask=(rows[:, None] < 1) & c_mask[None, :])
 
 
@@ -91,7 +83,7 @@ def _partials_add_norm_kernel(p_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, N, eps, S: 
     tl.store(out_ptr + cols, (t * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_SPLITK = Launcher(_splitk_kernel)
+_EARLY_SPLITK = Launcher(_early_splitk_kernel)
 _PARTIALS_ADD_NORM = Launcher(_partials_add_norm_kernel)
 
 
@@ -99,8 +91,14 @@ def splitk_partials(x: torch.Tensor, w: torch.Tensor, parts: torch.Tensor, confi
     """parts [S, N] float32 = the S slices of K of x [1, K] @ w [N, K]^T."""
     splits, block_n, block_k, warps, early = config
     n, k = w.shape
-    _SPLITK((triton.cdiv(n, block_n), splits), x, w, parts, n, k, w.stride(0), SPLIT=k // splits, BLOCK_M=16,
-            BLOCK_N=block_n, BLOCK_K=block_k, EARLY=early, num_warps=warps, num_stages=3)
+    grid = (triton.cdiv(n, block_n), splits)
+    if early:
+        _EARLY_SPLITK(grid, x, w, parts, n, k, w.stride(0), SPLIT=k // splits, BLOCK_M=16, BLOCK_N=block_n,
+                      num_warps=warps, num_stages=3)
+    else:  # the shipped kernel at this tiling
+        gemv._SPLITK(grid, x, w, parts, 1, n, k, x.stride(0), w.stride(0), SLICE=k // splits, BLOCK_M=gemv.ROWS,
+                     BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(x.dtype), num_warps=warps,
+                     num_stages=3)
 
 
 def partials_add_norm(parts: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,

@@ -102,15 +102,21 @@ GEMV_LONG_ROW = 4096
 GEMV_MIN_OUT_FEATURES = 3072
 
 
+def _skinny(ctx: SelectionContext, kernel: str) -> tuple[list[Reason], int, int]:
+    """What both skinny-linear rules start from: the reason against too many rows (if any), the weight's outputs and
+    its bytes."""
+    reasons = []
+    if ctx.tokens > GEMV_MAX_ROWS:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the {kernel} takes at most {GEMV_MAX_ROWS} "
+                                                   "(more rows are a GEMM's)"))
+    out = ctx.param("out_features") or 0
+    return reasons, out, out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+
+
 def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
     """The skinny-linear kernel runs where it measured faster than cuBLAS: few rows, and a weight of 64 MiB or
     more, or of 16 MiB or more with long rows and enough outputs to spread its programs over the SMs."""
-    reasons = []
-    if ctx.tokens > GEMV_MAX_ROWS:
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the GEMV takes at most {GEMV_MAX_ROWS} "
-                                                   "(more rows are a GEMM's)"))
-    out = ctx.param("out_features") or 0
-    nbytes = out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    reasons, out, nbytes = _skinny(ctx, "GEMV")
     long_rows = ctx.hidden >= GEMV_LONG_ROW and out >= GEMV_MIN_OUT_FEATURES
     if nbytes < (GEMV_LONG_ROWS_MIN_BYTES if long_rows else GEMV_MIN_WEIGHT_BYTES):
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight of {out} x {ctx.hidden}: "
@@ -131,12 +137,7 @@ SPLITK_BLOCK_K = 128
 def _splitk_shape(ctx: SelectionContext) -> list[Reason]:
     """The split-K linear runs where it measured faster than cuBLAS: few rows, long rows, few outputs, a weight of
     16 to 64 MiB whose K divides into its slices."""
-    reasons = []
-    if ctx.tokens > GEMV_MAX_ROWS:
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the split-K GEMV takes at most "
-                                                   f"{GEMV_MAX_ROWS} (more rows are a GEMM's)"))
-    out = ctx.param("out_features") or 0
-    nbytes = out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    reasons, out, nbytes = _skinny(ctx, "split-K GEMV")
     if not (ctx.hidden >= GEMV_LONG_ROW and out < GEMV_MIN_OUT_FEATURES
             and GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES):
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight of {out} x {ctx.hidden}: the "
