@@ -383,10 +383,15 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
                       int64_t n, const float *scales, const float *zeros8, int64_t group, const float *bias,
                       float *out, int64_t j0, int64_t j1) {
     int64_t groups = k / group;
-    /* Tiles of x outermost while the block's weights stay in L1 across them (the quantized rows); a block of dense
-     * rows (float32, bf16) too wide for that would be read from L2 once per tile, so there each pair of weight rows,
-     * read from memory once, meets every tile of x instead (x stays in L2). Measured for the dense rows only. */
-    int pair_outer = (tiles == f32_tiles || tiles == bf16_tiles) && (j1 - j0) * row_bytes > 16384;
+    /* Tiles of x outermost, the block's weights kept in cache across them. The quantized rows stay in L1. A block of
+     * dense rows (float32, bf16) too wide for L1 is read from L2 by every tile after the first, while that tile's x
+     * (4 rows) stays in L1: half the L2 traffic of the other order, x read from L2 by every pair of weight rows. So
+     * the first tile need not wait on memory, each tile fetches its share of the next block's rows into L2 as it
+     * goes (SmolLM2-135M's projections and head at 8-16 rows of x: 1.08-1.19x; docs/quantization.md). With a single
+     * tile of x each pair of weight rows is read once anyway, and the next pair is fetched while it computes. */
+    int dense = tiles == f32_tiles || tiles == bf16_tiles;
+    int pair_outer = dense && m <= TILE && (j1 - j0) * row_bytes > 16384;
+    int64_t ntiles = (m + TILE - 1) / TILE, share = (row_bytes + ntiles - 1) / ntiles;
     for (int64_t outer = 0; outer < (pair_outer ? j1 - j0 : m); outer += pair_outer ? 2 : TILE)
         for (int64_t inner = 0; inner < (pair_outer ? m : j1 - j0); inner += pair_outer ? TILE : 2) {
             int64_t r0 = pair_outer ? inner : outer, j = j0 + (pair_outer ? outer : inner);
@@ -395,6 +400,13 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
             if (pair_outer && inner == 0 && j + 2 < j1)  /* the next pair streams in while this one meets every tile */
                 for (int64_t byte = 0; byte < 2 * row_bytes && j + 2 + byte / row_bytes < j1; byte += 64)
                     __builtin_prefetch(q + (j + 2) * row_bytes + byte, 0, 2);
+            if (dense && ntiles > 1 && j + BLOCK < n) {  /* this tile's share of the next block's two rows */
+                int64_t lo = r0 / TILE * share, hi = lo + share < row_bytes ? lo + share : row_bytes;
+                for (int64_t byte = lo; byte < hi; byte += 64) {
+                    __builtin_prefetch(q + (j + BLOCK) * row_bytes + byte, 0, 2);
+                    if (j2 + BLOCK < n) __builtin_prefetch(q + (j2 + BLOCK) * row_bytes + byte, 0, 2);
+                }
+            }
             Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups};
             Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups};
             float sums[2][TILE];
