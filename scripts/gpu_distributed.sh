@@ -14,7 +14,7 @@
 #              (DP_CONFIGS picks)
 #   dpserve    `infer serve -dp 2` against the offline engine (DPSERVE_LEVELS, DPSERVE_API, DPSERVE_CLIENTS,
 #              DPSERVE_REPEATS, DPSERVE_R: requests each stream sends in turn; DPSERVE_DP=1 serves one core,
-#              the baseline)
+#              the baseline; DPSERVE_ARGS: more `infer serve` flags, e.g. "--no-prefix-caching")
 #   tpserve    `infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -64,7 +64,8 @@ if want dpserve; then  # DPSERVE_API: API server counts to run in turn (default:
     count=(); [[ $api != default ]] && count=(--api-server-count "$api")
     OUT_DIR="$out" timeout "${DPSERVE_S:-330}" python3 benchmarks/serve_vs_offline.py --levels "${DPSERVE_LEVELS:-256,1024}" \
       --repeats "${DPSERVE_REPEATS:-1}" --data-parallel-size "${DPSERVE_DP:-2}" --client-processes "${DPSERVE_CLIENTS:-8}" \
-      --requests-per-stream "${DPSERVE_R:-1}" "${count[@]}" 2>&1 | grep -v Loading | tail -40
+      --requests-per-stream "${DPSERVE_R:-1}" "${count[@]}" ${DPSERVE_ARGS:+--serve-arg="$DPSERVE_ARGS"} 2>&1 \
+      | grep -v Loading | tail -40
   done
 fi
 if want tpserve; then
