@@ -390,14 +390,13 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
      * goes (SmolLM2-135M's projections and head at 8-16 rows of x: 1.08-1.19x; docs/quantization.md). With a single
      * tile of x each pair of weight rows is read once anyway, and the next pair is fetched while it computes. */
     int dense = tiles == f32_tiles || tiles == bf16_tiles;
-    int pair_outer = dense && m <= TILE && (j1 - j0) * row_bytes > 16384;
-    int64_t ntiles = (m + TILE - 1) / TILE, share = (row_bytes + ntiles - 1) / ntiles;
-    for (int64_t outer = 0; outer < (pair_outer ? j1 - j0 : m); outer += pair_outer ? 2 : TILE)
-        for (int64_t inner = 0; inner < (pair_outer ? m : j1 - j0); inner += pair_outer ? TILE : 2) {
-            int64_t r0 = pair_outer ? inner : outer, j = j0 + (pair_outer ? outer : inner);
+    int64_t ntiles = (m + TILE - 1) / TILE, share = ntiles > 1 ? (row_bytes + ntiles - 1) / ntiles : row_bytes;
+    int next_pair = dense && ntiles == 1 && (j1 - j0) * row_bytes > 16384;
+    for (int64_t r0 = 0; r0 < m; r0 += TILE)
+        for (int64_t j = j0; j < j1; j += 2) {
             int R = m - r0 < TILE ? (int)(m - r0) : TILE;
             int64_t j2 = j + 1 < j1 ? j + 1 : j;  /* a last odd row pairs with itself */
-            if (pair_outer && inner == 0 && j + 2 < j1)  /* the next pair streams in while this one meets every tile */
+            if (next_pair && j + 2 < j1)  /* the next pair streams in while this one computes */
                 for (int64_t byte = 0; byte < 2 * row_bytes && j + 2 + byte / row_bytes < j1; byte += 64)
                     __builtin_prefetch(q + (j + 2) * row_bytes + byte, 0, 2);
             if (dense && ntiles > 1 && j + BLOCK < n) {  /* this tile's share of the next block's two rows */
