@@ -37,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/reports/moe_decode_tiles"))
     parser.add_argument("--fp8", action="store_true", help="the experts as float8 e4m3 in 128 x 128 blocks")
+    parser.add_argument("--kernels", default="gate_up,down", help="which of the two kernels to sweep")
     args = parser.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -58,6 +59,8 @@ def main() -> None:
         h = torch.empty(batch * TOP_K, INNER, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
         for kernel, nbytes in (("gate_up", 2 * INNER * HIDDEN * weight_bytes), ("down", HIDDEN * INNER * weight_bytes)):
+            if kernel not in args.kernels.split(","):
+                continue
             floor = routed * nbytes / bw * 1e6
             candidates, in_use = tiles[kernel]
             for tile in candidates:
@@ -80,6 +83,8 @@ def main() -> None:
              "|---:|---|---|---:|---:|---|---:|---:|"]
     for batch, kernel in itertools.product((1, 4), ("gate_up", "down")):
         mine = [r for r in rows if r["batch"] == batch and r["kernel"] == kernel]
+        if not mine:
+            continue
         best = min(mine, key=lambda r: r["us"])
         chosen = next(r for r in mine if r["chosen"])
         lines.append(f"| {batch} | {kernel} | {best['tile']} | {best['us']:.1f} | {best['fraction']:.2f} | "

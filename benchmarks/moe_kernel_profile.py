@@ -2,6 +2,8 @@
 graph, so each kernel is its own record) under torch.profiler, kernel times summed by name over `--steps` steps and
 given per step, beside the step's memory bound (benchmarks/moe_decode.py's: the active weights and the KV over the
 copy bandwidth). Eager launches leave gaps between kernels; the kernels' own times are what a graph replays.
+`--graph` profiles the replayed CUDA graph instead and charges each kernel the time by which it moves the step's end
+(its end minus the latest end before it, so what PDL overlaps costs nothing): the step's critical path, by kernel.
 
     python benchmarks/moe_kernel_profile.py --out benchmarks/reports/moe_kernel_profile_h200
 """
@@ -9,6 +11,7 @@ copy bandwidth). Eager launches leave gaps between kernels; the kernels' own tim
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -24,19 +27,49 @@ from infer import LLM
 from report_files import write_report
 
 
+def kernel_spans(prof: profile) -> tuple[list[tuple[str, float, float]], dict[float, tuple[str, float]]]:
+    """(name, start µs, end µs) of every device kernel and copy the profile recorded, by start; and, by start, the
+    host call that launched it (name, host time µs) where the profile recorded host activity."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.loads(Path(f.name).read_text())
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    host = {e["args"]["correlation"]: (e["name"], float(e["ts"])) for e in events
+            if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy")]
+    spans = sorted((e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in device)
+    launched = {float(e["ts"]): host[e["args"]["correlation"]] for e in device
+                if e.get("args", {}).get("correlation") in host}
+    return sorted(spans, key=lambda s: s[1]), launched
+
+
+def critical_path(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:
+    """(name, duration, gap after the latest end before it, charge): a kernel's charge is how far it moves the
+    latest end, so time PDL overlaps with the kernel before it costs nothing and a launch gap counts as the kernel's."""
+    out, latest = [], None
+    for name, start, end in spans:
+        gap = 0.0 if latest is None else start - latest
+        charge = end - start if latest is None else max(0.0, end - latest)
+        out.append((name, end - start, gap, charge))
+        latest = end if latest is None else max(latest, end)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shape", default="qwen3-30b-a3b")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--graph", action="store_true", help="profile the replayed CUDA graph (critical path by kernel)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     cfg = ms.model_config(args.shape)
+    args.cfg_layers = cfg.num_hidden_layers
     bw = copy_bandwidth()
     bound_s = ms.active_weight_bytes(cfg, ms.expected_experts(cfg, 1), 2) / bw
     with tempfile.TemporaryDirectory() as root:
         llm = LLM(str(ms.write_model_dir(args.shape, Path(root))), load_format="dummy", dtype="bfloat16",
-                  max_batch_size=4, kv_cache_memory_gb=4.0, max_seq_len=512, use_cuda_graphs=False,
+                  max_batch_size=4, kv_cache_memory_gb=4.0, max_seq_len=512, use_cuda_graphs=args.graph,
                   use_prefix_caching=False)
         ids = prompt_ids(llm.runner.vocab_size, 128, seed=1)
         decode_once(llm, ids, 8)  # warm-up: compiles, selections
@@ -44,12 +77,16 @@ def main() -> None:
         for _ in range(4):  # the prefill and a few decode steps before the profile
             step(llm)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.graph else [])
+        with profile(activities=activities) as prof:
             for _ in range(args.steps):
                 step(llm)
             torch.cuda.synchronize()
         while llm.engine.has_unfinished():
             step(llm)
+    if args.graph:
+        graph_report(args, *kernel_spans(prof), bw, bound_s)
+        return
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for event in prof.events():
@@ -68,6 +105,51 @@ def main() -> None:
              f"a step against a memory bound of {1e3 * bound_s:.2f} ms ({bound_s / device_s:.2f} of it).", "",
              "| kernel | ms / step | calls / step | share |", "|---|---:|---:|---:|"]
     lines += [f"| `{n[:90]}` | {1e3 * s:.3f} | {counts[n] / args.steps:.0f} | {s / device_s:.2f} |" for n, s in rows]
+    write_report(args.out, data, "\n".join(lines))
+    print("\n".join(lines))
+
+
+def graph_report(args: argparse.Namespace, spans: list[tuple[str, float, float]],
+                 launched: dict[float, tuple[str, float]], bw: float, bound_s: float) -> None:
+    """Charges by kernel name per step, one layer's kernels in order (the middle of the middle step) and the step
+    boundary (from the LM head's GEMV of the middle step on), with when the host launched each of its kernels."""
+    path = critical_path(spans)
+    charge: dict[str, float] = defaultdict(float)
+    own: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for name, dur, _, c in path:
+        charge[name] += c / args.steps
+        own[name] += dur / args.steps
+        counts[name] += 1
+    step_us = sum(charge.values())
+    per_step = len(path) // args.steps
+    layer = max(1, (per_step - 8) // args.cfg_layers)
+    middle = args.steps // 2 * per_step + per_step // 2
+    rows = sorted(charge.items(), key=lambda kv: -kv[1])[: args.top]
+    data = {"shape": args.shape, "steps": args.steps, "copy_bandwidth": bw, "bound_ms": 1e3 * bound_s,
+            "charged_ms_per_step": step_us / 1e3, "kernels_per_step": per_step,
+            "kernels": [{"name": n, "charged_us_per_step": c, "own_us_per_step": own[n],
+                         "calls_per_step": counts[n] / args.steps} for n, c in rows],
+            "layer": [{"name": n, "us": d, "gap_us": g, "charged_us": c} for n, d, g, c in
+                      path[middle: middle + layer]]}
+    lines = [f"# {args.shape}: a batch-1 decode step's critical path by kernel (CUDA graph, torch.profiler)", "",
+             f"`python benchmarks/moe_kernel_profile.py --graph`; {args.steps} steps; {per_step} kernels a step, "
+             f"charged {step_us / 1e3:.3f} ms a step against a memory bound of {1e3 * bound_s:.3f} ms "
+             f"({1e3 * bound_s / (step_us / 1e3):.2f} of it). A kernel's charge: how far it moves the step's end.", "",
+             "| kernel | charged µs / step | own µs / step | calls / step |", "|---|---:|---:|---:|"]
+    lines += [f"| `{n[:80]}` | {c:.1f} | {own[n]:.1f} | {counts[n] / args.steps:.0f} |" for n, c in rows]
+    lines += ["", "One layer in order (µs):", "", "| kernel | own | gap | charged |", "|---|---:|---:|---:|"]
+    lines += [f"| `{n[:80]}` | {d:.2f} | {g:.2f} | {c:.2f} |" for n, d, g, c in path[middle: middle + layer]]
+    head = next((i for i in range(middle, len(path)) if "gemv" in path[i][0]), None)
+    if head is not None:
+        lines += ["", "The step boundary (µs; launched: the host's launch call, from the LM head's end):", "",
+                  "| kernel | own | gap | charged | launched by | launched at |", "|---|---:|---:|---:|---|---:|"]
+        head_end = spans[head][2]
+        for i in range(head, min(head + 12, len(path))):
+            n, d, g, c = path[i]
+            call, at = launched.get(spans[i][1], ("", float("nan")))
+            lines.append(f"| `{n[:60]}` | {d:.2f} | {g:.2f} | {c:.2f} | {call} | {at - head_end:.1f} |")
+        data["boundary"] = lines[-(min(head + 12, len(path)) - head):]
     write_report(args.out, data, "\n".join(lines))
     print("\n".join(lines))
 

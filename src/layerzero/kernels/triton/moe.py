@@ -149,7 +149,8 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, pairs_ptr, block_expert_ptr, weig
 def _decode_gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, ids_ptr, inner, hidden, S_ROWS, S_COLS, K: tl.constexpr,
                            ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALED: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
-    """h[pair] = act(x[token] @ gate_e.T) * (x[token] @ up_e.T) over BLOCK_N intermediate columns of one pair."""
+    """h[pair] = act(x[token] @ gate_e.T) * (x[token] @ up_e.T) over BLOCK_N intermediate columns of one pair. Each
+    next tile's weights are loaded before the current one's products are summed, so two tiles are in flight."""
     await_inputs(PDL)
     pair = tl.program_id(0).to(tl.int64)
     token = pair // K
@@ -158,23 +159,28 @@ def _decode_gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, ids_ptr, inner, hidden, S
     col_ok = cols < inner
     gate_rows = w_ptr + expert * 2 * inner * hidden + cols[:, None].to(tl.int64) * hidden
     up_rows = gate_rows + inner * hidden
+    ks = tl.arange(0, BLOCK_K)
+    m = col_ok[:, None] & (ks < hidden)[None, :]
+    wg = tl.load(gate_rows + ks[None, :], mask=m, other=0.0)
+    wu = tl.load(up_rows + ks[None, :], mask=m, other=0.0)
     gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < hidden
-        xk = tl.load(x_ptr + token * hidden + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        m = col_ok[:, None] & k_ok[None, :]
-        wg = tl.load(gate_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
-        wu = tl.load(up_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
+        xk = tl.load(x_ptr + token * hidden + ks, mask=ks < hidden, other=0.0).to(tl.float32)[None, :]
+        following = ks + BLOCK_K
+        m = col_ok[:, None] & (following < hidden)[None, :]
+        wg_next = tl.load(gate_rows + following[None, :], mask=m, other=0.0)
+        wu_next = tl.load(up_rows + following[None, :], mask=m, other=0.0)
         if SCALED:
             sg = _tile_scales(s_ptr, expert, cols, col_ok, k0, S_ROWS, S_COLS, BN, BK, BLOCK_N, BLOCK_K)
             su = _tile_scales(s_ptr, expert, inner + cols, col_ok, k0, S_ROWS, S_COLS, BN, BK, BLOCK_N, BLOCK_K)
-            gate += wg * (sg * xk)
-            up += wu * (su * xk)
+            gate += wg.to(tl.float32) * (sg * xk)
+            up += wu.to(tl.float32) * (su * xk)
         else:
-            gate += wg * xk
-            up += wu * xk
+            gate += wg.to(tl.float32) * xk
+            up += wu.to(tl.float32) * xk
+        wg, wu = wg_next, wu_next
     h = _act(tl.sum(gate, 1), ACT) * tl.sum(up, 1)
     tl.store(h_ptr + pair * inner + cols, h.to(h_ptr.dtype.element_ty), mask=col_ok)
 
@@ -224,7 +230,7 @@ _DOWN = Launcher(_down_kernel)
 _DECODE_GATE_UP = Launcher(_decode_gate_up_kernel)
 _DECODE_DOWN = Launcher(_decode_down_kernel)
 # (BLOCK_N, BLOCK_K, warps) of the decode path's two kernels (benchmarks/moe_decode_tiles.py measures the choices)
-DECODE_GATE_UP_TILE = (8, 128, 8)
+DECODE_GATE_UP_TILE = (8, 256, 4)
 DECODE_DOWN_TILE = (8, 256, 4)
 # the same for 8-bit experts (`--fp8` of the benchmark: 256-column tiles keep as many bytes in flight as bf16's)
 DECODE_GATE_UP_TILE_W8 = (16, 256, 4)

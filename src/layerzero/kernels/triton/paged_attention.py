@@ -40,6 +40,20 @@ _MANY_PROGRAMS_PER_SM = 12  # 256 sequences x 8 KV heads on 132 SMs: 15.5
 _SOME_PROGRAMS_PER_SM = 6  # 128 x 8: 7.8; 64 x 8 (3.9) keeps the larger tile
 
 
+@triton.jit
+def _online_softmax_step(q, k, v, p_mask, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
+    """One tile of keys and values [BLOCK_N, BLOCK_D] (rows outside p_mask ignored) folded into the running max,
+    sum and unnormalized output of the query rows q [BLOCK_G, BLOCK_D], base 2."""
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+    s = tl.where(p_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
 # the block-table row length and the split count follow the batch: one binary for all of them (a new
 # specialization would compile in the middle of serving). The tile (`_tile`) follows the batch too, in three
 # variants: graph capture compiles them, and without graphs the warm-up's large decode groups do
@@ -79,7 +93,8 @@ def _paged_decode_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    await_inputs(PDL)
+    # before the wait: the step's context lengths and block tables, and the first tile of keys and values, except the
+    # newest key, which the kernel before (the K/V store) writes: earlier steps wrote the rest (launch.py)
     kvh = tl.program_id(0)
     b = tl.program_id(1)
     split = tl.program_id(2)
@@ -96,36 +111,41 @@ def _paged_decode_kernel(
     heads = kvh * group + g
     g_mask = g < group
     d_mask = d < head_dim
+    kc_head = kc_ptr + kvh.to(tl.int64) * kc_sh
+    vc_head = vc_ptr + kvh.to(tl.int64) * vc_sh
+    bt_row = bt_ptr + b.to(tl.int64) * bt_sb
+    pos = start + tl.arange(0, BLOCK_N)
+    p_mask = pos < end
+    page = tl.load(bt_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
+    k_rows = kc_head + (page * kc_sb + (pos % block_size).to(tl.int64) * kc_ss)[:, None] + d[None, :]
+    v_rows = vc_head + (page * vc_sb + (pos % block_size).to(tl.int64) * vc_ss)[:, None] + d[None, :]
+    older = (p_mask & (pos < ctx - 1))[:, None] & d_mask[None, :]
+    k = tl.load(k_rows, mask=older, other=0.0)
+    v = tl.load(v_rows, mask=older, other=0.0)
+    await_inputs(PDL)
     q = tl.load(
         q_ptr + b.to(tl.int64) * q_sb + heads[:, None] * q_sh + d[None, :],
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    kc_head = kc_ptr + kvh.to(tl.int64) * kc_sh
-    vc_head = vc_ptr + kvh.to(tl.int64) * vc_sh
-    bt_row = bt_ptr + b.to(tl.int64) * bt_sb
+    newest = (p_mask & (pos == ctx - 1))[:, None] & d_mask[None, :]
+    k = tl.where(newest, tl.load(k_rows, mask=newest, other=0.0), k)
+    v = tl.where(newest, tl.load(v_rows, mask=newest, other=0.0), v)
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    if start < end:
+        m_i, l_i, acc = _online_softmax_step(q, k, v, p_mask, m_i, l_i, acc, qk_scale, PRECISION)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         p_mask = pos < end
         page = tl.load(bt_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
         in_page = (pos % block_size).to(tl.int64)
         kv_mask = p_mask[:, None] & d_mask[None, :]
         k = tl.load(kc_head + (page * kc_sb + in_page * kc_ss)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        k = k.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        s = tl.where(p_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(vc_head + (page * vc_sb + in_page * vc_ss)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(q, k, v, p_mask, m_i, l_i, acc, qk_scale, PRECISION)
 
     out_mask = g_mask[:, None] & d_mask[None, :]
     if SPLIT:

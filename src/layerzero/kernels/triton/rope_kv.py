@@ -56,23 +56,31 @@ def _rope_store_kv_kernel(
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    await_inputs(PDL)
+    # before the wait: the step's rope rows and slots (gathered at the step's start) and the norm weights, which
+    # no kernel of this layer writes (launch.py); qkv, the previous kernel's output, after it
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     c, s, i1, i2, jm = rope_angles(cos_ptr, sin_ptr, t, cos_st, sin_st, half, INTERLEAVED, BLOCK_D)
     is_q = heads < n_heads
     is_k = (heads >= n_heads) & (heads < n_heads + n_kv_heads)
-    mask = (is_q | is_k)[:, None] & jm[None, :]
-    x_base = qkv_ptr + t * x_st + heads[:, None] * x_sh
-    x1 = tl.load(x_base + i1[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_base + i2[None, :], mask=mask, other=0.0).to(tl.float32)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
     if HAS_NORM:
-        # rms_norm of each head row, rounded to the input dtype as the unfused norm's output is before rope
-        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
         wq1 = tl.load(qw_ptr + i1, mask=jm, other=0.0).to(tl.float32)[None, :]
         wq2 = tl.load(qw_ptr + i2, mask=jm, other=0.0).to(tl.float32)[None, :]
         wk1 = tl.load(kw_ptr + i1, mask=jm, other=0.0).to(tl.float32)[None, :]
         wk2 = tl.load(kw_ptr + i2, mask=jm, other=0.0).to(tl.float32)[None, :]
+    await_inputs(PDL)
+    mask = (is_q | is_k)[:, None] & jm[None, :]
+    k_mask = (slot >= 0) & is_k[:, None] & jm[None, :]
+    x_base = qkv_ptr + t * x_st + heads[:, None] * x_sh
+    v_base = x_base + n_kv_heads * x_sh  # v head h of the cache sits n_kv_heads heads after k head h in qkv
+    x1 = tl.load(x_base + i1[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_base + i2[None, :], mask=mask, other=0.0).to(tl.float32)
+    v1 = tl.load(v_base + i1[None, :], mask=k_mask)  # with q and k: loads after a store would wait for it
+    v2 = tl.load(v_base + i2[None, :], mask=k_mask)
+    if HAS_NORM:
+        # rms_norm of each head row, rounded to the input dtype as the unfused norm's output is before rope
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
         w1 = tl.where(is_q[:, None], wq1, wk1) + w_offset
         w2 = tl.where(is_q[:, None], wq2, wk2) + w_offset
         x1 = (x1 * rstd[:, None] * w1).to(qkv_ptr.dtype.element_ty).to(tl.float32)
@@ -85,17 +93,12 @@ def _rope_store_kv_kernel(
     tl.store(q_base + i1[None, :], o1, mask=q_mask)
     tl.store(q_base + i2[None, :], o2, mask=q_mask)
 
-    slot = tl.load(slot_ptr + t).to(tl.int64)
     block = slot // block_size
     offset = slot % block_size
     kv_heads = heads[:, None] - n_heads
-    k_mask = (slot >= 0) & is_k[:, None] & jm[None, :]
     kc = kc_ptr + block * kc_sb + offset * kc_ss + kv_heads * kc_sh
     tl.store(kc + i1[None, :], o1.to(kc_ptr.dtype.element_ty), mask=k_mask)
     tl.store(kc + i2[None, :], o2.to(kc_ptr.dtype.element_ty), mask=k_mask)
-    v_base = x_base + n_kv_heads * x_sh  # v head h of the cache sits n_kv_heads heads after k head h in qkv
-    v1 = tl.load(v_base + i1[None, :], mask=k_mask)
-    v2 = tl.load(v_base + i2[None, :], mask=k_mask)
     vc = vc_ptr + block * vc_sb + offset * vc_ss + kv_heads * vc_sh
     tl.store(vc + i1[None, :], v1.to(vc_ptr.dtype.element_ty), mask=k_mask)
     tl.store(vc + i2[None, :], v2.to(vc_ptr.dtype.element_ty), mask=k_mask)
