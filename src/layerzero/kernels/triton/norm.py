@@ -40,7 +40,6 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    await_inputs(PDL)
     row = tl.program_id(0)
     outer = (row // n_inner).to(tl.int64)
     inner = (row % n_inner).to(tl.int64)
@@ -51,6 +50,10 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     if ONE_PASS:
         mask = cols < n_cols
+        # the weight before the wait (no step writes it) and so before the sum's store, which a load after it would
+        # wait for
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + w_offset
+        await_inputs(PDL)
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
             # The sum is rounded to its storage dtype before the norm, exactly as `x + residual` is.
@@ -58,9 +61,9 @@ def _rms_norm_kernel(
             tl.store(sum_row + cols, s, mask=mask)
             x = s.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + w_offset
         tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
     else:
+        await_inputs(PDL)
         sq = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK):
             c = start + cols

@@ -188,11 +188,12 @@ def _merge_splits_kernel(
     m = tl.load(max_ptr + first + sp, mask=sp < num_splits, other=float("-inf"))
     m_all = tl.max(m, axis=0)
     m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # every split empty: keep exp2 finite
-    total = tl.sum(tl.exp2(m - m_all) * tl.load(sum_ptr + first + sp, mask=sp < num_splits, other=0.0), axis=0)
-    o = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s in range(num_splits):
-        w = tl.exp2(tl.load(max_ptr + first + s) - m_all)
-        o += w * tl.load(acc_ptr + (first + s) * head_dim + d, mask=d_mask, other=0.0)
+    w = tl.exp2(m - m_all)  # 0 for an empty split or past the last
+    total = tl.sum(w * tl.load(sum_ptr + first + sp, mask=sp < num_splits, other=0.0), axis=0)
+    # every split's partial in one load (a loop over splits waits for each one's round trip)
+    acc = tl.load(acc_ptr + (first + sp)[:, None] * head_dim + d[None, :],
+                  mask=(sp < num_splits)[:, None] & d_mask[None, :], other=0.0)
+    o = tl.sum(w[:, None] * acc, axis=0)
     o = o / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + b * o_sb + h * o_sh + d, o.to(out_ptr.dtype.element_ty), mask=d_mask)
 
