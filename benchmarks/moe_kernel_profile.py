@@ -64,7 +64,6 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     cfg = ms.model_config(args.shape)
-    args.cfg_layers = cfg.num_hidden_layers
     bw = copy_bandwidth()
     bound_s = ms.active_weight_bytes(cfg, ms.expected_experts(cfg, 1), 2) / bw
     with tempfile.TemporaryDirectory() as root:
@@ -85,7 +84,7 @@ def main() -> None:
         while llm.engine.has_unfinished():
             step(llm)
     if args.graph:
-        graph_report(args, *kernel_spans(prof), bw, bound_s)
+        graph_report(args, *kernel_spans(prof), bw, bound_s, cfg.num_hidden_layers)
         return
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
@@ -101,8 +100,8 @@ def main() -> None:
             "device_ms_per_step": 1e3 * device_s,
             "kernels": [{"name": n, "ms_per_step": 1e3 * s, "calls_per_step": counts[n] / args.steps} for n, s in rows]}
     lines = [f"# {args.shape}: device time of a batch-1 decode step by kernel (eager, torch.profiler)", "",
-             f"`python benchmarks/moe_kernel_profile.py`; {args.steps} steps; kernels' own time {1e3 * device_s:.2f} ms "
-             f"a step against a memory bound of {1e3 * bound_s:.2f} ms ({bound_s / device_s:.2f} of it).", "",
+             f"`python benchmarks/moe_kernel_profile.py`; {args.steps} steps; kernels' own time "
+             f"{1e3 * device_s:.2f} ms a step against a memory bound of {1e3 * bound_s:.2f} ms ({bound_s / device_s:.2f} of it).", "",
              "| kernel | ms / step | calls / step | share |", "|---|---:|---:|---:|"]
     lines += [f"| `{n[:90]}` | {1e3 * s:.3f} | {counts[n] / args.steps:.0f} | {s / device_s:.2f} |" for n, s in rows]
     write_report(args.out, data, "\n".join(lines))
@@ -110,7 +109,7 @@ def main() -> None:
 
 
 def graph_report(args: argparse.Namespace, spans: list[tuple[str, float, float]],
-                 launched: dict[float, tuple[str, float]], bw: float, bound_s: float) -> None:
+                 launched: dict[float, tuple[str, float]], bw: float, bound_s: float, layers: int) -> None:
     """Charges by kernel name per step, one layer's kernels in order (the middle of the middle step) and the step
     boundary (from the LM head's GEMV of the middle step on), with when the host launched each of its kernels."""
     path = critical_path(spans)
@@ -123,7 +122,7 @@ def graph_report(args: argparse.Namespace, spans: list[tuple[str, float, float]]
         counts[name] += 1
     step_us = sum(charge.values())
     per_step = len(path) // args.steps
-    layer = max(1, (per_step - 8) // args.cfg_layers)
+    layer = max(1, (per_step - 8) // layers)  # a layer's kernels: the step's, less the few outside the layers
     middle = args.steps // 2 * per_step + per_step // 2
     rows = sorted(charge.items(), key=lambda kv: -kv[1])[: args.top]
     data = {"shape": args.shape, "steps": args.steps, "copy_bandwidth": bw, "bound_ms": 1e3 * bound_s,
