@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from layerzero.kernels.native import activation, amx, attention, linear, moe, norm, rope_kv
-from layerzero.kernels.native.build import NativeBuildError, kernel
+from layerzero.kernels.native import activation, amx, attention, gemm, linear, moe, norm, rope_kv
+from layerzero.kernels.native.build import NativeBuildError, kernel, vector_isa
 from layerzero.select.context import SelectionContext
 from layerzero.select.kernel_spec import KernelSpec
 from layerzero.select.reasons import CONSTRAINT_FAILED, NOT_INSTALLED, Reason
@@ -99,7 +99,21 @@ def _f32_weight(ctx: SelectionContext) -> list[Reason]:
     if (ctx.param("weight_dtype") or "float32") != "float32":
         return [Reason(CONSTRAINT_FAILED, "takes float32 weights only")]
     return _gemv_steps(ctx, "float32 GEMV", linear.F32_MAX_ROWS,
-                       "oneDNN's GEMM is faster (benchmarks/reports/cpu_f32_gemv.md)")
+                       "a GEMM is faster (on AVX2 the native one, elsewhere oneDNN's: "
+                       "benchmarks/reports/cpu_f32_gemv.md)")
+
+
+def _gemm_rows(ctx: SelectionContext) -> list[Reason]:
+    """float32 rows past the float32 GEMV's, times a float32 or bfloat16 weight, on a CPU whose vectors are AVX2 (with
+    AVX-512 oneDNN's GEMM was not measured against it)."""
+    if (ctx.param("weight_dtype") or "float32") not in ("float32", "bfloat16") or ctx.dtype != torch.float32:
+        return [Reason(CONSTRAINT_FAILED, "takes float32 rows times float32 or bfloat16 weights only")]
+    if vector_isa() != "AVX2":
+        return [Reason(CONSTRAINT_FAILED, f"{vector_isa()} vectors: the GEMM is measured (and faster than oneDNN's) "
+                                          "on AVX2 CPUs only")]
+    if ctx.tokens <= linear.F32_MAX_ROWS:
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.tokens} rows: the GEMVs take up to {linear.F32_MAX_ROWS}")]
+    return []
 
 
 def _amx_weight(ctx: SelectionContext) -> list[Reason]:
@@ -156,6 +170,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("native.linear_f32_cpu", "linear", "native", linear.linear_f32, VERSION, platforms=cpu,
                    dtypes=FLOAT32, priority=PRIORITY, check=_f32_weight,
                    available=_builds("quant_linear", "f32_linear", linear.DENSE_ARGS)),
+        KernelSpec("native.linear_f32_gemm_cpu", "linear", "native", gemm.linear, VERSION, platforms=cpu,
+                   dtypes=FLOAT32, priority=PRIORITY, check=_gemm_rows,
+                   available=_builds("f32_gemm", "f32_gemm", gemm.ARGS)),
         KernelSpec("native.linear_bf16_amx_cpu", "linear", "native", amx.linear, VERSION, platforms=cpu,
                    dtypes=FLOAT32 | BF16, priority=PRIORITY, check=_amx_weight, available=_amx_available),
         KernelSpec("native.fused_moe_int4_cpu", "fused_moe_int4", "native", moe.fused_moe_int4, VERSION,

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import layerzero as lz
 from layerzero.kernels import onednn
 from layerzero.kernels.native import amx
+from layerzero.kernels.native.build import vector_isa
 from layerzero.kernels.native.linear import F32_MAX_ROWS
 
 pytestmark = pytest.mark.skipif(onednn._available() is not None, reason="no oneDNN linear in this torch build")
@@ -66,7 +67,9 @@ def test_bfloat16_within_its_rounding(rows):
 
 def test_selected_for_float32_and_bfloat16_on_the_cpu():
     x, w = torch.randn(F32_MAX_ROWS + 1, 32), torch.randn(8, 32)  # past the native float32 GEMV's (a decode's) rows
-    assert lz.which("linear", x, w)["kernel_id"] == "onednn.linear"
+    # an AVX2 CPU's float32 rows go to the native GEMM (tests/unit/layerzero/kernels/test_lz_native_gemm.py)
+    want = "native.linear_f32_gemm_cpu" if vector_isa() == "AVX2" else "onednn.linear"
+    assert lz.which("linear", x, w)["kernel_id"] == want
     # bf16 goes to the AMX GEMM where the CPU has AMX (tests/unit/layerzero/kernels/test_lz_native_amx.py)
     assert (lz.which("linear", x.bfloat16(), w.bfloat16())["kernel_id"] == "onednn.linear") == (not amx.available())
     assert lz.which("linear", x.half(), w.half())["kernel_id"] != "onednn.linear"
