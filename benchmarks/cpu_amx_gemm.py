@@ -13,8 +13,10 @@ The bound: the weights' bytes at the machine's read bandwidth (a 512 MB torch su
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,6 +41,16 @@ def read_bandwidth() -> float:
     for _ in range(3):
         a.sum()
     return a.numel() * 4 * 3 / (time.perf_counter() - started) / 1e9
+
+
+def alternated(measures: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """The median of each measure over `rounds` rounds, the measures taken in turn, their order reversed every other
+    round (the machine drifts: each gets the same share of early and late turns)."""
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    for r in range(rounds):
+        for name in (list(measures) if r % 2 == 0 else list(reversed(measures))):
+            samples[name].append(measures[name]())
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def timed(fn, weights: list[list[torch.Tensor]], xs: dict[int, torch.Tensor]) -> float:
@@ -69,11 +81,8 @@ def main() -> None:
         for kind, weights in (("cold", cold), ("hot", hot)):
             for fn in KERNELS.values():
                 timed(fn, weights, xs)  # packs each weight once
-            samples: dict[str, list[float]] = {name: [] for name in KERNELS}
-            for r in range(args.rounds):
-                for name in (list(KERNELS) if r % 2 == 0 else list(reversed(KERNELS))):
-                    samples[name].append(timed(KERNELS[name], weights, xs))
-            med = {name: statistics.median(v) for name, v in samples.items()}
+            med = alternated({name: functools.partial(timed, fn, weights, xs) for name, fn in KERNELS.items()},
+                             args.rounds)
             row = {"rows": m, "weights": kind, **{f"{name}_ms": round(ms, 2) for name, ms in med.items()},
                    "amx_gb_s": round(weight_bytes / med["amx"] / 1e6, 1),
                    "amx_gflop_s": round(flops / med["amx"] / 1e6),

@@ -11,8 +11,8 @@ alternating order; medians. Every result is checked against a float64 product fi
 from __future__ import annotations
 
 import argparse
+import functools
 import random
-import statistics
 import time
 from pathlib import Path
 
@@ -23,20 +23,17 @@ from layerzero.kernels.native import gemm
 from layerzero.policy.state import lock, unlock
 
 from bench_serving import hardware_info
-from cpu_amx_gemm import SHAPES
+from cpu_amx_gemm import SHAPES, alternated, timed
 from report_files import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = {"native": gemm.linear, "onednn": onednn.linear}
-REPEATS = 5  # calls of the four projections per timing
+REPEATS = 5  # passes over the four projections per timing
 
 
-def timed(fn, weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> float:
-    started = time.perf_counter()
-    for _ in range(REPEATS):
-        for w in weights:
-            fn(xs[w.shape[1]], w)
-    return (time.perf_counter() - started) * 1e3 / REPEATS
+def per_pass(fn, weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> float:
+    """ms of one pass of `fn` over the projections, the mean of REPEATS."""
+    return timed(fn, [weights] * REPEATS, xs) / REPEATS
 
 
 def prefills(model: Path, rounds: int, prompts: int) -> dict[str, float]:
@@ -56,14 +53,15 @@ def prefills(model: Path, rounds: int, prompts: int) -> dict[str, float]:
             llm.engine.step()
         return (time.perf_counter() - started) * 1e3
 
-    samples: dict[str, list[float]] = {name: [] for name in KERNELS}
-    for r in range(rounds):
-        for name in (list(KERNELS) if r % 2 == 0 else list(reversed(KERNELS))):
-            lock("linear", "native.linear_f32_gemm_cpu" if name == "native" else "onednn.linear")
-            once()  # the first call after a switch packs weights
-            samples[name].append(once())
+    def locked(kernel_id: str) -> float:
+        lock("linear", kernel_id)
+        once()  # the first call after a switch packs weights
+        return once()
+
+    med = alternated({"native": functools.partial(locked, "native.linear_f32_gemm_cpu"),
+                      "onednn": functools.partial(locked, "onednn.linear")}, rounds)
     unlock("linear")
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return med
 
 
 def main() -> None:
@@ -83,11 +81,8 @@ def main() -> None:
             want = xs[w.shape[1]].double() @ w.double().T
             for fn in KERNELS.values():
                 torch.testing.assert_close(fn(xs[w.shape[1]], w).double(), want, rtol=1e-4, atol=1e-3)
-        samples: dict[str, list[float]] = {name: [] for name in KERNELS}
-        for r in range(args.rounds):
-            for name in (list(KERNELS) if r % 2 == 0 else list(reversed(KERNELS))):
-                samples[name].append(timed(KERNELS[name], weights, xs))
-        med = {name: statistics.median(v) for name, v in samples.items()}
+        med = alternated({name: functools.partial(per_pass, fn, weights, xs) for name, fn in KERNELS.items()},
+                         args.rounds)
         row = {"rows": m, **{f"{name}_ms": round(ms, 3) for name, ms in med.items()},
                **{f"{name}_gflop_s": round(flops / ms / 1e6, 1) for name, ms in med.items()},
                "speedup": round(med["onednn"] / med["native"], 2)}

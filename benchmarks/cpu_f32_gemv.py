@@ -11,7 +11,7 @@ checked against a float64 product first.
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from layerzero.kernels import onednn
 from layerzero.kernels.native.linear import linear_f32
 
 from bench_serving import hardware_info
-from cpu_amx_gemm import LAYERS, SHAPES, read_bandwidth, timed
+from cpu_amx_gemm import LAYERS, SHAPES, alternated, read_bandwidth, timed
 from report_files import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,11 +47,8 @@ def main() -> None:
                 torch.testing.assert_close(fn(xs[w.shape[1]], w).double(), want, rtol=1e-4, atol=1e-3)
         for fn in KERNELS.values():
             timed(fn, weights, xs)  # oneDNN packs each weight once
-        samples: dict[str, list[float]] = {name: [] for name in KERNELS}
-        for r in range(args.rounds):
-            for name in (list(KERNELS) if r % 2 == 0 else list(reversed(KERNELS))):
-                samples[name].append(timed(KERNELS[name], weights, xs))
-        med = {name: statistics.median(v) for name, v in samples.items()}
+        med = alternated({name: functools.partial(timed, fn, weights, xs) for name, fn in KERNELS.items()},
+                         args.rounds)
         row = {"rows": m, **{f"{name}_ms": round(ms, 2) for name, ms in med.items()},
                **{f"{name}_gb_s": round(weight_bytes / ms / 1e6, 1) for name, ms in med.items()},
                "speedup": round(med["onednn"] / med["native"], 2)}

@@ -37,10 +37,11 @@ def kernel_spans(prof: profile) -> tuple[list[tuple[str, float, float]], dict[fl
     host = {e["args"]["correlation"]: (e["name"], float(e["ts"])) for e in events
             if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy")]
-    spans = sorted((e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in device)
+    spans = sorted(((e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in device),
+                   key=lambda s: s[1])
     launched = {float(e["ts"]): host[e["args"]["correlation"]] for e in device
                 if e.get("args", {}).get("correlation") in host}
-    return sorted(spans, key=lambda s: s[1]), launched
+    return spans, launched
 
 
 def critical_path(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:
@@ -101,7 +102,8 @@ def main() -> None:
             "kernels": [{"name": n, "ms_per_step": 1e3 * s, "calls_per_step": counts[n] / args.steps} for n, s in rows]}
     lines = [f"# {args.shape}: device time of a batch-1 decode step by kernel (eager, torch.profiler)", "",
              f"`python benchmarks/moe_kernel_profile.py`; {args.steps} steps; kernels' own time "
-             f"{1e3 * device_s:.2f} ms a step against a memory bound of {1e3 * bound_s:.2f} ms ({bound_s / device_s:.2f} of it).", "",
+             f"{1e3 * device_s:.2f} ms a step against a memory bound of {1e3 * bound_s:.2f} ms "
+             f"({bound_s / device_s:.2f} of it).", "",
              "| kernel | ms / step | calls / step | share |", "|---|---:|---:|---:|"]
     lines += [f"| `{n[:90]}` | {1e3 * s:.3f} | {counts[n] / args.steps:.0f} | {s / device_s:.2f} |" for n, s in rows]
     write_report(args.out, data, "\n".join(lines))

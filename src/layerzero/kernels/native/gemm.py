@@ -15,6 +15,7 @@ import ctypes
 import torch
 
 from layerzero.kernels.native.build import kernel
+from layerzero.kernels.native.linear import float_rows, shaped
 from layerzero.kernels.weight_cache import WeightCache
 
 COLS = 16  # outputs per packed panel: N is padded to a multiple in the packed copy
@@ -40,8 +41,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.dtype not in (torch.float32, torch.bfloat16):
         raise TypeError(f"f32_gemm reads float32 or bfloat16 weights, got {weight.dtype}")
     n, k = weight.shape
-    rows = x.reshape(-1, k)
-    rows = rows if rows.dtype == torch.float32 and rows.is_contiguous() else rows.float().contiguous()
+    rows = float_rows(x)
     packed = PACKED.get(weight, lambda: _pack(weight))
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     b = None if bias is None else bias.float().contiguous()
@@ -51,5 +51,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             out.data_ptr(), torch.get_num_threads())
         if status:
             raise RuntimeError("f32_gemm: this build has no AVX2 and FMA")
-    out = out if x.dtype == torch.float32 else out.to(x.dtype)
-    return out.view(*x.shape[:-1], n)
+    return shaped(out, x)

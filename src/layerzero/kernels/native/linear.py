@@ -60,7 +60,7 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
     """x [..., K] @ W.T + bias for W [N, K] stored as qweight [N, K/2] nibbles and scales_zeros [K/group, N, 2]."""
     entry = CONVERTED.get(qweight, lambda: _convert(scales_zeros))
     n, k = qweight.shape[0], x.shape[-1]
-    rows = _float_rows(x)
+    rows = float_rows(x)
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     # every tensor whose pointer C reads is held in a local until the call returns
     q, b = qweight.contiguous(), None if bias is None else bias.float().contiguous()
@@ -70,15 +70,17 @@ def linear_int4(x: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tens
                                  None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
         if status:
             raise MemoryError(f"native int4 linear: no scratch memory for {rows.shape[0]} x {k} activations")
-    return _shaped(out, x)
+    return shaped(out, x)
 
 
-def _float_rows(x: torch.Tensor) -> torch.Tensor:
+def float_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the contiguous float32 [rows, K] the native linears read."""
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     return rows if rows.dtype == torch.float32 and rows.is_contiguous() else rows.float().contiguous()
 
 
-def _shaped(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def shaped(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A native linear's float32 rows `out` in x's dtype and leading shape."""
     if x.dtype != torch.float32:
         out = out.to(x.dtype)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
@@ -89,7 +91,7 @@ def linear_w8_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
     """x [..., K] @ W.T + bias for an int8 W [N, K] with one float32 scale per row and block of columns,
     scale [N, K / block] (GGUF Q8_0: blocks of 32; per channel: one block of K)."""
     n, k = weight.shape
-    rows = _float_rows(x)
+    rows = float_rows(x)
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     w, s = weight.contiguous(), scale.float().contiguous()
     b = None if bias is None else bias.float().contiguous()
@@ -97,7 +99,7 @@ def linear_w8_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
         kernel("quant_linear", "int8_linear", W8_ARGS, ctypes.c_int, _extra)(
             rows.data_ptr(), rows.shape[0], k, w.data_ptr(), n, s.data_ptr(), block_size[1],
             None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads())
-    return _shaped(out, x)
+    return shaped(out, x)
 
 
 def _dense(symbol: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -106,14 +108,14 @@ def _dense(symbol: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tenso
     if weight.dtype != dtype:
         raise TypeError(f"{symbol} reads {str(dtype).removeprefix('torch.')} weights, got {weight.dtype}")
     n, k = weight.shape
-    rows = _float_rows(x)
+    rows = float_rows(x)
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     w, b = weight.contiguous(), None if bias is None else bias.float().contiguous()
     if rows.shape[0]:
         kernel("quant_linear", symbol, DENSE_ARGS, ctypes.c_int, extra)(
             rows.data_ptr(), rows.shape[0], k, w.data_ptr(), n, None if b is None else b.data_ptr(), out.data_ptr(),
             torch.get_num_threads())
-    return _shaped(out, x)
+    return shaped(out, x)
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -41,6 +41,16 @@ _SOME_PROGRAMS_PER_SM = 6  # 128 x 8: 7.8; 64 x 8 (3.9) keeps the larger tile
 
 
 @triton.jit
+def _kv_rows(bt_row, kc_head, vc_head, pos, p_mask, d, block_size, kc_sb, kc_ss, vc_sb, vc_ss):
+    """Pointers [BLOCK_N, BLOCK_D] to the key and value rows of positions `pos` of one sequence and KV head, their
+    physical blocks read from its block-table row (positions outside p_mask point at block 0)."""
+    page = tl.load(bt_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
+    in_page = (pos % block_size).to(tl.int64)
+    return (kc_head + (page * kc_sb + in_page * kc_ss)[:, None] + d[None, :],
+            vc_head + (page * vc_sb + in_page * vc_ss)[:, None] + d[None, :])
+
+
+@triton.jit
 def _online_softmax_step(q, k, v, p_mask, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
     """One tile of keys and values [BLOCK_N, BLOCK_D] (rows outside p_mask ignored) folded into the running max,
     sum and unnormalized output of the query rows q [BLOCK_G, BLOCK_D], base 2."""
@@ -116,9 +126,7 @@ def _paged_decode_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * bt_sb
     pos = start + tl.arange(0, BLOCK_N)
     p_mask = pos < end
-    page = tl.load(bt_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
-    k_rows = kc_head + (page * kc_sb + (pos % block_size).to(tl.int64) * kc_ss)[:, None] + d[None, :]
-    v_rows = vc_head + (page * vc_sb + (pos % block_size).to(tl.int64) * vc_ss)[:, None] + d[None, :]
+    k_rows, v_rows = _kv_rows(bt_row, kc_head, vc_head, pos, p_mask, d, block_size, kc_sb, kc_ss, vc_sb, vc_ss)
     older = (p_mask & (pos < ctx - 1))[:, None] & d_mask[None, :]
     k = tl.load(k_rows, mask=older, other=0.0)
     v = tl.load(v_rows, mask=older, other=0.0)
@@ -140,11 +148,10 @@ def _paged_decode_kernel(
     for n0 in range(start + BLOCK_N, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         p_mask = pos < end
-        page = tl.load(bt_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
-        in_page = (pos % block_size).to(tl.int64)
+        k_rows, v_rows = _kv_rows(bt_row, kc_head, vc_head, pos, p_mask, d, block_size, kc_sb, kc_ss, vc_sb, vc_ss)
         kv_mask = p_mask[:, None] & d_mask[None, :]
-        k = tl.load(kc_head + (page * kc_sb + in_page * kc_ss)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(vc_head + (page * vc_sb + in_page * vc_ss)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_rows, mask=kv_mask, other=0.0)
+        v = tl.load(v_rows, mask=kv_mask, other=0.0)
         m_i, l_i, acc = _online_softmax_step(q, k, v, p_mask, m_i, l_i, acc, qk_scale, PRECISION)
 
     out_mask = g_mask[:, None] & d_mask[None, :]
