@@ -4,14 +4,18 @@ given per step, beside the step's memory bound (benchmarks/moe_decode.py's: the 
 copy bandwidth). Eager launches leave gaps between kernels; the kernels' own times are what a graph replays.
 `--graph` profiles the replayed CUDA graph instead and charges each kernel the time by which it moves the step's end
 (its end minus the latest end before it, so what PDL overlaps costs nothing): the step's critical path, by kernel.
+Any shape of benchmarks/model_shapes.py profiles alike; `--tp N` profiles rank 0 of tensor parallelism (its
+collectives include the time spent waiting for the other ranks; the bound is the per-rank share).
 
     python benchmarks/moe_kernel_profile.py --out benchmarks/reports/moe_kernel_profile_h200
+    python benchmarks/moe_kernel_profile.py --graph --shape llama-3.1-8b --tp 2 --out /tmp/tp2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -62,15 +66,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--graph", action="store_true", help="profile the replayed CUDA graph (critical path by kernel)")
+    p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (the profile is rank 0's)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     cfg = ms.model_config(args.shape)
     bw = copy_bandwidth()
-    bound_s = ms.active_weight_bytes(cfg, ms.expected_experts(cfg, 1), 2) / bw
+    bound_s = ms.active_weight_bytes(cfg, ms.expected_experts(cfg, 1), 2) / bw / args.tp
     with tempfile.TemporaryDirectory() as root:
         llm = LLM(str(ms.write_model_dir(args.shape, Path(root))), load_format="dummy", dtype="bfloat16",
                   max_batch_size=4, kv_cache_memory_gb=4.0, max_seq_len=512, use_cuda_graphs=args.graph,
-                  use_prefix_caching=False)
+                  use_prefix_caching=False, tensor_parallel_size=args.tp)
         ids = prompt_ids(llm.runner.vocab_size, 128, seed=1)
         decode_once(llm, ids, 8)  # warm-up: compiles, selections
         llm.engine.add_request(ids, greedy(args.steps + 8))
@@ -86,7 +91,14 @@ def main() -> None:
             step(llm)
     if args.graph:
         graph_report(args, *kernel_spans(prof), bw, bound_s, cfg.num_hidden_layers)
-        return
+    else:
+        eager_report(args, prof, bw, bound_s)
+    if args.tp > 1:
+        os._exit(0)  # no NCCL teardown (it can wait on ranks that are gone)
+
+
+def eager_report(args: argparse.Namespace, prof: profile, bw: float, bound_s: float) -> None:
+    """Device time by kernel name per step, beside the memory bound."""
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for event in prof.events():
@@ -113,7 +125,7 @@ def main() -> None:
 def graph_report(args: argparse.Namespace, spans: list[tuple[str, float, float]],
                  launched: dict[float, tuple[str, float]], bw: float, bound_s: float, layers: int) -> None:
     """Charges by kernel name per step, one layer's kernels in order (the middle of the middle step) and the step
-    boundary (from the LM head's GEMV of the middle step on), with when the host launched each of its kernels."""
+    boundary (the kernels around the middle step's widest gap), with when the host launched each of them."""
     path = critical_path(spans)
     charge: dict[str, float] = defaultdict(float)
     own: dict[str, float] = defaultdict(float)
@@ -141,16 +153,19 @@ def graph_report(args: argparse.Namespace, spans: list[tuple[str, float, float]]
     lines += [f"| `{n[:80]}` | {c:.1f} | {own[n]:.1f} | {counts[n] / args.steps:.0f} |" for n, c in rows]
     lines += ["", "One layer in order (µs):", "", "| kernel | own | gap | charged |", "|---|---:|---:|---:|"]
     lines += [f"| `{n[:80]}` | {d:.2f} | {g:.2f} | {c:.2f} |" for n, d, g, c in path[middle: middle + layer]]
-    head = next((i for i in range(middle, len(path)) if "gemv" in path[i][0]), None)
-    if head is not None:
-        lines += ["", "The step boundary (µs; launched: the host's launch call, from the LM head's end):", "",
-                  "| kernel | own | gap | charged | launched by | launched at |", "|---|---:|---:|---:|---|---:|"]
-        head_end = spans[head][2]
-        for i in range(head, min(head + 12, len(path))):
+    # the step boundary: around the widest gap of the middle step (the host's turn between two replays)
+    window = range(max(1, middle - per_step // 2), min(len(path), middle + per_step // 2))
+    widest = max(window, key=lambda i: path[i][2], default=None)
+    if widest is not None:
+        first, last = max(0, widest - 10), min(len(path), widest + 12)
+        lines += ["", "The step boundary (µs; launched: the host's launch call, from the first listed kernel's end):",
+                  "", "| kernel | own | gap | charged | launched by | launched at |", "|---|---:|---:|---:|---|---:|"]
+        origin = spans[first][2]
+        for i in range(first, last):
             n, d, g, c = path[i]
             call, at = launched.get(spans[i][1], ("", float("nan")))
-            lines.append(f"| `{n[:60]}` | {d:.2f} | {g:.2f} | {c:.2f} | {call} | {at - head_end:.1f} |")
-        data["boundary"] = lines[-(min(head + 12, len(path)) - head):]
+            lines.append(f"| `{n[:60]}` | {d:.2f} | {g:.2f} | {c:.2f} | {call} | {at - origin:.1f} |")
+        data["boundary"] = lines[-(last - first):]
     write_report(args.out, data, "\n".join(lines))
     print("\n".join(lines))
 

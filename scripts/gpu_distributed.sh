@@ -8,6 +8,7 @@
 #   allreduce  all-reduce time per call inside graphs
 #   gemv       the sharded projections' GEMV against cuBLAS
 #   profiles   a batch-1 decode profile at TP=1 and TP=2
+#   tpgraph    the replayed batch-1 step's critical path by kernel at TP=1 and TP=2 (rank 0), 8B shape
 #   tp         TP decode, Llama-3.1-8B shape, batch 1 and 32 (TP_BATCHES), TP=1/2(/4); tp2profile adds a TP=2 profile
 #   tpmoe      the same on the Qwen3-30B-A3B shape: TP=1, TP=2 with the experts sliced, TP=2 with whole experts
 #   dp         offline DP=2 against DP=1 in process, through one core process, one core given half the prompts
@@ -44,6 +45,12 @@ fi
 if want profiles; then
   profile 1 90
   profile 2 90
+fi
+if want tpgraph; then
+  for tp in 1 2; do
+    timeout 150 python3 benchmarks/moe_kernel_profile.py --graph --shape llama-3.1-8b --tp $tp \
+      --out "$out/critical_path_tp$tp" 2>&1 | grep -v Loading | sed -n 3,20p
+  done
 fi
 if want tp; then
   timeout "${TP_S:-270}" python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --batches ${TP_BATCHES:-1 32} \

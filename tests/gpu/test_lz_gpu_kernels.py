@@ -387,6 +387,7 @@ def test_rope_store_kv(dtype, heads, kv_heads, head_dim, qk_norm):
 @pytest.mark.parametrize("kernel,n,k", [
     ("linear", 16384, 2048), ("linear", 4096, 14336),  # Llama-3.2-1B gate+up, Llama-3.1-8B down
     ("linear_splitk", 2048, 4096), ("linear_splitk", 2048, 8192),  # Qwen3-30B-A3B's O, Llama-3.2-1B's down
+    ("linear_splitk", 3072, 4096), ("linear_splitk", 4096, 4096),  # Llama-3.1-8B's QKV at TP=2, its O
 ])
 def test_skinny_linear(rows, kernel, n, k):
     """Decode's projections through the Triton GEMV or its split-K form: close to cuBLAS's result, chosen by

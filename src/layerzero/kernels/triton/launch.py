@@ -6,15 +6,14 @@ programs may start while the kernel before it in the stream is still finishing, 
 boundary (launch and ramp) in a decode step's chain of small kernels (benchmarks/reports/pdl_chain_h100.md).
 Invariant: such a kernel calls `await_inputs(PDL)` in every program before any other global memory access: it waits
 there until the previous kernel has completed and its writes are visible, so nothing is read early and nothing is
-overwritten that the previous kernel still reads. Since every dependent waits, a kernel's completion still implies
-that of every kernel before it. Two kinds of reads may come before the wait: memory no kernel of a step writes
-(weights: `moe_route.py` loads the router early, `norm.py` its weight), and what kernels before the previous one
-wrote, since the previous kernel lets its dependents launch only once its own wait has returned (`moe.py`'s decode
-down projection loads the expert ids the router wrote, and its first weight tile, while the gate+up kernel runs;
+overwritten that the previous kernel still reads. Since every dependent waits, a kernel's completion still implies that
+of every kernel before it. Two kinds of reads may come before the wait: memory no kernel of a step writes (weights:
+`moe_route.py` loads the router early, `norm.py` and `reduce_norm.py` their weights), and what kernels before the
+previous one wrote, since the previous kernel lets its dependents launch only once its own wait has returned (`moe.py`'s
+decode down projection loads the expert ids the router wrote, and its first weight tile, while the gate+up kernel runs;
 `rope_kv.py` the step's rope rows and slots; `paged_attention.py` the context lengths, block tables and the keys and
-values of earlier steps). Writes still come after the wait. Each such read takes a memory round trip off the
-kernel's critical path (benchmarks/reports/moe_round_trips_h200.md). `LAYERZERO_TRITON_PDL=0` launches every kernel
-plainly.
+values of earlier steps). Writes still come after the wait. Each such read takes a memory round trip off the kernel's
+critical path (benchmarks/reports/moe_round_trips_h200.md). `LAYERZERO_TRITON_PDL=0` launches every kernel plainly.
 """
 
 from __future__ import annotations

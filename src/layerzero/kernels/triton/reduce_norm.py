@@ -41,14 +41,19 @@ from layerzero.kernels.triton.specs import REDUCE_NORM_SLOT_BYTES as SLOT_BYTES
 def _reduce_add_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, bufs_ptr, calls_ptr, n_cols, row_cap, eps,
                             w_offset, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                             BITS: tl.constexpr, PDL: tl.constexpr):
-    await_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    # the weight and the buffer table are never written by a step: read before the wait (launch.py). The call
+    # counter and the residual are not: the previous kernel may be this one's previous call, or write the residual.
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + w_offset
+    dtype = x_ptr.dtype.element_ty
+    own = tl.load(bufs_ptr + RANK).to(tl.pointer_type(dtype))
+    await_inputs(PDL)
     calls = tl.load(calls_ptr + row)
     phase = calls & 1
-    dtype = x_ptr.dtype.element_ty
     x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=0.0)
+    r = tl.load(r_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     bits = x.to(BITS, bitcast=True)  # every bit set is the empty mark: such a NaN goes as another NaN
     x = tl.where(bits == -1, bits - 1, bits).to(BITS).to(dtype, bitcast=True)
     mine = ((phase * WORLD + RANK) * row_cap + row).to(tl.int64) * n_cols
@@ -56,7 +61,6 @@ def _reduce_add_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, bufs_ptr, cal
         if peer != RANK:
             buf = tl.load(bufs_ptr + peer).to(tl.pointer_type(dtype))
             tl.store(buf + mine + cols, x, mask=mask)
-    own = tl.load(bufs_ptr + RANK).to(tl.pointer_type(dtype))
     empty = tl.full([BLOCK], -1, BITS).to(dtype, bitcast=True)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for src in tl.static_range(WORLD):  # rank order: every rank sums the same bits
@@ -70,12 +74,10 @@ def _reduce_add_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, bufs_ptr, cal
             acc += theirs.to(tl.float32)
             tl.store(slot, empty, mask=mask)  # the mark back for this phase's next call
     reduced = acc.to(dtype).to(tl.float32)  # the all-reduce's result in x's dtype
-    r = tl.load(r_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     s = (reduced + r).to(sum_ptr.dtype.element_ty)
     tl.store(sum_ptr + row.to(tl.int64) * n_cols + cols, s, mask=mask)
     s = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + w_offset
     tl.store(out_ptr + row.to(tl.int64) * n_cols + cols, (s * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(calls_ptr + row, calls + 1)
 

@@ -93,13 +93,23 @@ def _int4_groups(ctx: SelectionContext) -> list[Reason]:
 GEMV_MAX_ROWS = 8  # decode's batch 1-8; more rows are a GEMM's work
 # Where the GEMV measured faster than cuBLAS on weights read from DRAM, as a decode step reads them (H200,
 # benchmarks/reports/gemv_bandwidth_h200.md, gemv_bandwidth_tp2_h200.md): every weight from 64 MiB (LM heads,
-# gate+up, the 8B's down); from 16 MiB the long rows (K >= 4096) with at least 3072 outputs, 96 programs of 32 of
-# them (the 8B's QKV and O, its TP=2 QKV and down shards: 1-10% faster). Shorter rows or fewer outputs lost to
-# cuBLAS's split-K: Qwen3-30B-A3B's QKV (K 2048) 8.1 against 7.7 µs, the 1B's down (2048 outputs) 17 against 13.
+# gate+up, the 8B's down). Under 64 MiB its column blocks leave SMs idle or in a partial last wave (96-192 programs
+# of 32 outputs for 3072-6144 outputs): long rows (K >= 4096) of 16-64 MiB go to the split-K form below, and to the
+# GEMV only where K does not divide into the split's slices and there are 3072+ outputs (1-10% faster than cuBLAS
+# there). Shorter rows or fewer outputs lost to cuBLAS's split-K: Qwen3-30B-A3B's QKV (K 2048) 8.1 against 7.7 µs,
+# the 1B's down (2048 outputs) 17 against 13.
 GEMV_MIN_WEIGHT_BYTES = 64 * 2**20
 GEMV_LONG_ROWS_MIN_BYTES = 16 * 2**20
 GEMV_LONG_ROW = 4096
 GEMV_MIN_OUT_FEATURES = 3072
+# Long rows under 64 MiB (the 8B's QKV and O, its TP=2 QKV and down shards, Qwen3-30B-A3B's O projection): K split
+# in SPLITK_SLICES slices of whole SPLITK_BLOCK_K steps (gemv.linear_splitk), 8 x 48-128 programs, so every SM
+# streams. Qwen3-30B-A3B's O (2048 outputs): 1.3 µs a layer faster than cuBLAS's split-K in a chain of layers
+# (benchmarks/reports/splitk_chain_h200.md); the 8B's QKV and O (3072-6144 outputs, before on the one-pass GEMV):
+# whole decode 6.4% faster at TP=1 and 5.4% at TP=2 (benchmarks/reports/distributed_h200.md). On the Llama-3.1-8B
+# TP=2 O shard (K 2048) it only tied, so rows under 4096 stay on cuBLAS.
+SPLITK_SLICES = 8
+SPLITK_BLOCK_K = 128
 
 
 def _skinny(ctx: SelectionContext, kernel: str) -> tuple[list[Reason], int, int]:
@@ -113,39 +123,39 @@ def _skinny(ctx: SelectionContext, kernel: str) -> tuple[list[Reason], int, int]
     return reasons, out, out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
 
 
+def _long_rows(ctx: SelectionContext, nbytes: int) -> bool:
+    """A weight the split-K form is for: rows of GEMV_LONG_ROW+ columns, 16 to 64 MiB."""
+    return ctx.hidden >= GEMV_LONG_ROW and GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES
+
+
+def _slices(ctx: SelectionContext) -> bool:
+    """Whether K divides into the split-K form's slices of whole steps."""
+    return ctx.hidden % (SPLITK_SLICES * SPLITK_BLOCK_K) == 0
+
+
 def _gemv_shape(ctx: SelectionContext) -> list[Reason]:
     """The skinny-linear kernel runs where it measured faster than cuBLAS: few rows, and a weight of 64 MiB or
-    more, or of 16 MiB or more with long rows and enough outputs to spread its programs over the SMs."""
+    more, or a long-row one of 16 MiB or more with 3072+ outputs whose K the split-K form cannot slice."""
     reasons, out, nbytes = _skinny(ctx, "GEMV")
-    long_rows = ctx.hidden >= GEMV_LONG_ROW and out >= GEMV_MIN_OUT_FEATURES
-    if nbytes < (GEMV_LONG_ROWS_MIN_BYTES if long_rows else GEMV_MIN_WEIGHT_BYTES):
+    unsliced = _long_rows(ctx, nbytes) and not _slices(ctx) and out >= GEMV_MIN_OUT_FEATURES
+    if nbytes < GEMV_MIN_WEIGHT_BYTES and not unsliced:
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight of {out} x {ctx.hidden}: "
-                                                   f"cuBLAS measured faster under {GEMV_MIN_WEIGHT_BYTES // 2**20} "
-                                                   f"MiB, or {GEMV_LONG_ROWS_MIN_BYTES // 2**20} MiB with rows of "
-                                                   f"{GEMV_LONG_ROW}+ and {GEMV_MIN_OUT_FEATURES}+ outputs"))
+                                                   f"under {GEMV_MIN_WEIGHT_BYTES // 2**20} MiB cuBLAS or the "
+                                                   f"split-K GEMV measured faster (but on rows of {GEMV_LONG_ROW}+ "
+                                                   f"with {GEMV_MIN_OUT_FEATURES}+ outputs that do not slice)"))
     return reasons
 
 
-# Long rows with too few outputs for the GEMV's column blocks to cover the SMs, under 64 MiB (Qwen3-30B-A3B's O
-# projection, 2048 outputs of 4096 columns): K split in SPLITK_SLICES slices of whole SPLITK_BLOCK_K steps
-# (gemv.linear_splitk) beat cuBLAS's split-K by 1.3 µs a layer in a chain of layers on an H200
-# (benchmarks/reports/splitk_chain_h200.md); on the Llama-3.1-8B TP=2 O shard (K 2048) it only tied.
-SPLITK_SLICES = 8
-SPLITK_BLOCK_K = 128
-
-
 def _splitk_shape(ctx: SelectionContext) -> list[Reason]:
-    """The split-K linear runs where it measured faster than cuBLAS: few rows, long rows, few outputs, a weight of
-    16 to 64 MiB whose K divides into its slices."""
+    """The split-K linear runs where it measured faster than cuBLAS and the one-pass GEMV: few rows, long rows, a
+    weight of 16 to 64 MiB whose K divides into its slices."""
     reasons, out, nbytes = _skinny(ctx, "split-K GEMV")
-    if not (ctx.hidden >= GEMV_LONG_ROW and out < GEMV_MIN_OUT_FEATURES
-            and GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES):
+    if not _long_rows(ctx, nbytes):
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {nbytes / 2**20:.0f} MiB weight of {out} x {ctx.hidden}: the "
-                                                   f"split-K GEMV measured faster than cuBLAS only on rows of "
-                                                   f"{GEMV_LONG_ROW}+ with under {GEMV_MIN_OUT_FEATURES} outputs, "
+                                                   f"split-K GEMV measured faster only on rows of {GEMV_LONG_ROW}+, "
                                                    f"{GEMV_LONG_ROWS_MIN_BYTES // 2**20} to "
                                                    f"{GEMV_MIN_WEIGHT_BYTES // 2**20} MiB"))
-    elif ctx.hidden % (SPLITK_SLICES * SPLITK_BLOCK_K):
+    elif not _slices(ctx):
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"K = {ctx.hidden} is not a multiple of {SPLITK_SLICES} slices "
                                                    f"of {SPLITK_BLOCK_K}"))
     return reasons

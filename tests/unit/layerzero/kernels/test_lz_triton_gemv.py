@@ -54,28 +54,33 @@ def _ctx(tokens: int, out: int, hidden: int) -> SelectionContext:
                             hidden=hidden, params=(("out_features", out), ("bias", False)))
 
 
-def test_the_gemv_runs_on_few_rows_of_wide_weights_from_16_mib():
-    check = next(s for s in specs.kernel_specs() if s.op == "linear").check
+def test_the_gemv_runs_on_few_rows_of_weights_from_64_mib_or_long_rows_that_do_not_slice():
+    check = next(s for s in specs.kernel_specs() if s.kernel_id == "triton.linear").check
     assert check is not None
     assert check(_ctx(1, 14336 * 2, 4096)) == []  # Llama-3.1-8B gate+up, batch 1
     assert check(_ctx(8, 128256, 2048)) == []  # Llama-3.2-1B LM head, batch 8
-    assert check(_ctx(1, 3072, 4096)) == []  # Llama-3.1-8B's QKV shard at TP=2: 24 MiB
-    assert check(_ctx(1, 4096, 7168)) == []  # its down shard: 56 MiB
+    assert check(_ctx(1, 4096, 4096 + 512)) == []  # 36 MiB of rows the split-K form cannot slice
+    assert "split-K" in check(_ctx(1, 3072, 4096))[0].message  # Llama-3.1-8B's QKV shard at TP=2: split-K's
+    assert "split-K" in check(_ctx(1, 2048, 4096 + 512))[0].message  # unsliced, but 2048 outputs
     assert "at most 8" in check(_ctx(16, 14336 * 2, 4096))[0].message
-    assert "cuBLAS measured faster" in check(_ctx(1, 3072, 2048))[0].message  # Llama-3.2-1B QKV: 12 MiB
-    assert "cuBLAS measured faster" in check(_ctx(1, 2048, 8192))[0].message  # Llama-3.2-1B down: 2048 outputs
-    assert "cuBLAS measured faster" in check(_ctx(1, 5120, 2048))[0].message  # Qwen3-30B-A3B QKV: rows of 2048
+    assert "cuBLAS" in check(_ctx(1, 3072, 2048))[0].message  # Llama-3.2-1B QKV: 12 MiB
+    assert "cuBLAS" in check(_ctx(1, 2048, 8192))[0].message  # Llama-3.2-1B down: 2048 outputs
+    assert "cuBLAS" in check(_ctx(1, 5120, 2048))[0].message  # Qwen3-30B-A3B QKV: rows of 2048
 
 
-def test_the_splitk_gemv_runs_on_long_rows_with_few_outputs():
+def test_the_splitk_gemv_runs_on_long_rows_of_16_to_64_mib():
     check = next(s for s in specs.kernel_specs() if s.kernel_id == "triton.linear_splitk").check
     gemv = next(s for s in specs.kernel_specs() if s.kernel_id == "triton.linear").check
     assert check is not None and gemv is not None
     assert check(_ctx(1, 2048, 4096)) == []  # Qwen3-30B-A3B's O projection: 16 MiB
     assert check(_ctx(8, 2048, 8192)) == []  # Llama-3.2-1B down: 32 MiB
-    assert "cuBLAS" in check(_ctx(1, 4096, 2048))[0].message  # Llama-3.1-8B's O shard at TP=2: rows of 2048
-    assert "cuBLAS" in check(_ctx(1, 1024, 4096))[0].message  # 8 MiB
+    assert check(_ctx(1, 3072, 4096)) == []  # Llama-3.1-8B's QKV shard at TP=2: 24 MiB
+    assert check(_ctx(1, 4096, 7168)) == []  # its down shard: 56 MiB
+    assert check(_ctx(1, 6144, 4096)) == [] and check(_ctx(1, 4096, 4096)) == []  # the 8B's QKV and O at TP=1
+    assert "16 to 64 MiB" in check(_ctx(1, 4096, 14336))[0].message  # the 8B's down: 112 MiB, the GEMV's
+    assert "16 to 64 MiB" in check(_ctx(1, 4096, 2048))[0].message  # Llama-3.1-8B's O shard at TP=2: rows of 2048
+    assert "16 to 64 MiB" in check(_ctx(1, 1024, 4096))[0].message  # 8 MiB
     assert "at most 8" in check(_ctx(9, 2048, 4096))[0].message
     assert "multiple of 8 slices" in check(_ctx(1, 2048, 4096 + 512))[0].message
-    for shape in ((1, 2048, 4096), (1, 2048, 8192), (1, 3072, 4096), (1, 128256, 2048)):  # never both
+    for shape in ((1, 2048, 4096), (1, 2048, 8192), (1, 3072, 4096), (1, 4096, 4608), (1, 128256, 2048)):
         assert (check(_ctx(*shape)) == []) + (gemv(_ctx(*shape)) == []) <= 1
