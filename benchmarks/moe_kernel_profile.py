@@ -145,7 +145,8 @@ def graph_report(args: argparse.Namespace, spans: list[tuple[str, float, float]]
                          "calls_per_step": counts[n] / args.steps} for n, c in rows],
             "layer": [{"name": n, "us": d, "gap_us": g, "charged_us": c} for n, d, g, c in
                       path[middle: middle + layer]]}
-    lines = [f"# {args.shape}: a batch-1 decode step's critical path by kernel (CUDA graph, torch.profiler)", "",
+    tp = f", TP={args.tp} rank 0" if args.tp > 1 else ""
+    lines = [f"# {args.shape}{tp}: a batch-1 decode step's critical path by kernel (CUDA graph, torch.profiler)", "",
              f"`python benchmarks/moe_kernel_profile.py --graph`; {args.steps} steps; {per_step} kernels a step, "
              f"charged {step_us / 1e3:.3f} ms a step against a memory bound of {1e3 * bound_s:.3f} ms "
              f"({1e3 * bound_s / (step_us / 1e3):.2f} of it). A kernel's charge: how far it moves the step's end.", "",
