@@ -5,7 +5,8 @@
 # carried). MOE_AB_TESTS: pytest node ids run first (strict sync is the GPU tests' default); MOE_AB_ROUNDS rounds of
 # (before, after); MOE_AB_ENV: extra environment for a row "env" (the after tree with it); MOE_AB_PATCH: Python run
 # before the benchmark for a row "patch" (the before tree, or the after one without BEFORE_SRC), e.g.
-# "import layerzero.kernels.triton.paged_attention as m; m._MIN_TOKENS_PER_SPLIT = 4096". Usage (device tool,
+# "import layerzero.kernels.triton.paged_attention as m; m._MIN_TOKENS_PER_SPLIT = 4096"; MOE_AB_PATCH_<NAME>: more
+# such rows, one per variable, each named NAME. Usage (device tool,
 # carrying .whl and .ab_before):  BEFORE_SRC=.ab_before/src bash scripts/gpu_moe_ab.sh
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -30,4 +31,7 @@ for round in $(seq 1 "${MOE_AB_ROUNDS:-1}"); do
   run "after$round" src "" ""
   [ -n "${MOE_AB_ENV:-}" ] && run "env$round" src "$MOE_AB_ENV" ""
   [ -n "${MOE_AB_PATCH:-}" ] && run "patch$round" "${BEFORE_SRC:-src}" "" "$MOE_AB_PATCH"
+  for var in $(compgen -v MOE_AB_PATCH_); do
+    run "${var#MOE_AB_PATCH_}$round" "${BEFORE_SRC:-src}" "" "${!var}"
+  done
 done
