@@ -3,7 +3,7 @@
 # alternated: an earlier tree unpacked under $BEFORE_SRC (`git archive REV src | tar -x -C .ab_before`, carried)
 # and the tree as it is; then one row per patch: TP_AB_PATCH_<NAME>="python" is run at the start of every Python
 # process of the row (the TP workers' too, through a sitecustomize), on the tree as it is, e.g.
-#   TP_AB_PATCH_splitk="import layerzero.kernels.triton.specs as s; s.GEMV_MIN_OUT_FEATURES = 8192"
+#   TP_AB_PATCH_osplitk="import layerzero.kernels.triton.specs as s; s.GEMV_LONG_ROW = 2048"
 # TP_AB_TP (default "1 2"), TP_AB_BATCHES (default 1), TP_AB_ROUNDS (default 1). Usage (device tool, carrying .whl
 # and .ab_before, on a 2-GPU kind):  BEFORE_SRC=.ab_before/src bash scripts/gpu_tp_ab.sh
 set -uo pipefail

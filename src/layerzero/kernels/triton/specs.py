@@ -103,7 +103,7 @@ GEMV_LONG_ROWS_MIN_BYTES = 16 * 2**20
 GEMV_LONG_ROW = 4096
 GEMV_MIN_OUT_FEATURES = 3072
 # Long rows under 64 MiB (the 8B's QKV and O, its TP=2 QKV and down shards, Qwen3-30B-A3B's O projection): K split
-# in SPLITK_SLICES slices of whole SPLITK_BLOCK_K steps (gemv.linear_splitk), 8 x 48-128 programs, so every SM
+# in SPLITK_SLICES slices of whole SPLITK_BLOCK_K steps (gemv.linear_splitk), 8 x 32-128 programs, so every SM
 # streams. Qwen3-30B-A3B's O (2048 outputs): 1.3 µs a layer faster than cuBLAS's split-K in a chain of layers
 # (benchmarks/reports/splitk_chain_h200.md); the 8B's QKV and O (3072-6144 outputs, before on the one-pass GEMV):
 # whole decode 6.4% faster at TP=1 and 5.4% at TP=2 (benchmarks/reports/distributed_h200.md). On the Llama-3.1-8B
