@@ -53,6 +53,15 @@ def alternated(measures: dict[str, Callable[[], float]], rounds: int) -> dict[st
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def checked(kernels: dict[str, Callable[..., torch.Tensor]], weights: list[torch.Tensor],
+            xs: dict[int, torch.Tensor]) -> None:
+    """Every kernel's product with each weight against the float64 one (float32 tolerances) before it is timed."""
+    for w in weights:
+        want = xs[w.shape[1]].double() @ w.double().T
+        for fn in kernels.values():
+            torch.testing.assert_close(fn(xs[w.shape[1]], w).double(), want, rtol=1e-4, atol=1e-3)
+
+
 def timed(fn, weights: list[list[torch.Tensor]], xs: dict[int, torch.Tensor]) -> float:
     started = time.perf_counter()
     for layer in weights:

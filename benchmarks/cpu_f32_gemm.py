@@ -23,7 +23,7 @@ from layerzero.kernels.native import gemm
 from layerzero.policy.state import lock, unlock
 
 from bench_serving import hardware_info
-from cpu_amx_gemm import SHAPES, alternated, timed
+from cpu_amx_gemm import SHAPES, alternated, checked, timed
 from report_files import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,10 +77,7 @@ def main() -> None:
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {k for _, k in SHAPES}}
         flops = 2 * m * sum(n * k for n, k in SHAPES)
-        for w in weights:
-            want = xs[w.shape[1]].double() @ w.double().T
-            for fn in KERNELS.values():
-                torch.testing.assert_close(fn(xs[w.shape[1]], w).double(), want, rtol=1e-4, atol=1e-3)
+        checked(KERNELS, weights, xs)
         med = alternated({name: functools.partial(per_pass, fn, weights, xs) for name, fn in KERNELS.items()},
                          args.rounds)
         row = {"rows": m, **{f"{name}_ms": round(ms, 3) for name, ms in med.items()},

@@ -20,7 +20,7 @@ from layerzero.kernels import onednn
 from layerzero.kernels.native.linear import linear_f32
 
 from bench_serving import hardware_info
-from cpu_amx_gemm import LAYERS, SHAPES, alternated, read_bandwidth, timed
+from cpu_amx_gemm import LAYERS, SHAPES, alternated, checked, read_bandwidth, timed
 from report_files import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +41,7 @@ def main() -> None:
     rows_out = []
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {k for _, k in SHAPES}}
-        for w in weights[0] + weights[-1]:
-            want = xs[w.shape[1]].double() @ w.double().T
-            for fn in KERNELS.values():
-                torch.testing.assert_close(fn(xs[w.shape[1]], w).double(), want, rtol=1e-4, atol=1e-3)
+        checked(KERNELS, weights[0] + weights[-1], xs)
         for fn in KERNELS.values():
             timed(fn, weights, xs)  # oneDNN packs each weight once
         med = alternated({name: functools.partial(timed, fn, weights, xs) for name, fn in KERNELS.items()},

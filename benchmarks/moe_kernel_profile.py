@@ -97,6 +97,13 @@ def main() -> None:
         os._exit(0)  # no NCCL teardown (it can wait on ranks that are gone)
 
 
+def report_head(args: argparse.Namespace, bw: float, bound_s: float) -> tuple[str, dict[str, object]]:
+    """What both reports start with: the title's model (and TP rank), and the run's facts for the JSON."""
+    tp = f", TP={args.tp} rank 0" if args.tp > 1 else ""
+    return f"{args.shape}{tp}", {"shape": args.shape, "tp": args.tp, "steps": args.steps, "copy_bandwidth": bw,
+                                 "bound_ms": 1e3 * bound_s}
+
+
 def eager_report(args: argparse.Namespace, prof: profile, bw: float, bound_s: float) -> None:
     """Device time by kernel name per step, beside the memory bound."""
     totals: dict[str, float] = defaultdict(float)
@@ -109,10 +116,10 @@ def eager_report(args: argparse.Namespace, prof: profile, bw: float, bound_s: fl
     per_step = {name: s / args.steps for name, s in totals.items()}
     device_s = sum(per_step.values())
     rows = sorted(per_step.items(), key=lambda kv: -kv[1])[: args.top]
-    data = {"shape": args.shape, "steps": args.steps, "copy_bandwidth": bw, "bound_ms": 1e3 * bound_s,
-            "device_ms_per_step": 1e3 * device_s,
-            "kernels": [{"name": n, "ms_per_step": 1e3 * s, "calls_per_step": counts[n] / args.steps} for n, s in rows]}
-    lines = [f"# {args.shape}: device time of a batch-1 decode step by kernel (eager, torch.profiler)", "",
+    title, data = report_head(args, bw, bound_s)
+    data |= {"device_ms_per_step": 1e3 * device_s,
+             "kernels": [{"name": n, "ms_per_step": 1e3 * s, "calls_per_step": counts[n] / args.steps} for n, s in rows]}
+    lines = [f"# {title}: device time of a batch-1 decode step by kernel (eager, torch.profiler)", "",
              f"`python benchmarks/moe_kernel_profile.py`; {args.steps} steps; kernels' own time "
              f"{1e3 * device_s:.2f} ms a step against a memory bound of {1e3 * bound_s:.2f} ms "
              f"({bound_s / device_s:.2f} of it).", "",
@@ -139,14 +146,13 @@ def graph_report(args: argparse.Namespace, spans: list[tuple[str, float, float]]
     layer = max(1, (per_step - 8) // layers)  # a layer's kernels: the step's, less the few outside the layers
     middle = args.steps // 2 * per_step + per_step // 2
     rows = sorted(charge.items(), key=lambda kv: -kv[1])[: args.top]
-    data = {"shape": args.shape, "steps": args.steps, "copy_bandwidth": bw, "bound_ms": 1e3 * bound_s,
-            "charged_ms_per_step": step_us / 1e3, "kernels_per_step": per_step,
-            "kernels": [{"name": n, "charged_us_per_step": c, "own_us_per_step": own[n],
-                         "calls_per_step": counts[n] / args.steps} for n, c in rows],
-            "layer": [{"name": n, "us": d, "gap_us": g, "charged_us": c} for n, d, g, c in
-                      path[middle: middle + layer]]}
-    tp = f", TP={args.tp} rank 0" if args.tp > 1 else ""
-    lines = [f"# {args.shape}{tp}: a batch-1 decode step's critical path by kernel (CUDA graph, torch.profiler)", "",
+    title, data = report_head(args, bw, bound_s)
+    data |= {"charged_ms_per_step": step_us / 1e3, "kernels_per_step": per_step,
+             "kernels": [{"name": n, "charged_us_per_step": c, "own_us_per_step": own[n],
+                          "calls_per_step": counts[n] / args.steps} for n, c in rows],
+             "layer": [{"name": n, "us": d, "gap_us": g, "charged_us": c} for n, d, g, c in
+                       path[middle: middle + layer]]}
+    lines = [f"# {title}: a batch-1 decode step's critical path by kernel (CUDA graph, torch.profiler)", "",
              f"`python benchmarks/moe_kernel_profile.py --graph`; {args.steps} steps; {per_step} kernels a step, "
              f"charged {step_us / 1e3:.3f} ms a step against a memory bound of {1e3 * bound_s:.3f} ms "
              f"({1e3 * bound_s / (step_us / 1e3):.2f} of it). A kernel's charge: how far it moves the step's end.", "",
