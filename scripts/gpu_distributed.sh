@@ -15,7 +15,9 @@
 #              (DP_CONFIGS picks)
 #   dpserve    `infer serve -dp 2` against the offline engine (DPSERVE_LEVELS, DPSERVE_API, DPSERVE_CLIENTS,
 #              DPSERVE_REPEATS, DPSERVE_R: requests each stream sends in turn; DPSERVE_DP=1 serves one core,
-#              the baseline; DPSERVE_ARGS: more `infer serve` flags, e.g. "--no-prefix-caching")
+#              the baseline; DPSERVE_ARGS: more `infer serve` flags, e.g. "--no-prefix-caching"; DPSERVE_PROBE=1:
+#              each core's steps window by window into core_probe.md, benchmarks/core_step_probe.py; DPSERVE_PATCH:
+#              Python run at the start of every process of the run, the cores' too, through a sitecustomize)
 #   tpserve    `infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -67,13 +69,24 @@ if want dp; then
     --configs "${DP_CONFIGS:-dp,share,core}" --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | grep -v "start-up:" | tail -8
 fi
 if want dpserve; then  # DPSERVE_API: API server counts to run in turn (default: what `infer serve` picks)
+  probe_site=""
+  if [[ -n "${DPSERVE_PROBE:-}${DPSERVE_PATCH:-}" ]]; then  # run in every process of the run, cores included
+    probe_site=$(mktemp -d)
+    printf '%s\n' "${DPSERVE_PATCH:-}" > "$probe_site/sitecustomize.py"
+  fi
+  if [[ -n "${DPSERVE_PROBE:-}" ]]; then  # every core's steps, window by window (benchmarks/core_step_probe.py)
+    export CORE_PROBE_DIR="$out/core_probe"
+    printf 'import core_step_probe\ncore_step_probe.install_on_import()\n' >> "$probe_site/sitecustomize.py"
+  fi
   for api in ${DPSERVE_API:-default}; do
     count=(); [[ $api != default ]] && count=(--api-server-count "$api")
-    OUT_DIR="$out" timeout "${DPSERVE_S:-330}" python3 benchmarks/serve_vs_offline.py --levels "${DPSERVE_LEVELS:-256,1024}" \
+    PYTHONPATH="${probe_site:+$probe_site:}$PYTHONPATH" OUT_DIR="$out" timeout "${DPSERVE_S:-330}" \
+      python3 benchmarks/serve_vs_offline.py --levels "${DPSERVE_LEVELS:-256,1024}" \
       --repeats "${DPSERVE_REPEATS:-1}" --data-parallel-size "${DPSERVE_DP:-2}" --client-processes "${DPSERVE_CLIENTS:-8}" \
       --requests-per-stream "${DPSERVE_R:-1}" "${count[@]}" ${DPSERVE_ARGS:+--serve-arg="$DPSERVE_ARGS"} 2>&1 \
       | grep -v Loading | tail -40
   done
+  [[ -n "${DPSERVE_PROBE:-}" ]] && python3 benchmarks/core_step_probe.py summarize "$CORE_PROBE_DIR" > "$out/core_probe.md"
 fi
 if want tpserve; then
   OUT_DIR="$out" timeout 280 python3 benchmarks/serve_vs_offline.py --shape llama-3.1-8b --levels 64 --repeats 1 \

@@ -153,6 +153,17 @@ def test_routing_matches_the_reference(route_kernel, experts, k, scoring, renorm
     assert route_kernel.moe_route(logits[:0], k, renormalize=renormalize, scoring=scoring)[1].shape == (0, k)
 
 
+@pytest.mark.parametrize("experts, k", [(128, 8), (256, 8), (6, 4), (300, 3)])
+def test_routing_orders_ties_by_expert_id(route_kernel, experts, k):
+    """Scores from a coarse grid tie often: a token's experts come by score, then by the lower id."""
+    gen = torch.Generator().manual_seed(experts)
+    logits = torch.randint(0, 5, (7, experts), generator=gen).float() / 2
+    weights, ids = route_kernel.moe_route(logits, k, renormalize=False)
+    want_ids = torch.sort(-logits, dim=1, stable=True).indices[:, :k]
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, torch.softmax(logits, 1).gather(1, want_ids), atol=1e-6, rtol=1e-6)
+
+
 def test_routing_of_nan_logits_still_names_valid_experts(route_kernel):
     logits = torch.full((2, 6), float("nan"))
     logits[1, 0] = float("inf")  # softmax of inf - inf is NaN too
