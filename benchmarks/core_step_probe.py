@@ -41,6 +41,7 @@ class _Steps:
         self.wait_started = self.wait_ended = 0.0
         self.events: tuple[Any, Any] | None = None  # this step's (start, end) CUDA events
         self.shape = (0, 0)  # this step's (sequences, tokens): more tokens than sequences is a step with a prefill
+        self.forward_s = 0.0  # host time inside the runner's forward and sample (uploads, graph replays, launches)
         self.prev_end: Any = None
         self.pending: list[tuple[list[float], Any, Any, Any]] = []  # rows whose events are not read yet
 
@@ -55,8 +56,9 @@ class _Steps:
         host_a = (self.wait_started if waited else t1) - t0
         wait = self.wait_ended - self.wait_started if waited else 0.0
         row = [round(t0, 6), round(host_a * 1e3, 3), round(wait * 1e3, 3), round((t1 - t0) * 1e3 - host_a * 1e3 -
-               wait * 1e3, 3), tokens, round(self.gc_s * 1e3, 3), -1.0, -1.0, *self.shape]
-        self.gc_s, self.shape = 0.0, (0, 0)
+               wait * 1e3, 3), tokens, round(self.gc_s * 1e3, 3), -1.0, -1.0, *self.shape,
+               round(self.forward_s * 1e3, 3)]
+        self.gc_s, self.shape, self.forward_s = 0.0, (0, 0), 0.0
         if self.events is not None:
             start, end = self.events
             self.pending.append((row, self.prev_end, start, end))
@@ -81,7 +83,7 @@ class _Steps:
 
 
 FIELDS = ("t", "host_before_wait_ms", "wait_ms", "host_after_wait_ms", "tokens", "gc_ms", "gpu_step_ms",
-          "gpu_gap_ms", "seqs", "step_tokens")
+          "gpu_gap_ms", "seqs", "step_tokens", "launch_ms")
 
 
 def _patch(core_module: Any) -> None:
@@ -110,19 +112,25 @@ def _patch(core_module: Any) -> None:
             steps.wait_ended = time.perf_counter()
 
     def marked_forward(self: Any, step: Any) -> Any:
+        t0 = time.perf_counter()
         steps.shape = (step.num_seqs, step.num_scheduled_tokens)
         if self.device.type == "cuda":
             start = torch.cuda.Event(enable_timing=True)
             start.record()
             steps.events = (start, None)
-        return forward(self, step)
+        try:
+            return forward(self, step)
+        finally:
+            steps.forward_s += time.perf_counter() - t0
 
     def marked_sample(self: Any, forwarded: Any, masks: Any) -> Any:
+        t0 = time.perf_counter()
         launched = sample(self, forwarded, masks)
         if steps.events is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             steps.events = (steps.events[0], end)
+        steps.forward_s += time.perf_counter() - t0
         return launched
 
     core_module.EngineCore.step_core = timed_step
@@ -172,7 +180,8 @@ def summarize(directory: Path) -> str:
                          f"{mean['tokens']:.0f} | {mean['host_before_wait_ms']:.2f} | {mean['wait_ms']:.2f} | "
                          f"{mean['host_after_wait_ms']:.2f} | {mean['gc_ms']:.2f} | {mean['gpu_step_ms']:.2f} | "
                          f"{mean['gpu_gap_ms']:.2f} | {100 * gaps / len(w):.0f}% | {_gpu(plain)} | {len(mixed)}: "
-                         f"{_gpu(mixed)}, {_mean(mixed, 'step_tokens') - _mean(mixed, 'seqs'):.0f} |")
+                         f"{_gpu(mixed)}, {_mean(mixed, 'launch_ms'):.2f}, "
+                         f"{_mean(mixed, 'step_tokens') - _mean(mixed, 'seqs'):.0f} |")
             i = j
     return "\n".join(lines)
 
