@@ -18,6 +18,8 @@
 #              the baseline; DPSERVE_ARGS: more `infer serve` flags, e.g. "--no-prefix-caching"; DPSERVE_PROBE=1:
 #              each core's steps window by window into core_probe.md, benchmarks/core_step_probe.py; DPSERVE_PATCH:
 #              Python run at the start of every process of the run, the cores' too, through a sitecustomize)
+#   dpab       `infer serve -dp 1` and `-dp 2` alternated, a fresh server each turn (benchmarks/dp_serve_ab.py;
+#              DPAB_SIZES, DPAB_ROUNDS, DPAB_REPEATS, DPAB_LEVEL, DPAB_R, DPAB_API; DPSERVE_PROBE and DPSERVE_PATCH too)
 #   tpserve    `infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -68,16 +70,16 @@ if want dp; then
   timeout "${DP_S:-420}" python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 3 \
     --configs "${DP_CONFIGS:-dp,share,core}" --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | grep -v "start-up:" | tail -8
 fi
+probe_site=""  # dpserve / dpab: a sitecustomize run by every process of the run, the engine cores' too
+if [[ -n "${DPSERVE_PROBE:-}${DPSERVE_PATCH:-}" ]]; then
+  probe_site=$(mktemp -d)
+  printf '%s\n' "${DPSERVE_PATCH:-}" > "$probe_site/sitecustomize.py"
+fi
+if [[ -n "${DPSERVE_PROBE:-}" ]]; then  # every core's steps (benchmarks/core_step_probe.py)
+  export CORE_PROBE_DIR="$out/core_probe"
+  printf 'import core_step_probe\ncore_step_probe.install_on_import()\n' >> "$probe_site/sitecustomize.py"
+fi
 if want dpserve; then  # DPSERVE_API: API server counts to run in turn (default: what `infer serve` picks)
-  probe_site=""
-  if [[ -n "${DPSERVE_PROBE:-}${DPSERVE_PATCH:-}" ]]; then  # run in every process of the run, cores included
-    probe_site=$(mktemp -d)
-    printf '%s\n' "${DPSERVE_PATCH:-}" > "$probe_site/sitecustomize.py"
-  fi
-  if [[ -n "${DPSERVE_PROBE:-}" ]]; then  # every core's steps, window by window (benchmarks/core_step_probe.py)
-    export CORE_PROBE_DIR="$out/core_probe"
-    printf 'import core_step_probe\ncore_step_probe.install_on_import()\n' >> "$probe_site/sitecustomize.py"
-  fi
   for api in ${DPSERVE_API:-default}; do
     count=(); [[ $api != default ]] && count=(--api-server-count "$api")
     PYTHONPATH="${probe_site:+$probe_site:}$PYTHONPATH" OUT_DIR="$out" timeout "${DPSERVE_S:-330}" \
@@ -86,7 +88,15 @@ if want dpserve; then  # DPSERVE_API: API server counts to run in turn (default:
       --requests-per-stream "${DPSERVE_R:-1}" "${count[@]}" ${DPSERVE_ARGS:+--serve-arg="$DPSERVE_ARGS"} 2>&1 \
       | grep -v Loading | tail -40
   done
-  [[ -n "${DPSERVE_PROBE:-}" ]] && python3 benchmarks/core_step_probe.py summarize "$CORE_PROBE_DIR" > "$out/core_probe.md"
+fi
+if want dpab; then  # DPAB_SIZES (1,2), DPAB_ROUNDS (3), DPAB_REPEATS (1), DPAB_LEVEL (1024), DPAB_R (4), DPAB_API (4)
+  PYTHONPATH="${probe_site:+$probe_site:}$PYTHONPATH" OUT_DIR="$out" timeout "${DPAB_S:-560}" \
+    python3 benchmarks/dp_serve_ab.py --sizes "${DPAB_SIZES:-1,2}" --rounds "${DPAB_ROUNDS:-3}" \
+    --repeats "${DPAB_REPEATS:-1}" --level "${DPAB_LEVEL:-1024}" --requests-per-stream "${DPAB_R:-4}" \
+    --client-processes 16 --api-server-count "${DPAB_API:-4}" 2>&1 | grep -v Loading | tail -20
+fi
+if [[ -n "${DPSERVE_PROBE:-}" ]]; then
+  python3 benchmarks/core_step_probe.py summarize "$CORE_PROBE_DIR" > "$out/core_probe.md"
 fi
 if want tpserve; then
   OUT_DIR="$out" timeout 280 python3 benchmarks/serve_vs_offline.py --shape llama-3.1-8b --levels 64 --repeats 1 \
