@@ -59,14 +59,16 @@ class _Steps:
                wait * 1e3, 3), tokens, round(self.gc_s * 1e3, 3), -1.0, -1.0, *self.shape,
                round(self.forward_s * 1e3, 3)]
         self.gc_s, self.shape, self.forward_s = 0.0, (0, 0), 0.0
-        if self.events is not None:
-            start, end = self.events
+        start, end = self.events or (None, None)
+        self.events = None
+        if end is not None:
             self.pending.append((row, self.prev_end, start, end))
-            self.prev_end, self.events = end, None
-        else:  # not on CUDA: no GPU columns (-1)
+            self.prev_end = end
+        else:  # not on CUDA (or no sampling this step): no GPU columns (-1)
             self.rows.append(row)
-        done = [p for p in self.pending if p[3].query()]
-        self.pending = [p for p in self.pending if not p[3].query()]
+        ready = [p[3].query() for p in self.pending]
+        done = [p for p, r in zip(self.pending, ready) if r]
+        self.pending = [p for p, r in zip(self.pending, ready) if not r]
         for r, prev, start, end in done:
             r[6] = round(start.elapsed_time(end), 3)
             r[7] = round(prev.elapsed_time(start), 3) if prev is not None else -1.0
