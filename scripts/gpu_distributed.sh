@@ -16,7 +16,7 @@
 #   dpserve    `infer serve -dp 2` against the offline engine (DPSERVE_LEVELS, DPSERVE_API, DPSERVE_CLIENTS,
 #              DPSERVE_REPEATS, DPSERVE_R: requests each stream sends in turn; DPSERVE_DP=1 serves one core,
 #              the baseline; DPSERVE_ARGS: more `infer serve` flags, e.g. "--no-prefix-caching"; DPSERVE_PROBE=1:
-#              each core's steps window by window into core_probe.md, benchmarks/core_step_probe.py; DPSERVE_PATCH:
+#              every core's steps, by 2 s windows into core_probe.md (benchmarks/core_step_probe.py); DPSERVE_PATCH:
 #              Python run at the start of every process of the run, the cores' too, through a sitecustomize)
 #   dpab       `infer serve -dp 1` and `-dp 2` alternated, a fresh server each turn (benchmarks/dp_serve_ab.py;
 #              DPAB_SIZES, DPAB_ROUNDS, DPAB_REPEATS, DPAB_LEVEL, DPAB_R, DPAB_API; DPSERVE_PROBE and DPSERVE_PATCH too)
