@@ -42,6 +42,7 @@ class _Steps:
         self.events: tuple[Any, Any] | None = None  # this step's (start, end) CUDA events
         self.shape = (0, 0)  # this step's (sequences, tokens): more tokens than sequences is a step with a prefill
         self.forward_s = 0.0  # host time inside the runner's forward and sample (uploads, graph replays, launches)
+        self.bucket = 0  # the tokens of the prefill graph this step replayed; 0: none (a decode step, or eager)
         self.prev_end: Any = None
         self.pending: list[tuple[list[float], Any, Any, Any]] = []  # rows whose events are not read yet
 
@@ -57,8 +58,8 @@ class _Steps:
         wait = self.wait_ended - self.wait_started if waited else 0.0
         row = [round(t0, 6), round(host_a * 1e3, 3), round(wait * 1e3, 3), round((t1 - t0) * 1e3 - host_a * 1e3 -
                wait * 1e3, 3), tokens, round(self.gc_s * 1e3, 3), -1.0, -1.0, *self.shape,
-               round(self.forward_s * 1e3, 3)]
-        self.gc_s, self.shape, self.forward_s = 0.0, (0, 0), 0.0
+               round(self.forward_s * 1e3, 3), self.bucket]
+        self.gc_s, self.shape, self.forward_s, self.bucket = 0.0, (0, 0), 0.0, 0
         start, end = self.events or (None, None)
         self.events = None
         if end is not None:
@@ -85,13 +86,13 @@ class _Steps:
 
 
 FIELDS = ("t", "host_before_wait_ms", "wait_ms", "host_after_wait_ms", "tokens", "gc_ms", "gpu_step_ms",
-          "gpu_gap_ms", "seqs", "step_tokens", "launch_ms")
+          "gpu_gap_ms", "seqs", "step_tokens", "launch_ms", "bucket")
 
 
 def _patch(core_module: Any) -> None:
     import torch
 
-    from infer.runners import torch_runner
+    from infer.runners import prefill_graphs, torch_runner
 
     steps = _Steps(Path(os.environ["CORE_PROBE_DIR"]) / f"core_{os.getpid()}.jsonl")
     gc.callbacks.append(steps.on_gc)
@@ -99,6 +100,12 @@ def _patch(core_module: Any) -> None:
     step_core = core_module.EngineCore.step_core
     result = torch_runner.LaunchedStep.result
     forward, sample = torch_runner.TorchRunner.forward, torch_runner.TorchRunner.sample
+    pick = prefill_graphs.PrefillGraphs.shape
+
+    def picked(self: Any, tokens: int, seqs: int) -> Any:
+        shape = pick(self, tokens, seqs)
+        steps.bucket = 0 if shape is None else shape.tokens
+        return shape
 
     def timed_step(self: Any) -> Any:
         t0 = time.perf_counter()
@@ -139,6 +146,7 @@ def _patch(core_module: Any) -> None:
     torch_runner.LaunchedStep.result = timed_result
     torch_runner.TorchRunner.forward = marked_forward
     torch_runner.TorchRunner.sample = marked_sample
+    prefill_graphs.PrefillGraphs.shape = picked
 
 
 def install_on_import() -> None:
@@ -148,7 +156,8 @@ def install_on_import() -> None:
 
 
 def _mean(rows: list[dict[str, float]], key: str) -> float:
-    return sum(r[key] for r in rows) / len(rows) if rows else 0.0
+    """The mean of a field (0 where a row predates it)."""
+    return sum(r.get(key, 0.0) for r in rows) / len(rows) if rows else 0.0
 
 
 def _gpu(rows: list[dict[str, float]]) -> str:
@@ -165,7 +174,8 @@ def summarize(directory: Path) -> str:
         lines += [f"\n{path.name} ({len(rows)} steps)",
                   "| t s | steps | steps/s | tokens/step | host before wait ms | wait ms | host after ms | gc ms | "
                   "GPU step ms | GPU gap ms | steps with a gap > 0.1 ms | decode-only steps: GPU ms | steps with "
-                  "a prefill: count: GPU ms, prompt tokens a step |", "|---:" * 13 + "|"]
+                  "a prefill: count: GPU ms, host ms in forward + sample, prompt tokens a step, how many ran "
+                  "eagerly, the mean token bucket of the rest |", "|---:" * 13 + "|"]
         first, i = rows[0]["t"], 0
         while i < len(rows):
             j = i
@@ -174,7 +184,7 @@ def summarize(directory: Path) -> str:
             w = rows[i:j]
             span = (rows[j]["t"] if j < len(rows) else w[-1]["t"] + 1e-3 * sum(
                 w[-1][k] for k in ("host_before_wait_ms", "wait_ms", "host_after_wait_ms"))) - w[0]["t"]
-            mean = {k: sum(r[k] for r in w) / len(w) for k in FIELDS[1:]}
+            mean = {k: _mean(w, k) for k in FIELDS[1:]}
             gaps = sum(r["gpu_gap_ms"] > 0.1 for r in w)
             mixed = [r for r in w if r["step_tokens"] > r["seqs"]]
             plain = [r for r in w if r["step_tokens"] == r["seqs"]]
@@ -183,7 +193,9 @@ def summarize(directory: Path) -> str:
                          f"{mean['host_after_wait_ms']:.2f} | {mean['gc_ms']:.2f} | {mean['gpu_step_ms']:.2f} | "
                          f"{mean['gpu_gap_ms']:.2f} | {100 * gaps / len(w):.0f}% | {_gpu(plain)} | {len(mixed)}: "
                          f"{_gpu(mixed)}, {_mean(mixed, 'launch_ms'):.2f}, "
-                         f"{_mean(mixed, 'step_tokens') - _mean(mixed, 'seqs'):.0f} |")
+                         f"{_mean(mixed, 'step_tokens') - _mean(mixed, 'seqs'):.0f}, "
+                         f"{sum(not r.get('bucket') for r in mixed)} eager, graph buckets "
+                         f"{_mean([r for r in mixed if r.get('bucket')], 'bucket'):.0f} |")
             i = j
     return "\n".join(lines)
 

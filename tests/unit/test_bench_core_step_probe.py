@@ -41,17 +41,18 @@ def test_steps_split_host_time_around_the_wait(tmp_path: Path):
     assert first["host_before_wait_ms"] == pytest.approx(3.0) and first["wait_ms"] == pytest.approx(2.0)
     assert first["host_after_wait_ms"] == pytest.approx(1.0) and first["launch_ms"] == pytest.approx(2.0)
     assert (first["seqs"], first["step_tokens"], first["gpu_step_ms"]) == (4, 100, -1.0)  # no CUDA: no GPU columns
+    assert first["bucket"] == 0  # no prefill graph replayed
     assert second["wait_ms"] == 0.0 and second["host_before_wait_ms"] == pytest.approx(1.0)
     assert second["seqs"] == 0  # the shape is per step
 
 
 def test_summary_separates_decode_steps_from_steps_with_prompts(tmp_path: Path):
-    def row(t: float, gpu: float, seqs: int, tokens: int) -> list[float]:
-        return [t, 1.0, 2.0, 0.5, seqs, 0.0, gpu, 0.0, seqs, tokens, 0.3]
+    def row(t: float, gpu: float, seqs: int, tokens: int, bucket: int) -> list[float]:
+        return [t, 1.0, 2.0, 0.5, seqs, 0.0, gpu, 0.0, seqs, tokens, 0.3, bucket]
 
-    rows = [row(0.001 * i, 2.5, 8, 8) for i in range(9)] + [row(0.01, 20.0, 8, 1000)]
+    rows = [row(0.001 * i, 2.5, 8, 8, 0) for i in range(9)] + [row(0.01, 20.0, 8, 1000, 1024)]
     (tmp_path / "core_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = probe.summarize(tmp_path)
     assert "core_1.jsonl (10 steps)" in table
     last = table.strip().splitlines()[-1]
-    assert "| 2.50 | 1: 20.00, 0.30, 992 |" in last  # decode-only GPU ms, then the one prompt step's columns
+    assert "| 2.50 | 1: 20.00, 0.30, 992, 0 eager, graph buckets 1024 |" in last  # decode-only GPU ms, the prompt step
