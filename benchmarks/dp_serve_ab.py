@@ -2,6 +2,7 @@
 
     python benchmarks/dp_serve_ab.py [--sizes 1,2] [--rounds 3] [--level 1024] [--repeats 1]
                                      [--requests-per-stream 4] [--client-processes 16] [--api-server-count 4]
+                                     [--tag NAME]
 
 Each server is started afresh for its turn and measured as serve_vs_offline.py measures it (same prompts, settings,
 clients and CPU placement; one first run, then the median of --repeats timed runs). A machine drifts by several
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--client-processes", type=int, default=16)
     parser.add_argument("--api-server-count", type=int, default=None)
     parser.add_argument("--serve-arg", action="append", default=[], metavar="FLAG=VALUE")
+    parser.add_argument("--tag", default="", help="appended to the report's name (runs of one call side by side)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if len(sizes) < 2 or min(sizes) < 1 or args.rounds < 1 or args.repeats < 1:
@@ -63,7 +65,7 @@ def main() -> None:
     write({"gpu": torch.cuda.get_device_name(), "shape": args.shape, "torch": torch.__version__, "sizes": sizes,
            "rounds": args.rounds, "level": args.level, "repeats": args.repeats,
            "requests_per_stream": args.requests_per_stream, "client_processes": args.client_processes,
-           "api_server_count": api_servers, "serve_args": args.serve_arg, "turns": turns})
+           "api_server_count": api_servers, "serve_args": args.serve_arg, "tag": args.tag, "turns": turns})
 
 
 def ratios(report: dict) -> dict[int, list[float]]:
@@ -78,7 +80,7 @@ def ratios(report: dict) -> dict[int, list[float]]:
 def write(r: dict) -> None:
     out = Path(os.environ.get("OUT_DIR", "benchmarks/reports"))
     gpu = r["gpu"].lower().replace("nvidia", "").split()[0]
-    stem = f"dp_serve_ab_{gpu}"
+    stem = f"dp_serve_ab_{gpu}" + (f"_{r['tag']}" if r.get("tag") else "")
     (out / f"{stem}.json").write_text(json.dumps(r, indent=2) + "\n")
     base = r["sizes"][0]
     lines = [f"# `infer serve -dp N`, sizes {', '.join(map(str, r['sizes']))} alternated — {r['shape']} (random bf16 "

@@ -19,7 +19,8 @@
 #              every core's steps, by 2 s windows into core_probe.md (benchmarks/core_step_probe.py); DPSERVE_PATCH:
 #              Python run at the start of every process of the run, the cores' too, through a sitecustomize)
 #   dpab       `infer serve -dp 1` and `-dp 2` alternated, a fresh server each turn (benchmarks/dp_serve_ab.py;
-#              DPAB_SIZES, DPAB_ROUNDS, DPAB_REPEATS, DPAB_LEVEL, DPAB_R, DPAB_API; DPSERVE_PROBE and DPSERVE_PATCH too)
+#              DPAB_SIZES, DPAB_ROUNDS, DPAB_REPEATS, DPAB_LEVEL, DPAB_R, DPAB_API, DPAB_TAG names the report;
+#              DPSERVE_PROBE and DPSERVE_PATCH too)
 #   tpserve    `infer serve -tp 2` against the offline TP=2 engine, 8B shape, 64 streams
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -93,7 +94,7 @@ if want dpab; then  # DPAB_SIZES (1,2), DPAB_ROUNDS (3), DPAB_REPEATS (1), DPAB_
   PYTHONPATH="${probe_site:+$probe_site:}$PYTHONPATH" OUT_DIR="$out" timeout "${DPAB_S:-560}" \
     python3 benchmarks/dp_serve_ab.py --sizes "${DPAB_SIZES:-1,2}" --rounds "${DPAB_ROUNDS:-3}" \
     --repeats "${DPAB_REPEATS:-1}" --level "${DPAB_LEVEL:-1024}" --requests-per-stream "${DPAB_R:-4}" \
-    --client-processes 16 --api-server-count "${DPAB_API:-4}" 2>&1 | grep -v Loading | tail -20
+    --client-processes 16 --api-server-count "${DPAB_API:-4}" --tag "${DPAB_TAG:-}" 2>&1 | grep -v Loading | tail -20
 fi
 if [[ -n "${DPSERVE_PROBE:-}" ]]; then
   python3 benchmarks/core_step_probe.py summarize "$CORE_PROBE_DIR" > "$out/core_probe.md"
