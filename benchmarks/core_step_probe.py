@@ -172,10 +172,11 @@ def summarize(directory: Path) -> str:
         if not rows:
             continue
         lines += [f"\n{path.name} ({len(rows)} steps)",
-                  "| t s | steps | steps/s | tokens/step | host before wait ms | wait ms | host after ms | gc ms | "
+                  "| t s | steps | steps/s | longest step ms | tokens/step | host before wait ms | wait ms | "
+                  "host after ms | gc ms | "
                   "GPU step ms | GPU gap ms | steps with a gap > 0.1 ms | decode-only steps: GPU ms | steps with "
                   "a prefill: count: GPU ms, host ms in forward + sample, prompt tokens a step, how many ran "
-                  "eagerly, the mean token bucket of the rest |", "|---:" * 13 + "|"]
+                  "eagerly, the mean token bucket of the rest |", "|---:" * 14 + "|"]
         first, i = rows[0]["t"], 0
         while i < len(rows):
             j = i
@@ -188,7 +189,8 @@ def summarize(directory: Path) -> str:
             gaps = sum(r["gpu_gap_ms"] > 0.1 for r in w)
             mixed = [r for r in w if r["step_tokens"] > r["seqs"]]
             plain = [r for r in w if r["step_tokens"] == r["seqs"]]
-            lines.append(f"| {w[0]['t'] - first:.1f} | {len(w)} | {len(w) / max(span, 1e-9):.0f} | "
+            longest = max(r["host_before_wait_ms"] + r["wait_ms"] + r["host_after_wait_ms"] for r in w)
+            lines.append(f"| {w[0]['t'] - first:.1f} | {len(w)} | {len(w) / max(span, 1e-9):.0f} | {longest:.1f} | "
                          f"{mean['tokens']:.0f} | {mean['host_before_wait_ms']:.2f} | {mean['wait_ms']:.2f} | "
                          f"{mean['host_after_wait_ms']:.2f} | {mean['gc_ms']:.2f} | {mean['gpu_step_ms']:.2f} | "
                          f"{mean['gpu_gap_ms']:.2f} | {100 * gaps / len(w):.0f}% | {_gpu(plain)} | {len(mixed)}: "
