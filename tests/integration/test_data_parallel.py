@@ -2,7 +2,7 @@
 seeded, n > 1) the output one engine gives; the requests spread over both; aborts, /metrics, /health and the
 idle and block audits reach both; `infer serve -dp 2` with a core killed fails only that core's streams and starts
 it again; a killed API server is started again; offline, `LLM(data_parallel_size=2)` is a DataParallelLLM (and an
-LLM) that gives the in-process engine's greedy outputs."""
+LLM) that gives the in-process engine's greedy outputs, and so does `data_parallel_size=4` on a tiny model."""
 
 from __future__ import annotations
 
@@ -197,3 +197,18 @@ def test_offline_llm_with_data_parallel_size_2_gives_the_outputs_of_one_engine(s
         many_ids = [out.token_ids for out in llm.generate(many, short)]
     assert texts == [out.text for out in smollm2_llm.generate(PROMPTS, params)]
     assert many_ids == [out.token_ids for out in smollm2_llm.generate(many, short)]
+
+
+def test_offline_llm_with_data_parallel_size_4_gives_the_outputs_of_one_engine(tmp_path):
+    """Four cores on a tiny model (DP=4 is checked here, no 4-GPU machine needed): one engine's greedy outputs, in
+    prompt order, with more prompts than the cores are sent at once."""
+    from checkpoints import save_tiny_with_tokenizer
+
+    path = str(save_tiny_with_tokenizer("llama", tmp_path / "llama"))
+    prompts = [[1 + (7 * i + j) % 300 for j in range(3 + i % 11)] for i in range(2 * SEND_EVERY + 5)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with LLM(path) as one:
+        want = [out.token_ids for out in one.generate_ids(prompts, params)]
+    with LLM(path, data_parallel_size=4) as four:
+        assert len(four.cores) == 4
+        assert [out.token_ids for out in four.generate_ids(prompts, params)] == want

@@ -1,7 +1,8 @@
-"""Tensor parallelism on the CPU (gloo, 2 processes): the same tokens and logits as one process, refusals, failures.
+"""Tensor parallelism on the CPU (gloo, 2 processes, 4 in one test): the same tokens and logits as one process,
+refusals, failures.
 
-Every TP engine here is rank 0 in the test process with one spawned worker; each family's engines are built once per
-module (graphs on and off) and closed at the end, so a run spawns six workers in all.
+Every TP engine here is rank 0 in the test process with its workers spawned beside it; each family's engines are
+built once per module (graphs on and off) and closed at the end.
 """
 
 from __future__ import annotations
@@ -66,6 +67,22 @@ def family_runs(request, tmp_path_factory):
 def test_tp2_tokens_and_logits_equal_tp1(family_runs, graphs):
     reference, sharded = family_runs
     for ref, got in zip(reference, sharded[graphs]):
+        for (ref_tokens, ref_lp, ref_prompt), (tokens, lp, prompt) in zip(ref, got):
+            assert tokens == ref_tokens
+            assert lp == pytest.approx(ref_lp, abs=2e-4)
+            assert prompt == pytest.approx(ref_prompt, abs=2e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_tp4_tokens_and_logits_equal_tp1(family, tmp_path):
+    """Four ranks: llama's 2 KV heads each held by two ranks, the MoE's experts cut into four slices of their
+    intermediate dimension."""
+    path = save_tiny_with_tokenizer(family, tmp_path / family)
+    with LLM(str(path)) as one:
+        reference = [_run(one, GREEDY), _run(one, SEEDED)]
+    with LLM(str(path), tensor_parallel_size=4) as four:
+        sharded = [_run(four, GREEDY), _run(four, SEEDED)]
+    for ref, got in zip(reference, sharded):
         for (ref_tokens, ref_lp, ref_prompt), (tokens, lp, prompt) in zip(ref, got):
             assert tokens == ref_tokens
             assert lp == pytest.approx(ref_lp, abs=2e-4)
