@@ -2,7 +2,8 @@
 seeded, n > 1) the output one engine gives; the requests spread over both; aborts, /metrics, /health and the
 idle and block audits reach both; `infer serve -dp 2` with a core killed fails only that core's streams and starts
 it again; a killed API server is started again; offline, `LLM(data_parallel_size=2)` is a DataParallelLLM (and an
-LLM) that gives the in-process engine's greedy outputs, and so does `data_parallel_size=4` on a tiny model."""
+LLM) that gives the in-process engine's greedy outputs; on a tiny model, four cores offline and behind one API server
+answer as one engine."""
 
 from __future__ import annotations
 
@@ -212,3 +213,26 @@ def test_offline_llm_with_data_parallel_size_4_gives_the_outputs_of_one_engine(t
     with LLM(path, data_parallel_size=4) as four:
         assert len(four.cores) == 4
         assert [out.token_ids for out in four.generate_ids(prompts, params)] == want
+
+
+def test_four_cores_behind_one_api_server_answer_as_one_and_all_work(tmp_path):
+    """`-dp 4` (checked on the CPU, no 4-GPU machine needed): every request the output one engine gives, and the
+    least-load routing gives each of the four cores some."""
+    from checkpoints import save_tiny_with_tokenizer
+
+    path = save_tiny_with_tokenizer("llama", tmp_path / "llama")
+    bodies = [{"model": MODEL, "prompt": f"{p} {i}", "max_tokens": 8, "temperature": 0} for i in range(3)
+              for p in PROMPTS]
+
+    def answers(base: str) -> list[str]:
+        with httpx.Client(timeout=120) as http, ThreadPoolExecutor(8) as pool:
+            out = list(pool.map(lambda b: http.post(f"{base}/v1/completions", json=b), bodies))
+        assert all(a.status_code == 200 for a in out), [a.text for a in out if a.status_code != 200]
+        return [a.json()["choices"][0]["text"] for a in out]
+
+    with running_server(path, max_seq_len=256) as one:
+        want = answers(one.base_url)
+    with running_server(path, max_seq_len=256, data_parallel_size=4) as four:
+        assert answers(four.base_url) == want
+        finished = [sum(c.metrics.finished.values()) for c in four.state.engine.clients]
+    assert sum(finished) == len(bodies) and min(finished) >= 1, finished
