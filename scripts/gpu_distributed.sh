@@ -11,8 +11,8 @@
 #   tpgraph    the replayed batch-1 step's critical path by kernel at TP=1 and TP=2 (rank 0), 8B shape
 #   tp         TP decode, Llama-3.1-8B shape, batch 1 and 32 (TP_BATCHES), TP=1/2(/4); tp2profile adds a TP=2 profile
 #   tpmoe      the same on the Qwen3-30B-A3B shape: TP=1, TP=2 with the experts sliced, TP=2 with whole experts
-#   dp         offline DP=2 against DP=1 in process, through one core process, one core given half the prompts
-#              (DP_CONFIGS picks)
+#   dp         offline DP=2 (DP=4 on 4 GPUs; DP_SIZE) against DP=1 in process, through one core process, one core
+#              given half the prompts (DP_CONFIGS picks)
 #   dpserve    `infer serve -dp 2` against the offline engine (DPSERVE_LEVELS, DPSERVE_API, DPSERVE_CLIENTS,
 #              DPSERVE_REPEATS, DPSERVE_R: requests each stream sends in turn; DPSERVE_DP=1 serves one core,
 #              the baseline; DPSERVE_ARGS: more `infer serve` flags, e.g. "--no-prefix-caching"; DPSERVE_PROBE=1:
@@ -68,7 +68,8 @@ if want tpmoe; then  # the Qwen3-30B-A3B shape: experts sliced by their intermed
 fi
 if want dp; then
   nvidia-smi topo -m > "$out/topology.txt" 2>&1; lscpu >> "$out/topology.txt" 2>&1
-  timeout "${DP_S:-420}" python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp 2 --requests 1024 --repeats 3 \
+  dps=2; [[ $gpus -ge 4 ]] && dps=4  # DP=4 where four GPUs are lent
+  timeout "${DP_S:-420}" python3 benchmarks/dp_throughput.py --shape llama-3.2-1b --dp "${DP_SIZE:-$dps}" --requests 1024 --repeats 3 \
     --configs "${DP_CONFIGS:-dp,share,core}" --report "$out/dp_throughput.md" 2>&1 | grep -v "Loading" | grep -v "start-up:" | tail -8
 fi
 probe_site=""  # dpserve / dpab: a sitecustomize run by every process of the run, the engine cores' too
