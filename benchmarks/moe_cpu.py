@@ -1,8 +1,8 @@
 """One mixture-of-experts layer on the CPU: layerzero's fused_moe (the path it selects) against per-expert Python loops
-over the same stacked weights, batch 1 (decode) to 64, and the bytes each reads; then the same weights stored as a GGUF
-stores them (Q4_0, Q8_0) and kept so (lz.fused_moe_int4 / fused_moe_w8, the native kernel), against per-expert loops
-over those weights dequantized to float32 (what a loader that dequantizes GGUF experts runs) and over the kept weights
-one expert at a time (lz.linear_int4 / linear_w8 per routed expert).
+over the same stacked weights, batch 1 (decode) to 64, and the bytes each reads; the same in bfloat16; then the same
+weights stored as a GGUF stores them (Q4_0, Q8_0) and kept so (lz.fused_moe_int4 / fused_moe_w8, the native kernel),
+against per-expert loops over those weights dequantized to float32 (what a loader that dequantizes GGUF experts runs)
+and over the kept weights one expert at a time (lz.linear_int4 / linear_w8 per routed expert).
 
     python benchmarks/moe_cpu.py [--experts 128] [--top-k 8] [--hidden 1024] [--inner 384] [--repeats 20]
 
@@ -129,6 +129,31 @@ def quantized_rows(args: argparse.Namespace, w13: torch.Tensor, w2: torch.Tensor
     return rows
 
 
+def bf16_rows(args: argparse.Namespace, w13: torch.Tensor, w2: torch.Tensor, router: torch.Tensor,
+              batches: list[int]) -> list[dict]:
+    """The experts stored in bfloat16 (a bf16 checkpoint's): lz.fused_moe on the stacks as they are (float32 rows)
+    against the per-expert loop over the same bf16 weights in torch's bf16 matmuls."""
+    rows = []
+    b13, b2 = w13.bfloat16(), w2.bfloat16()
+    i, h = w2.shape[2], w2.shape[1]
+    for batch in batches:
+        x = torch.randn(batch, h)
+        weights, ids = lz.moe_route(x @ router.T, args.top_k, renormalize=True)
+        fused = lz.fused_moe(x, b13, b2, weights, ids)
+        torch.testing.assert_close(fused, loop_hit(x, b13.float(), b2.float(), weights, ids), atol=1e-4, rtol=1e-4)
+        xb, wb = x.bfloat16(), weights.bfloat16()
+        t_fused = timed(lambda: lz.fused_moe(x, b13, b2, weights, ids), args.repeats)
+        t_hit = timed(lambda: loop_hit(xb, b13, b2, wb, ids), args.repeats)
+        routed = ids.unique().numel()
+        read_gb = routed * 3 * i * h * 2 / 1e9
+        rows.append({"batch": batch, "kernel": lz.which("fused_moe", x, b13, b2, weights, ids)["kernel_id"],
+                     "experts_routed": routed, "fused_ms": t_fused * 1e3, "loop_hit_bf16_ms": t_hit * 1e3,
+                     "routed_weights_gb": read_gb, "fused_gb_s": read_gb / t_fused})
+        print(f"bf16 batch {batch:3d}: fused {t_fused * 1e3:.2f} ms, loop over the hit experts in bf16 "
+              f"{t_hit * 1e3:.2f} ms ({t_hit / t_fused:.1f}x)")
+    return rows
+
+
 def timed(fn: Callable[[], torch.Tensor], repeats: int) -> float:
     fn()
     times = []
@@ -177,11 +202,12 @@ def main() -> None:
                      "fused_gb_s": read_gb / t_fused})
         print(f"batch {batch:3d} ({kernel}): fused {t_fused * 1e3:.2f} ms, loop over all experts {t_all * 1e3:.2f} ms "
               f"({t_all / t_fused:.1f}x), over the hit ones {t_hit * 1e3:.2f} ms ({t_hit / t_fused:.1f}x)")
+    half = bf16_rows(args, w13, w2, router, batches)
     kept = quantized_rows(args, w13, w2, router, batches)
     ceiling = read_ceiling()
     report = {"machine": platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "load_average": os.getloadavg(), "read_ceiling_gb_s": ceiling, "shape": {"experts": e, "top_k": k, "hidden": h, "inner": i},
-              "repeats": args.repeats, "rows": rows, "kept_quantized": kept}
+              "repeats": args.repeats, "rows": rows, "bf16": half, "kept_quantized": kept}
     out = Path(os.environ.get("OUT_DIR", "benchmarks/reports"))
     (out / "moe_cpu.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# One MoE layer on the CPU: lz.fused_moe against per-expert loops ({platform.machine()}, "
@@ -195,6 +221,16 @@ def main() -> None:
         lines.append(f"| {r['batch']} | `{r['kernel']}` | {r['experts_routed']} | {r['fused_ms']:.2f} | "
                      f"{r['loop_all_ms']:.2f} | {r['loop_all_ms'] / r['fused_ms']:.1f} | {r['loop_hit_ms']:.2f} | "
                      f"{r['loop_hit_ms'] / r['fused_ms']:.1f} | {r['fused_gb_s']:.1f} |")
+    lines += ["", "## Experts in bfloat16", "",
+              "The same experts stored in bfloat16: lz.fused_moe over the bf16 stacks (float32 rows) against the "
+              "per-expert loop over the hit experts in torch's bf16 matmuls (rows and routing weights cast to bf16). "
+              "GB/s: the routed experts' bf16 bytes per second.", "",
+              "| batch | kernel | experts routed | fused ms | loop over hit experts, bf16 ms | ÷ fused | "
+              "routed GB/s (fused) |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in half:
+        lines.append(f"| {r['batch']} | `{r['kernel']}` | {r['experts_routed']} | {r['fused_ms']:.2f} | "
+                     f"{r['loop_hit_bf16_ms']:.2f} | {r['loop_hit_bf16_ms'] / r['fused_ms']:.1f} | "
+                     f"{r['fused_gb_s']:.1f} |")
     lines += ["", "## Experts kept as a GGUF stores them", "",
               "The same float32 experts quantized by gguf-py to Q4_0 and Q8_0 and read back as infer keeps them. "
               "`fused`: lz.fused_moe_int4 / fused_moe_w8 over the kept stacks (one native call a layer). Against it: "

@@ -461,7 +461,7 @@ int f32_linear(const float *x, int64_t m, int64_t k, const float *weight, int64_
 }
 
 /* One projection of a stack of experts [E, N, K]: form 0 = 4-bit groups (scale, zero8 [E, N, K/group]), form 1 =
- * int8 blocks of `group` columns (scale [E, N, K/group]). */
+ * int8 blocks of `group` columns (scale [E, N, K/group]), form 2 = bfloat16, form 3 = float32 (no scales; group K). */
 typedef struct {
     int form;
     const uint8_t *q;
@@ -476,14 +476,17 @@ typedef struct {
  * read batch 1 at 2/3 the speed). */
 static void grouped(Stack w, const float *x, int64_t k, int64_t n, const int64_t *start, const int64_t *hit,
                     int64_t nhit, float *h) {
-    TileFn tiles = w.form == 0 ? int4_tiles : int8_tiles;
-    int64_t row_bytes = w.form == 0 ? k / 2 : k, groups = k / w.group, blocks = (n + BLOCK - 1) / BLOCK;
+    static const TileFn by_form[] = {int4_tiles, int8_tiles, bf16_tiles, f32_tiles};
+    TileFn tiles = by_form[w.form];
+    int64_t row_bytes = w.form == 0 ? k / 2 : w.form == 1 ? k : w.form == 2 ? 2 * k : 4 * k;
+    int64_t groups = k / w.group, blocks = (n + BLOCK - 1) / BLOCK;
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < nhit * blocks; item++) {
         int64_t e = hit[item / blocks], blk = item % blocks, p0 = start[e];
+        const float *scale = w.scale == NULL ? NULL : w.scale + e * n * groups;
         const float *zero8 = w.zero8 == NULL ? NULL : w.zero8 + e * n * groups;
         run_block(tiles, x + p0 * k, start[e + 1] - p0, k, w.q + e * n * row_bytes, row_bytes, n,
-                  w.scale + e * n * groups, zero8, w.group, NULL, h + p0 * n, blk * BLOCK,
+                  scale, zero8, w.group, NULL, h + p0 * n, blk * BLOCK,
                   (blk + 1) * BLOCK < n ? (blk + 1) * BLOCK : n);
     }
 }
@@ -502,7 +505,7 @@ static void activated_row(const float *h, int64_t inner, int act, int form, floa
     }
 }
 
-/* A mixture of experts' sparse MLP on quantized expert stacks, in one call: out [T, H] = sum_j weights[t, j] *
+/* A mixture of experts' sparse MLP on expert stacks (quantized or dense, Stack's forms), in one call: out [T, H] = sum_j weights[t, j] *
  * W2[e] . (act(G[e] . x_t) * U[e] . x_t), e = ids[t, j], with W13 [E, 2I, H] (gate rows first) and W2 [E, H, I].
  * The (token, expert) pairs are grouped by expert (a counting sort, token order within one), so each routed expert's
  * weights stream once per call with up to TILE of its rows at a time; a token's k results are summed in its own j

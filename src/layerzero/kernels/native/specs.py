@@ -69,6 +69,16 @@ def _moe_w8(ctx: SelectionContext) -> list[Reason]:
     return _moe_activation(ctx)
 
 
+def _moe_dense(ctx: SelectionContext) -> list[Reason]:
+    """float32 rows through float32 or bfloat16 experts whose projections' inputs are whole 16-column steps."""
+    if ctx.param("weight_dtype") not in ("float32", "bfloat16"):
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.param('weight_dtype')} experts: takes float32 or bfloat16 stacks")]
+    if ctx.hidden % moe.DENSE_STEP or ctx.param("inner") % moe.DENSE_STEP:
+        return [Reason(CONSTRAINT_FAILED, f"hidden {ctx.hidden}, expert intermediate {ctx.param('inner')}: the dense "
+                                          f"tiles read whole {moe.DENSE_STEP}-column steps")]
+    return _moe_activation(ctx)
+
+
 def _moe_activation(ctx: SelectionContext) -> list[Reason]:
     if ctx.param("activation") not in moe.ACTIVATIONS:
         return [Reason(CONSTRAINT_FAILED, f"activation {ctx.param('activation')!r}: takes {sorted(moe.ACTIVATIONS)}")]
@@ -175,6 +185,8 @@ def kernel_specs() -> list[KernelSpec]:
                    available=_builds("f32_gemm", "f32_gemm", gemm.ARGS)),
         KernelSpec("native.linear_bf16_amx_cpu", "linear", "native", amx.linear, VERSION, platforms=cpu,
                    dtypes=FLOAT32 | BF16, priority=PRIORITY, check=_amx_weight, available=_amx_available),
+        KernelSpec("native.fused_moe_cpu", "fused_moe", "native", moe.fused_moe, VERSION, platforms=cpu,
+                   dtypes=FLOAT32, priority=PRIORITY, check=_moe_dense, available=experts),
         KernelSpec("native.fused_moe_int4_cpu", "fused_moe_int4", "native", moe.fused_moe_int4, VERSION,
                    platforms=cpu, dtypes=FLOAT32, priority=PRIORITY, check=_moe_int4, available=experts),
         KernelSpec("native.fused_moe_w8_int8_cpu", "fused_moe_w8", "native", moe.fused_moe_w8_int8, VERSION,
