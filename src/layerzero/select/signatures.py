@@ -173,12 +173,18 @@ def _moe_gate(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
         ("scoring", kw.get("scoring", "softmax"))))
 
 
+def _stack_dtypes(w13: Any, w2: Any) -> str:
+    """The experts' dtype ('bfloat16'), or both where the two stacks differ ('bfloat16 and float32')."""
+    names = [str(w.dtype).removeprefix("torch.") for w in (w13, w2)]
+    return names[0] if names[0] == names[1] else " and ".join(names)
+
+
 def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x, w13, _, _, ids = args[:5]
     pairs = ids.numel()
     return dict(tokens=_rows(x), hidden=x.shape[-1], params=(
         ("experts", w13.shape[0]), ("inner", w13.shape[1] // 2), ("top_k", ids.shape[-1]),
-        ("activation", kw.get("activation", "silu")), ("weight_dtype", str(w13.dtype).removeprefix("torch.")),
+        ("activation", kw.get("activation", "silu")), ("weight_dtype", _stack_dtypes(w13, args[2])),
         ("few_pairs", pairs <= MOE_GATHER_PAIRS), ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
 
 

@@ -32,6 +32,10 @@ def test_the_cpu_picks_the_native_kernel_for_whole_column_steps(dtype):
     w13, w2 = _stacks(4, 64, 24, dtype, gen)  # an intermediate of 24 is not whole 16-column steps
     assert lz.which("fused_moe", x, w13, w2, weights, ids)["kernel_id"] == "reference.fused_moe"
     assert "whole 16-column steps" in str(lz.explain("fused_moe", x, w13, w2, weights, ids))
+    w13, w2 = _stacks(4, 64, 32, dtype, gen)
+    mixed = w2.float() if dtype == torch.bfloat16 else w2.bfloat16()  # one kernel form for both stacks only
+    assert lz.which("fused_moe", x, w13, mixed, weights, ids)["kernel_id"] == "reference.fused_moe"
+    assert "takes float32 or bfloat16 stacks" in str(lz.explain("fused_moe", x, w13, mixed, weights, ids))
 
 
 @settings(max_examples=25, deadline=None)

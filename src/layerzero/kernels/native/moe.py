@@ -3,7 +3,8 @@
 call (`moe_quant` in quant_linear.c).
 
 The call reads the routed ids from memory, so no host value leaves it and a CPU decode graph replays it; the pairs
-are grouped by expert inside, so each routed expert's weights stream once per call, in their stored 4 or 8 bits.
+are grouped by expert inside, so each routed expert's weights stream once per call, as stored (4 or 8 bits, bfloat16
+or float32).
 A token's result does not depend on what else shares its call (docs/quantization.md, "CPU kernels")."""
 
 from __future__ import annotations

@@ -505,8 +505,9 @@ static void activated_row(const float *h, int64_t inner, int act, int form, floa
     }
 }
 
-/* A mixture of experts' sparse MLP on expert stacks (quantized or dense, Stack's forms), in one call: out [T, H] = sum_j weights[t, j] *
- * W2[e] . (act(G[e] . x_t) * U[e] . x_t), e = ids[t, j], with W13 [E, 2I, H] (gate rows first) and W2 [E, H, I].
+/* A mixture of experts' sparse MLP on expert stacks (quantized or dense: Stack's forms), in one call: out [T, H] =
+ * sum_j weights[t, j] * W2[e] . (act(G[e] . x_t) * U[e] . x_t), e = ids[t, j], with W13 [E, 2I, H] (gate rows first)
+ * and W2 [E, H, I].
  * The (token, expert) pairs are grouped by expert (a counting sort, token order within one), so each routed expert's
  * weights stream once per call with up to TILE of its rows at a time; a token's k results are summed in its own j
  * order, so its output does not depend on what else shares the call (nor on which thread computed a row). ids are

@@ -72,7 +72,8 @@ def _moe_w8(ctx: SelectionContext) -> list[Reason]:
 def _moe_dense(ctx: SelectionContext) -> list[Reason]:
     """float32 rows through float32 or bfloat16 experts whose projections' inputs are whole 16-column steps."""
     if ctx.param("weight_dtype") not in ("float32", "bfloat16"):
-        return [Reason(CONSTRAINT_FAILED, f"{ctx.param('weight_dtype')} experts: takes float32 or bfloat16 stacks")]
+        return [Reason(CONSTRAINT_FAILED, f"{ctx.param('weight_dtype')} experts: takes float32 or bfloat16 stacks, "
+                                          "both of one dtype")]
     if ctx.hidden % moe.DENSE_STEP or ctx.param("inner") % moe.DENSE_STEP:
         return [Reason(CONSTRAINT_FAILED, f"hidden {ctx.hidden}, expert intermediate {ctx.param('inner')}: the dense "
                                           f"tiles read whole {moe.DENSE_STEP}-column steps")]
