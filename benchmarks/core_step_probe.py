@@ -1,9 +1,9 @@
 """Where a served engine core's time goes, step by step: a probe loaded into every process of a run.
 
 With CORE_PROBE_DIR set, `install_on_import()` (run from a sitecustomize, so the `infer serve` cores get it too)
-wraps `EngineCore.step_core`, the torch runner's forward and sample (CUDA events around the step's GPU work) and
-`LaunchedStep.result` (the wait for the GPU's tokens) once `infer.engine.core` is imported, and times the garbage
-collector. Every step becomes one JSON line of CORE_PROBE_DIR/core_<pid>.jsonl (FIELDS), written every WINDOW_S.
+wraps `EngineCore.step_core`, the torch runner's forward and sample (CUDA events around the step's GPU work),
+`LaunchedStep.result` (the wait for the GPU's tokens) and `PrefillGraphs.shape` (the prefill graph a step replays) once
+`infer.engine.core` is imported, and times the garbage collector. Every step becomes one JSON line of CORE_PROBE_DIR/core_<pid>.jsonl (FIELDS), written every WINDOW_S.
 Used to find why a served data-parallel core makes fewer steps a second after its first run
 (benchmarks/reports/dp_serve_h200.md).
 
@@ -28,9 +28,10 @@ TARGET = "infer.engine.core"
 
 
 class _Steps:
-    """Per step: host time before the wait, the wait, host time after it, tokens out, and on the GPU the step's span
-    (an event at the forward's start to one after the sampling) and its gap from the step before's end (the GPU
-    idle, waiting for the host). Appended every WINDOW_S as one JSON line per step."""
+    """Per step (FIELDS): host time before the wait, the wait, host time after it, tokens out, the step's sequences,
+    tokens, host time in the runner and prefill graph, and on the GPU the step's span (an event at the forward's start
+    to one after the sampling) and its gap from the step before's end (the GPU idle, waiting for the host). Appended
+    every WINDOW_S as one JSON line per step."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
