@@ -161,8 +161,9 @@ def _mean(rows: list[dict[str, float]], key: str) -> float:
     return sum(r.get(key, 0.0) for r in rows) / len(rows) if rows else 0.0
 
 
-def _gpu(rows: list[dict[str, float]]) -> str:
-    return f"{_mean(rows, 'gpu_step_ms'):.2f}" if rows else "-"
+def _gpu(rows: list[dict[str, float]], key: str = "gpu_step_ms") -> str:
+    """A GPU column's mean over the rows that have it (-1: no CUDA events, or no step before the first), or '-'."""
+    return f"{_mean([r for r in rows if r[key] >= 0], key):.2f}" if any(r[key] >= 0 for r in rows) else "-"
 
 
 def summarize(directory: Path) -> str:
@@ -189,12 +190,12 @@ def summarize(directory: Path) -> str:
             mean = {k: _mean(w, k) for k in FIELDS[1:]}
             gaps = sum(r["gpu_gap_ms"] > 0.1 for r in w)
             mixed = [r for r in w if r["step_tokens"] > r["seqs"]]
-            plain = [r for r in w if r["step_tokens"] == r["seqs"]]
+            plain = [r for r in w if r["seqs"] and r["step_tokens"] == r["seqs"]]  # not a step that ran nothing
             longest = max(r["host_before_wait_ms"] + r["wait_ms"] + r["host_after_wait_ms"] for r in w)
             lines.append(f"| {w[0]['t'] - first:.1f} | {len(w)} | {len(w) / max(span, 1e-9):.0f} | {longest:.1f} | "
                          f"{mean['tokens']:.0f} | {mean['host_before_wait_ms']:.2f} | {mean['wait_ms']:.2f} | "
-                         f"{mean['host_after_wait_ms']:.2f} | {mean['gc_ms']:.2f} | {mean['gpu_step_ms']:.2f} | "
-                         f"{mean['gpu_gap_ms']:.2f} | {100 * gaps / len(w):.0f}% | {_gpu(plain)} | {len(mixed)}: "
+                         f"{mean['host_after_wait_ms']:.2f} | {mean['gc_ms']:.2f} | {_gpu(w)} | "
+                         f"{_gpu(w, 'gpu_gap_ms')} | {100 * gaps / len(w):.0f}% | {_gpu(plain)} | {len(mixed)}: "
                          f"{_gpu(mixed)}, {_mean(mixed, 'launch_ms'):.2f}, "
                          f"{_mean(mixed, 'step_tokens') - _mean(mixed, 'seqs'):.0f}, "
                          f"{sum(not r.get('bucket') for r in mixed)} eager, graph buckets "

@@ -51,8 +51,10 @@ def test_summary_separates_decode_steps_from_steps_with_prompts(tmp_path: Path):
         return [t, 1.0, 2.0, 0.5, seqs, 0.0, gpu, 0.0, seqs, tokens, 0.3, bucket]
 
     rows = [row(0.001 * i, 2.5, 8, 8, 0) for i in range(9)] + [row(0.01, 20.0, 8, 1000, 1024)]
+    rows.insert(5, row(0.0045, -1.0, 0, 0, 0))  # a step that ran nothing: no GPU time, in no column's mean
     (tmp_path / "core_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = probe.summarize(tmp_path)
-    assert "core_1.jsonl (10 steps)" in table
+    assert "core_1.jsonl (11 steps)" in table
     last = table.strip().splitlines()[-1]
+    assert "| 4.25 | 0.00 |" in last  # the GPU step and gap means of the ten steps that ran: (9 x 2.5 + 20) / 10
     assert "| 2.50 | 1: 20.00, 0.30, 992, 0 eager, graph buckets 1024 |" in last  # decode-only GPU ms, the prompt step

@@ -180,11 +180,11 @@ def _stack_dtypes(w13: Any, w2: Any) -> str:
 
 
 def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
-    x, w13, _, _, ids = args[:5]
+    x, w13, w2, _, ids = args[:5]
     pairs = ids.numel()
     return dict(tokens=_rows(x), hidden=x.shape[-1], params=(
         ("experts", w13.shape[0]), ("inner", w13.shape[1] // 2), ("top_k", ids.shape[-1]),
-        ("activation", kw.get("activation", "silu")), ("weight_dtype", _stack_dtypes(w13, args[2])),
+        ("activation", kw.get("activation", "silu")), ("weight_dtype", _stack_dtypes(w13, w2)),
         ("few_pairs", pairs <= MOE_GATHER_PAIRS), ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
 
 
