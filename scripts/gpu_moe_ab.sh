@@ -6,7 +6,8 @@
 # (before, after); MOE_AB_ENV: extra environment for a row "env" (the after tree with it); MOE_AB_PATCH: Python run
 # before the benchmark for a row "patch" (the before tree, or the after one without BEFORE_SRC), e.g.
 # "import layerzero.kernels.triton.paged_attention as m; m._MIN_TOKENS_PER_SPLIT = 4096"; MOE_AB_PATCH_<NAME>: more
-# such rows, one per variable, each named NAME. Usage (device tool,
+# such rows, one per variable, each named NAME; MOE_AB_TREES: more trees, a row each, named by their folders under
+# .ab_trees/ (each holds an edited copy of src, e.g. a kernel variant; git-ignored, carried). Usage (device tool,
 # carrying .whl and .ab_before):  BEFORE_SRC=.ab_before/src bash scripts/gpu_moe_ab.sh
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -29,6 +30,9 @@ PY
 for round in $(seq 1 "${MOE_AB_ROUNDS:-1}"); do
   [ -n "${BEFORE_SRC:-}" ] && run "before$round" "$BEFORE_SRC" "" ""
   run "after$round" src "" ""
+  for tree in ${MOE_AB_TREES:-}; do
+    run "$tree$round" ".ab_trees/$tree/src" "" ""
+  done
   [ -n "${MOE_AB_ENV:-}" ] && run "env$round" src "$MOE_AB_ENV" ""
   [ -n "${MOE_AB_PATCH:-}" ] && run "patch$round" "${BEFORE_SRC:-src}" "" "$MOE_AB_PATCH"
   for var in $(compgen -v MOE_AB_PATCH_); do
