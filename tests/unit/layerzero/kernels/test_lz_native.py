@@ -93,6 +93,24 @@ def test_dense_linear_matches_float64(extra: tuple[str, ...], dtype: torch.dtype
     assert torch.equal(alone, got)
 
 
+
+@BUILDS
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("n", [4, 7, 16, 21, 37])
+@pytest.mark.parametrize("k", [96, 1024])
+def test_a_lone_row_takes_four_outputs_at_a_time_with_the_bits_of_a_batch(extra: tuple[str, ...],
+                                                                          dtype: torch.dtype, n: int, k: int) -> None:
+    """One row of x runs four output rows at a time (the rest in pairs; long rows fetch the next four ahead); each
+    output has the bits that row gets among others (the pairs' path), whatever is left over after the fours."""
+    fn = linear.linear_bf16 if dtype == torch.bfloat16 else linear.linear_f32
+    gen = torch.Generator().manual_seed(n)
+    w, x, b = torch.randn(n, k, generator=gen).to(dtype), torch.randn(3, k, generator=gen), torch.randn(n, generator=gen)
+    batch = fn(x, w, b, _extra=extra)
+    for i in range(3):
+        assert torch.equal(fn(x[i : i + 1], w, b, _extra=extra), batch[i : i + 1])
+    want = x.double() @ w.double().T + b.double()
+    assert torch.allclose(batch.double(), want, rtol=1e-5, atol=1e-4)
+
 def test_f32_linear_is_chosen_for_a_decodes_rows() -> None:
     w = torch.randn(8, 64)
     assert lz.which("linear", torch.randn(linear.F32_MAX_ROWS, 64), w)["kernel_id"] == "native.linear_f32_cpu"
