@@ -57,6 +57,7 @@ typedef struct {
     const uint8_t *q;     /* [K/2] nibbles, or [K] int8 */
     const float *scale;   /* [K/group] */
     const float *zero8;   /* [K/group] (4-bit only) */
+    const uint8_t *next;  /* dense rows: a row to fetch into L2 beside this one's columns, or NULL */
 } Row;
 
 /* sums[0][r], sums[1][r] = (W_a . x_r, W_b . x_r) for the R (a constant) rows of x at xp. */
@@ -145,12 +146,15 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
     __m512 acc_a[TILE], acc_b[TILE];
     for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < k; c += HALF) {
-#if PREFETCH8 > 0
         if (((c * bytes) & 63) == 0) {  /* one line of each row's stream a 64 bytes */
-            _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
-            _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+            if (a.next != NULL) {
+                _mm_prefetch((const char *)a.next + c * bytes, _MM_HINT_T1);
+                _mm_prefetch((const char *)b.next + c * bytes, _MM_HINT_T1);
+            } else if (PREFETCH8 > 0) {
+                _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+                _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+            }
         }
-#endif
         __m512 wa = dense16(a.q, c, f32), wb = dense16(b.q, c, f32);
         for (int r = 0; r < R; r++) {
             __m512 xv = _mm512_loadu_ps(x + r * k + c);
@@ -278,12 +282,15 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
     __m256 acc_a[TILE], acc_b[TILE];
     for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < k; c += 8) {
-#if PREFETCH8 > 0
         if (((c * bytes) & 63) == 0) {
-            _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
-            _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+            if (a.next != NULL) {
+                _mm_prefetch((const char *)a.next + c * bytes, _MM_HINT_T1);
+                _mm_prefetch((const char *)b.next + c * bytes, _MM_HINT_T1);
+            } else if (PREFETCH8 > 0) {
+                _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+                _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
+            }
         }
-#endif
         __m256 wa = dense8(a.q, c, f32), wb = dense8(b.q, c, f32);
         for (int r = 0; r < R; r++) {
             __m256 xr = _mm256_loadu_ps(x + r * k + c);
@@ -383,7 +390,7 @@ static inline void dense_quad(const uint8_t *q, int64_t row_bytes, const float *
                               float sums[4], const uint8_t *ahead) {
     (void)ahead;
     for (int i = 0; i < 4; i += 2) {
-        Row a = {q + i * row_bytes, NULL, NULL}, b = {q + (i + 1) * row_bytes, NULL, NULL};
+        Row a = {q + i * row_bytes, NULL, NULL, NULL}, b = {q + (i + 1) * row_bytes, NULL, NULL, NULL};
         float pair[2][TILE];
         dense_tile(a, b, x, k, 1, f32, pair);
         sums[i] = pair[0][0];
@@ -461,9 +468,6 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
         for (int64_t j = first; j < j1; j += 2) {
             int R = m - r0 < TILE ? (int)(m - r0) : TILE;
             int64_t j2 = j + 1 < j1 ? j + 1 : j;  /* a last odd row pairs with itself */
-            if (next_pair && j + 2 < j1)  /* the next pair streams in while this one computes */
-                for (int64_t byte = 0; byte < 2 * row_bytes && j + 2 + byte / row_bytes < j1; byte += 64)
-                    __builtin_prefetch(q + (j + 2) * row_bytes + byte, 0, 2);
             if (dense && ntiles > 1 && j + BLOCK < n) {  /* this tile's share of the next block's two rows */
                 int64_t lo = r0 / TILE * share, hi = lo + share < row_bytes ? lo + share : row_bytes;
                 for (int64_t byte = lo; byte < hi; byte += 64) {
@@ -471,8 +475,13 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
                     if (j2 + BLOCK < n) __builtin_prefetch(q + (j2 + BLOCK) * row_bytes + byte, 0, 2);
                 }
             }
-            Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups};
-            Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups};
+            /* the next pair streams into L2 line by line beside this one (a burst of its rows before each pair
+             * stalled the core: dense_quads) */
+            int ahead = next_pair && j2 + 2 < n;
+            Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups,
+                     ahead ? q + (j + 2) * row_bytes : NULL};
+            Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups,
+                     ahead ? q + (j2 + 2) * row_bytes : NULL};
             float sums[2][TILE];
             tiles(a, b, x + r0 * k, k, group, R, sums);
             for (int r = 0; r < R; r++) {
