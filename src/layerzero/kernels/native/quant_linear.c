@@ -461,9 +461,10 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
      * tile of x each pair of weight rows is read once anyway, and the next pair is fetched while it computes. */
     int dense = tiles == f32_tiles || tiles == bf16_tiles;
     int64_t ntiles = (m + TILE - 1) / TILE, share = ntiles > 1 ? (row_bytes + ntiles - 1) / ntiles : row_bytes;
-    int next_pair = dense && ntiles == 1 && (j1 - j0) * row_bytes > 16384;
+    /* dense rows read once (one tile of x) fetch the rows after them as they go */
+    int fetch_next = dense && ntiles == 1 && (j1 - j0) * row_bytes > 16384;
     int64_t first = j0;  /* a lone row of x: fours first, any rest in pairs */
-    if (dense && m == 1) first = dense_quads(tiles == f32_tiles, x, k, q, row_bytes, bias, out, j0, j1, n, next_pair);
+    if (dense && m == 1) first = dense_quads(tiles == f32_tiles, x, k, q, row_bytes, bias, out, j0, j1, n, fetch_next);
     for (int64_t r0 = 0; r0 < m; r0 += TILE)
         for (int64_t j = first; j < j1; j += 2) {
             int R = m - r0 < TILE ? (int)(m - r0) : TILE;
@@ -477,7 +478,7 @@ static void run_block(TileFn tiles, const float *x, int64_t m, int64_t k, const 
             }
             /* the next pair streams into L2 line by line beside this one (a burst of its rows before each pair
              * stalled the core: dense_quads) */
-            int ahead = next_pair && j2 + 2 < n;
+            int ahead = fetch_next && j2 + 2 < n;
             Row a = {q + j * row_bytes, scales + j * groups, zeros8 == NULL ? NULL : zeros8 + j * groups,
                      ahead ? q + (j + 2) * row_bytes : NULL};
             Row b = {q + j2 * row_bytes, scales + j2 * groups, zeros8 == NULL ? NULL : zeros8 + j2 * groups,
