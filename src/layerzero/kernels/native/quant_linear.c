@@ -60,6 +60,20 @@ typedef struct {
     const uint8_t *next;  /* dense rows: a row to fetch into L2 beside this one's columns, or NULL */
 } Row;
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* The dense tiles' fetch at byte `at` of rows a and b: the same line of the rows after them into L2 where given
+ * (Row.next), else the line PREFETCH8 bytes ahead in the rows themselves into L1. */
+static inline __attribute__((always_inline)) void dense_fetch(Row a, Row b, int64_t at) {
+    if (a.next != NULL) {
+        _mm_prefetch((const char *)a.next + at, _MM_HINT_T1);
+        _mm_prefetch((const char *)b.next + at, _MM_HINT_T1);
+    } else if (PREFETCH8 > 0) {
+        _mm_prefetch((const char *)a.q + at + PREFETCH8, _MM_HINT_T0);
+        _mm_prefetch((const char *)b.q + at + PREFETCH8, _MM_HINT_T0);
+    }
+}
+#endif
+
 /* sums[0][r], sums[1][r] = (W_a . x_r, W_b . x_r) for the R (a constant) rows of x at xp. */
 typedef void (*TileFn)(Row a, Row b, const float *xp, int64_t k, int64_t group, int R, float sums[2][TILE]);
 
@@ -146,15 +160,7 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
     __m512 acc_a[TILE], acc_b[TILE];
     for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < k; c += HALF) {
-        if (((c * bytes) & 63) == 0) {  /* one line of each row's stream a 64 bytes */
-            if (a.next != NULL) {
-                _mm_prefetch((const char *)a.next + c * bytes, _MM_HINT_T1);
-                _mm_prefetch((const char *)b.next + c * bytes, _MM_HINT_T1);
-            } else if (PREFETCH8 > 0) {
-                _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
-                _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
-            }
-        }
+        if (((c * bytes) & 63) == 0) dense_fetch(a, b, c * bytes);  /* one line of each row's stream a 64 bytes */
         __m512 wa = dense16(a.q, c, f32), wb = dense16(b.q, c, f32);
         for (int r = 0; r < R; r++) {
             __m512 xv = _mm512_loadu_ps(x + r * k + c);
@@ -282,15 +288,7 @@ static inline __attribute__((always_inline)) void dense_tile(Row a, Row b, const
     __m256 acc_a[TILE], acc_b[TILE];
     for (int r = 0; r < R; r++) acc_a[r] = acc_b[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < k; c += 8) {
-        if (((c * bytes) & 63) == 0) {
-            if (a.next != NULL) {
-                _mm_prefetch((const char *)a.next + c * bytes, _MM_HINT_T1);
-                _mm_prefetch((const char *)b.next + c * bytes, _MM_HINT_T1);
-            } else if (PREFETCH8 > 0) {
-                _mm_prefetch((const char *)a.q + c * bytes + PREFETCH8, _MM_HINT_T0);
-                _mm_prefetch((const char *)b.q + c * bytes + PREFETCH8, _MM_HINT_T0);
-            }
-        }
+        if (((c * bytes) & 63) == 0) dense_fetch(a, b, c * bytes);
         __m256 wa = dense8(a.q, c, f32), wb = dense8(b.q, c, f32);
         for (int r = 0; r < R; r++) {
             __m256 xr = _mm256_loadu_ps(x + r * k + c);
