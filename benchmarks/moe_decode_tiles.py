@@ -8,8 +8,8 @@ Hidden 2048, 128 experts, top 8, expert intermediate 768, bf16 random weights; b
 router; µs per call: 20 calls captured in one CUDA graph cycling over 4 routings (so the experts come from HBM, not
 L2), median of 10 replays. Floor = the routed experts' gate+up (first kernel) or down (second) bytes at the copy
 bandwidth measured first. The tiles in use are DECODE_GATE_UP_TILE / DECODE_DOWN_TILE in
-layerzero/kernels/triton/moe.py; with --fp8 the same experts as float8 e4m3 in 128 x 128 blocks (lz.fused_moe_w8's
-decode path), against DECODE_*_TILE_W8.
+layerzero/kernels/triton/moe_decode.py; with --fp8 the same experts as float8 e4m3 in 128 x 128 blocks
+(lz.fused_moe_w8's decode path), against DECODE_*_TILE_W8.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import layerzero as lz
 from device_rates import copy_bandwidth, graph_us
 from infer.models.quant import W8Experts
-from layerzero.kernels.triton import moe
+from layerzero.kernels.triton import moe, moe_decode
 from report_files import write_report
 
 HIDDEN, EXPERTS, TOP_K, INNER = 2048, 128, 8, 768
@@ -48,14 +48,15 @@ def main() -> None:
         q13, q2 = W8Experts.quantize(w13), W8Experts.quantize(w2)
         w13, w2, weight_bytes = q13.weight, q2.weight, 1
         scales = moe.Scales(q13.scale, q2.scale, q13.block_size)
-    tiles = {"gate_up": (GATE_UP_W8, moe.DECODE_GATE_UP_TILE_W8) if args.fp8 else (GATE_UP, moe.DECODE_GATE_UP_TILE),
-             "down": (DOWN_W8, moe.DECODE_DOWN_TILE_W8) if args.fp8 else (DOWN, moe.DECODE_DOWN_TILE)}
+    tiles = {"gate_up": (GATE_UP_W8, moe_decode.DECODE_GATE_UP_TILE_W8) if args.fp8 else (GATE_UP, moe_decode.DECODE_GATE_UP_TILE),
+             "down": (DOWN_W8, moe_decode.DECODE_DOWN_TILE_W8) if args.fp8 else (DOWN, moe_decode.DECODE_DOWN_TILE)}
     router = torch.randn(EXPERTS, HIDDEN, device="cuda", dtype=torch.bfloat16)
     rows = []
     for batch in (1, 4):
         xs = [torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
         routes = [lz.moe_route(x @ router.T, TOP_K, renormalize=True) for x in xs]
         routed = sum(ids.unique().numel() for _, ids in routes) / len(routes)
+        routings = [moe_decode.Routing.of_ids(ids, w) for w, ids in routes]
         h = torch.empty(batch * TOP_K, INNER, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
         for kernel, nbytes in (("gate_up", 2 * INNER * HIDDEN * weight_bytes), ("down", HIDDEN * INNER * weight_bytes)):
@@ -65,11 +66,11 @@ def main() -> None:
             candidates, in_use = tiles[kernel]
             for tile in candidates:
                 if kernel == "gate_up":
-                    calls = [lambda x=x, ids=ids: moe.decode_gate_up(x, w13, h, ids, "silu", *tile, scales=scales)
-                             for x, (_, ids) in zip(xs, routes)]
+                    calls = [lambda x=x, r=r: moe_decode.decode_gate_up(x, w13, h, r, "silu", *tile, scales=scales)
+                             for x, r in zip(xs, routings)]
                 else:
-                    calls = [lambda w=w, ids=ids: moe.decode_down(h, w2, out, ids, w, *tile, scales=scales)
-                             for w, ids in routes]
+                    calls = [lambda r=r: moe_decode.decode_down(h, w2, out, r, *tile, scales=scales)
+                             for r in routings]
                 us = graph_us(calls)
                 chosen = tile == in_use
                 rows.append({"batch": batch, "kernel": kernel, "tile": tile, "us": us, "floor_us": floor,

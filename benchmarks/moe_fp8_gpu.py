@@ -17,7 +17,7 @@ import torch
 
 import layerzero as lz
 from infer.models.quant import W8Experts
-from layerzero.kernels.triton import moe as triton_moe
+from layerzero.kernels.triton import moe as triton_moe, moe_decode as triton_moe_decode
 from moe_gpu import EXPERTS, HIDDEN, INNER, TOP_K, copy_bandwidth, timed
 from report_files import write_report
 
@@ -51,7 +51,7 @@ def main() -> None:
         t16 = timed(lambda: lz.fused_moe(x, w13, w2, weights, ids), graph=True)
         t8 = timed(lambda: lz.fused_moe_w8(*fp8, block_size=q13.block_size), graph=True)
         t8g = timed(lambda: triton_moe.fused_moe_w8(*fp8, block_size=q13.block_size), graph=True)
-        t8d = timed(lambda: triton_moe.fused_moe_w8_decode(*fp8, block_size=q13.block_size), graph=True) \
+        t8d = timed(lambda: triton_moe_decode.fused_moe_w8_decode(*fp8, block_size=q13.block_size), graph=True) \
             if batch <= 32 else float("nan")
         routed = ids.unique().numel()
         b16 = routed * per_expert * 2 / bw

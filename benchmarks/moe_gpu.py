@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import layerzero as lz
 from layerzero.kernels.reference.moe import fused_moe_gathered
-from layerzero.kernels.triton import moe as triton_moe
+from layerzero.kernels.triton import moe as triton_moe, moe_decode as triton_moe_decode
 
 HIDDEN, EXPERTS, TOP_K, INNER = 2048, 128, 8, 768
 
@@ -84,7 +84,7 @@ def main() -> None:
         t = timed(lambda: lz.fused_moe(x, w13, w2, weights, ids), graph=True)
         t_eager = timed(lambda: lz.fused_moe(x, w13, w2, weights, ids))
         t_grouped = timed(lambda: triton_moe.fused_moe(x, w13, w2, weights, ids), graph=True)
-        t_decode = timed(lambda: triton_moe.fused_moe_decode(x, w13, w2, weights, ids), graph=True)
+        t_decode = timed(lambda: triton_moe_decode.fused_moe_decode(x, w13, w2, weights, ids), graph=True)
         t_loop = timed(lambda: loop_hit(x, w13, w2, weights, ids))
         t_gather = timed(lambda: fused_moe_gathered(x, w13, w2, weights, ids)) if batch * TOP_K <= 128 else float("nan")
         routed = ids.unique().numel()

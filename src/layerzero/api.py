@@ -352,6 +352,39 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     return _call("fused_moe", x, w13, w2, weights, ids, activation=activation)
 
 
+def fused_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, router: torch.Tensor,
+                              eps: float = 1e-6, weight_offset: float = 0.0
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm` and the router of the experts that follow it: (normed, x + residual, float32 logits
+    normed @ router [E, H]^T), so a decode step's norm writes the logits `fused_moe_routed` routes (one kernel on
+    CUDA, where a separate router would be one more on every MoE layer)."""
+    if x.dim() != 2 or residual.shape != x.shape or router.dim() != 2 or router.shape[1] != x.shape[1] \
+            or weight.shape != (x.shape[1],):
+        raise ValueError(f"fused_add_rms_norm_router expects x and residual [T, H], weight [H] and router [E, H]; "
+                         f"got {tuple(x.shape)}, {tuple(residual.shape)}, {tuple(weight.shape)}, "
+                         f"{tuple(router.shape)}")
+    return _call("fused_add_rms_norm_router", x, residual, weight, router, eps=float(eps),
+                 weight_offset=float(weight_offset))
+
+
+def fused_moe_routed(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, logits: torch.Tensor, top_k: int, *,
+                     renormalize: bool, scoring: str = "softmax", activation: str = "silu") -> torch.Tensor:
+    """`fused_moe` of `moe_route`'s routing of router logits [T, E]: the experts' sum with the routing inside the op,
+    so a few tokens' kernels route for themselves (no routing kernel between the router and the experts)."""
+    experts, inner2, hidden = w13.shape
+    if x.dim() != 2 or x.shape[1] != hidden or w2.shape != (experts, hidden, inner2 // 2) \
+            or logits.shape != (x.shape[0], experts) or not 0 < top_k <= experts:
+        raise ValueError(f"fused_moe_routed expects x [T, H], w13 [E, 2I, H], w2 [E, H, I], logits [T, E] and "
+                         f"0 < top_k <= E; got {tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}, "
+                         f"{tuple(logits.shape)}, top_k={top_k}")
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"fused_moe_routed: scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    if activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"fused_moe_routed: activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+    return _call("fused_moe_routed", x, w13, w2, logits, int(top_k), renormalize=bool(renormalize), scoring=scoring,
+                 activation=activation)
+
+
 def _check_moe_quant(op: str, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
                      ids: torch.Tensor, columns: int, activation: str) -> None:
     """The shapes every quantized fused MoE shares; `columns`: stored columns per input (2 for 4-bit: two a byte)."""

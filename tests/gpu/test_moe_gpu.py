@@ -1,7 +1,7 @@
 """Mixtures of experts on CUDA: triton.fused_moe and triton.fused_moe_decode compiled against the float64 definition
-(an expert with no token, every token on the same experts, bf16), and the tiny Qwen 3 MoE and Mixtral through the
-engine with decode and prefill graphs under INFER_STRICT_SYNC: greedy tokens equal the CPU runner's, logits equal
-transformers' in fp32."""
+(an expert with no token, every token on the same experts, bf16), the routing inside the norm and the experts in a
+CUDA graph, and the tiny Qwen 3 MoE and Mixtral through the engine with decode and prefill graphs under
+INFER_STRICT_SYNC: greedy tokens equal the CPU runner's, logits equal transformers' in fp32."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def test_triton_fused_moe_matches_the_definition(tokens, dtype):
     want = _definition(x, w13, w2, weights, ids)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(lz.fused_moe(x, w13, w2, weights, ids).double(), want, atol=tol, rtol=tol)
-    from layerzero.kernels.triton import moe as triton_moe  # imports triton: CUDA machines only
+    from layerzero.kernels.triton import moe as triton_moe, moe_decode  # imports triton: CUDA machines only
 
-    other = triton_moe.fused_moe if few else triton_moe.fused_moe_decode  # the path not chosen holds too
+    other = triton_moe.fused_moe if few else moe_decode.fused_moe_decode  # the path not chosen holds too
     torch.testing.assert_close(other(x, w13, w2, weights, ids).double(), want, atol=tol, rtol=tol)
 
 
@@ -106,6 +106,52 @@ def test_triton_moe_gate_decode_is_batch_invariant(dtype):
         assert torch.equal(alone[0][0], together[0][t]) and torch.equal(alone[1][0], together[1][t])
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_routing_inside_the_norm_and_the_experts_in_a_graph(tokens):
+    """The Qwen3-30B-A3B layer's MoE half as a decode step runs it: the norm-and-router kernel, then the decode path
+    ranking the logits itself, replayed from a CUDA graph with fresh inputs, against the same kernels' sum over
+    moe_route's routing of those logits, and the norm against fused_add_rms_norm."""
+    from layerzero.kernels.reference.moe import moe_route
+    from layerzero.kernels.triton import moe_decode
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, hidden, inner, k = 128, 2048, 768, 8
+    x, residual = (torch.empty(tokens, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    norm_weight = torch.rand(hidden, device="cuda", generator=gen).bfloat16() + 0.5
+    router = (torch.randn(experts, hidden, device="cuda", generator=gen) * 0.02).bfloat16()
+    w13 = (torch.randn(experts, 2 * inner, hidden, device="cuda", generator=gen) * 0.02).bfloat16()
+    w2 = (torch.randn(experts, hidden, inner, device="cuda", generator=gen) * 0.02).bfloat16()
+
+    def fresh():
+        x.copy_(torch.randn(tokens, hidden, device="cuda", generator=gen))
+        residual.copy_(torch.randn(tokens, hidden, device="cuda", generator=gen))
+
+    def step():
+        normed, summed, logits = lz.fused_add_rms_norm_router(x, residual, norm_weight, router)
+        return normed, summed, logits, lz.fused_moe_routed(normed, w13, w2, logits, k, renormalize=True)
+
+    fresh()
+    assert lz.which("fused_add_rms_norm_router", x, residual, norm_weight, router, eps=1e-6,
+                    weight_offset=0.0)["kernel_id"] == "triton.fused_add_rms_norm_router_decode"
+    normed, _, logits, _ = step()  # warm-up outside the capture
+    assert lz.which("fused_moe_routed", normed, w13, w2, logits, k, renormalize=True, scoring="softmax",
+                    activation="silu")["kernel_id"] == "triton.fused_moe_routed_decode"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        normed, summed, logits, out = step()
+    for _ in range(3):
+        fresh()
+        graph.replay()
+        want_normed, want_summed = lz.fused_add_rms_norm(x, residual, norm_weight)
+        assert torch.equal(summed, want_summed)
+        torch.testing.assert_close(normed, want_normed, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(logits, normed.float() @ router.float().t(), atol=1e-4, rtol=1e-4)
+        weights, ids = moe_route(logits, k, renormalize=True)
+        # the weights' last bits may differ (the renormalized softmax of the k logits, not of all then the k)
+        torch.testing.assert_close(out, moe_decode.fused_moe_decode(normed, w13, w2, weights, ids), atol=1e-3,
+                                   rtol=1e-2)
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_engine_with_graphs_equals_the_cpu_runner_and_transformers(family, tmp_path, monkeypatch):
     path = save_tiny_with_tokenizer(family, tmp_path, seed=4)
@@ -148,7 +194,7 @@ def _quantized(w: torch.Tensor, wdtype: torch.dtype, block: tuple[int, int]) -> 
 def test_triton_8bit_experts_match_the_definition(tokens, wdtype, block):
     """lz.fused_moe_w8 compiled, both paths, bf16 activations, against the definition over the dequantized experts."""
     from layerzero.kernels.reference.quantize import dequantize_w8
-    from layerzero.kernels.triton import moe as triton_moe
+    from layerzero.kernels.triton import moe as triton_moe, moe_decode
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     experts, hidden, inner, k = 16, 256, 192, 4
@@ -163,7 +209,7 @@ def test_triton_8bit_experts_match_the_definition(tokens, wdtype, block):
         "triton.fused_moe_w8_decode" if few else "triton.fused_moe_w8")
     d13, d2 = (torch.stack([dequantize_w8(q, s, block) for q, s in zip(w, sc)]) for w, sc in ((w13, s13), (w2, s2)))
     want = _definition(x.float(), d13, d2, weights, ids)
-    for fn in (triton_moe.fused_moe_w8, triton_moe.fused_moe_w8_decode):
+    for fn in (triton_moe.fused_moe_w8, moe_decode.fused_moe_w8_decode):
         got = fn(x, w13, s13, w2, s2, weights, ids, block_size=block)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)

@@ -83,11 +83,14 @@ class Block(nn.Module):
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         h, x = self.enter(x, pending, self.half_rows(x))
         out = self.attn(h, cos, sin, batch)
+        logits = None
         if self.post_attn_norm is not None:
             h, x = self.mlp_norm.add_and_norm(self.post_attn_norm(self.summed(out, self.attn_sum_site)), x)
+        elif self.tp_group is None and isinstance(self.mlp, SparseMLP) and self.mlp.routes_logits:
+            h, x, logits = self.mlp_norm.add_norm_router(out, x, self.mlp.router)
         else:
             h, x = self.mlp_norm.add_and_norm(out, x, self.tp_group)
-        out = self.mlp(h, batch.lora_ids) if isinstance(self.mlp, GatedMLP) else self.mlp(h)
+        out = self.mlp(h, batch.lora_ids) if isinstance(self.mlp, GatedMLP) else self.mlp(h, logits)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(self.summed(out, self.mlp_sum_site))
         return self.leave(x, out)

@@ -71,6 +71,7 @@ class RMSNorm(nn.Module):
         self.weight_offset = float(weight_offset)
         self.norm_site, self.add_norm_site = lz.bind("rms_norm"), lz.bind("fused_add_rms_norm")
         self.reduce_norm_site = lz.bind("all_reduce_add_rms_norm")
+        self.norm_router_site = lz.bind("fused_add_rms_norm_router")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm_site(x, self.weight, eps=self.eps, weight_offset=self.weight_offset)
@@ -83,6 +84,12 @@ class RMSNorm(nn.Module):
             return self.add_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset)
         return self.reduce_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset,
                                      group=group)
+
+    def add_norm_router(self, x: torch.Tensor, residual: torch.Tensor,
+                        router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual, the float32 logits of `router` [E, H] over the normed rows) in one op:
+        the experts that follow route from the logits themselves (one kernel fewer a layer on a GPU's decode)."""
+        return self.norm_router_site(x, residual, self.weight, router, eps=self.eps, weight_offset=self.weight_offset)
 
 
 def rope_inv_freq(cfg: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """A mixture of experts' sparse MLP: a router picks each token's k experts, whose gated MLPs run on it and are summed
-with the router's weights (layerzero's moe_gate and fused_moe). The experts' weights are stacked, one tensor per
+with the router's weights (layerzero's moe_gate and fused_moe, or with the router's logits from the norm before it,
+fused_add_rms_norm_router and fused_moe_routed). The experts' weights are stacked, one tensor per
 projection: gate and up as w13 [E, 2I, H] (gate rows first), down as w2 [E, H, I]; the checkpoint's per-expert
 tensors are copied into their slices at load, so no second copy of the experts ever exists. Experts a checkpoint
 stores quantized (a GGUF's 4-bit or Q8_0 ones) stay so where a kernel takes them (`Int4Experts`, `W8Experts`)."""
@@ -35,6 +36,7 @@ class SparseMLP(nn.Module):
         self.w13 = empty_param(len(self.experts), 2 * inner, hidden)
         self.w2 = empty_param(len(self.experts), hidden, inner)
         self.gate_site, self.experts_site = lz.bind("moe_gate"), ExpertsSite()
+        self.routed_site = lz.bind("fused_moe_routed")
 
     def weight_map(self) -> WeightMap:
         """The checkpoint's names under the layer's MLP prefix -> the router and each expert's slices."""
@@ -46,7 +48,19 @@ class SparseMLP(nn.Module):
                     f"experts.{e}.{down}.weight": WeightSlot("w2", index=i)}
         return out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def routes_logits(self) -> bool:
+        """Whether the layer takes router logits computed by the norm before it (`forward`'s `logits`): with every
+        expert here (no expert parallelism) and dense, the form `fused_moe_routed` takes."""
+        dense = not isinstance(self.w13, (Int4Experts, W8Experts)) and not isinstance(self.w2, (Int4Experts, W8Experts))
+        return dense and len(self.experts) == self.router.shape[0]
+
+    def forward(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """The experts' sum over x [T, H]; with the router's `logits` [T, E] already computed (`routes_logits`), the
+        routing happens inside the experts' op."""
+        if logits is not None:
+            return self.routed_site(x, self.w13, self.w2, logits, self.top_k, renormalize=self.renormalize,
+                                    activation=self.activation)
         weights, ids = self.gate_site(x, self.router, self.top_k, renormalize=self.renormalize)
         if len(self.experts) < self.router.shape[0]:  # expert parallel: another rank's pairs weigh 0 on local expert 0
             local = ids - self.experts.start

@@ -1,6 +1,10 @@
 """PyTorch-native kernels: SDPA (GQA via enable_gqa, windows via a mask), FlexAttention for windowed
 attention on CUDA, torch's fused rms_norm / layer_norm, and mixture-of-experts layers of few tokens as two batched
-matmuls over the gathered experts' weights, and on the CPU LoRA adapters as one matmul per adapter present."""
+matmuls over the gathered experts' weights, and on the CPU LoRA adapters as one matmul per adapter present.
+
+The two ops that fuse an MoE layer's routing into its neighbours (`fused_add_rms_norm_router`, `fused_moe_routed`)
+also run here as what they fuse, each part through layerzero's own choice (`composed_*`): wherever no fused kernel
+takes a call (a prefill on CUDA, every call on the CPU), the layer costs what its separate ops cost."""
 
 from __future__ import annotations
 
@@ -124,6 +128,28 @@ def _gathered_moe_check(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def composed_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                 router: torch.Tensor, *, eps: float, weight_offset: float
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lz.fused_add_rms_norm, then the router's float32 logits as lz.moe_gate computes them (a float32-output
+    matmul of the bf16 or fp16 rows on CUDA, float32 operands elsewhere)."""
+    import layerzero.api as lz  # late: the api's dispatch loads this backend
+
+    normed, summed = lz.fused_add_rms_norm(x, residual, weight, eps=eps, weight_offset=weight_offset)
+    if normed.is_cuda and normed.dtype in (torch.float16, torch.bfloat16) and router.dtype == normed.dtype:
+        return normed, summed, torch.mm(normed, router.t(), out_dtype=torch.float32)
+    return normed, summed, torch.matmul(normed.float(), router.float().t())
+
+
+def composed_moe_routed(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, logits: torch.Tensor, top_k: int, *,
+                        renormalize: bool, scoring: str = "softmax", activation: str = "silu") -> torch.Tensor:
+    """lz.moe_route of the logits, then lz.fused_moe."""
+    import layerzero.api as lz
+
+    weights, ids = lz.moe_route(logits, top_k, renormalize=renormalize, scoring=scoring)
+    return lz.fused_moe(x, w13, w2, weights, ids, activation=activation)
+
+
 def kernel_specs() -> list[KernelSpec]:
     version = torch.__version__
     return [
@@ -139,6 +165,11 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("torch.fused_moe_gathered", "fused_moe", "torch", fused_moe_gathered, version,
                    platforms=frozenset({"cuda"}), dtypes=FLOATS, graph_safe=True, priority=40,
                    check=_gathered_moe_check),
+        # graph safe as their parts: each part is chosen under the same capture
+        KernelSpec("torch.composed_add_rms_norm_router", "fused_add_rms_norm_router", "torch",
+                   composed_add_rms_norm_router, version, dtypes=FLOATS, graph_safe=True, priority=40),
+        KernelSpec("torch.composed_moe_routed", "fused_moe_routed", "torch", composed_moe_routed, version,
+                   dtypes=FLOATS, graph_safe=True, priority=40),
         # the CPU's LoRA: one matmul per adapter present over its rows (reads the slot ids on the host)
         KernelSpec("torch.lora_shrink_grouped", "lora_shrink", "torch", lora_shrink_grouped, version,
                    platforms=frozenset({"cpu"}), dtypes=FLOATS, priority=40),

@@ -188,6 +188,22 @@ def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
         ("few_pairs", pairs <= MOE_GATHER_PAIRS), ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
 
 
+def _add_norm_router(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    """fused_add_rms_norm_router: fused_add_rms_norm's context and the router's experts."""
+    ctx = _add_norm(args, kw)
+    return {**ctx, "params": (*ctx["params"], ("experts", args[3].shape[0]))}
+
+
+def _fused_moe_routed(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    x, w13, w2, logits, top_k = args[:5]
+    pairs = logits.shape[0] * int(top_k)
+    return dict(tokens=_rows(x), hidden=x.shape[-1], params=(
+        ("experts", w13.shape[0]), ("inner", w13.shape[1] // 2), ("top_k", int(top_k)),
+        ("renormalize", bool(kw["renormalize"])), ("scoring", kw.get("scoring", "softmax")),
+        ("activation", kw.get("activation", "silu")), ("weight_dtype", _stack_dtypes(w13, w2)),
+        ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
+
+
 def _fused_moe_quant(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x, w13, ids = args[0], args[1], args[6]
     block = ("block_size", tuple(kw["block_size"])) if "block_size" in kw else ("group_size", kw["group_size"])
@@ -268,6 +284,8 @@ SIGNATURES: dict[str, OpSignature] = {
     "moe_route": OpSignature(_moe_route, (0,), ("renormalize", "scoring")),
     "moe_gate": OpSignature(_moe_gate, (0, 1), ("renormalize", "scoring")),
     "fused_moe": OpSignature(_fused_moe, (0, 1, 2, 3, 4), ("activation",)),
+    "fused_add_rms_norm_router": OpSignature(_add_norm_router, (0, 1, 2, 3), ()),
+    "fused_moe_routed": OpSignature(_fused_moe_routed, (0, 1, 2, 3, 4), ("renormalize", "scoring", "activation")),
     "fused_moe_int4": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("group_size", "activation")),
     "fused_moe_w8": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("block_size", "activation")),
     "lora_shrink": OpSignature(_lora, (0, 1, 2), ()),

@@ -115,3 +115,30 @@ def test_the_gathered_path_is_declined_past_its_pairs_and_off_cuda():
     [spec] = [s for s in lz.get_registry().kernels("fused_moe") if s.kernel_id == "torch.fused_moe_gathered"]
     assert any(f"more than {MOE_GATHER_PAIRS}" in r.message for r in spec.check(ctx))
     assert "torch.fused_moe_gathered" in str(lz.explain("fused_moe", x, w13, w2, weights, ids))
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_routing_inside_the_ops_equals_routing_between_them(tokens: int):
+    """fused_add_rms_norm_router is fused_add_rms_norm and the router's float32 logits; fused_moe_routed is fused_moe
+    of moe_route's routing. On the CPU both run as those parts, each through its own kernel choice."""
+    gen = torch.Generator().manual_seed(tokens)
+    experts, hidden, inner, k = 8, 24, 20, 2
+    x, residual = torch.randn(tokens, hidden, generator=gen), torch.randn(tokens, hidden, generator=gen)
+    norm_weight, router = torch.rand(hidden, generator=gen) + 0.5, torch.randn(experts, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inner, hidden, generator=gen) * 0.2
+    w2 = torch.randn(experts, hidden, inner, generator=gen) * 0.2
+    normed, summed, logits = lz.fused_add_rms_norm_router(x, residual, norm_weight, router, eps=1e-6)
+    want_normed, want_summed = lz.fused_add_rms_norm(x, residual, norm_weight, eps=1e-6)
+    assert torch.equal(normed, want_normed) and torch.equal(summed, want_summed)
+    torch.testing.assert_close(logits, normed.double().matmul(router.double().t()).float(), atol=1e-5, rtol=1e-5)
+    got = lz.fused_moe_routed(normed, w13, w2, logits, k, renormalize=True)
+    weights, ids = lz.moe_route(logits, k, renormalize=True)
+    assert torch.equal(got, lz.fused_moe(normed, w13, w2, weights, ids))
+    assert lz.which("fused_moe_routed", normed, w13, w2, logits, k, renormalize=True,
+                    scoring="softmax", activation="silu")["kernel_id"] == "torch.composed_moe_routed"
+    assert lz.which("fused_add_rms_norm_router", x, residual, norm_weight, router, eps=1e-6,
+                    weight_offset=0.0)["kernel_id"] == "torch.composed_add_rms_norm_router"
+    with pytest.raises(ValueError, match="fused_moe_routed expects"):
+        lz.fused_moe_routed(normed, w13, w2, logits[:, :-1], k, renormalize=True)
+    with pytest.raises(ValueError, match="fused_add_rms_norm_router expects"):
+        lz.fused_add_rms_norm_router(x, residual, norm_weight, router[:, :-1])

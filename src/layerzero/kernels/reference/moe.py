@@ -4,6 +4,8 @@
 sigmoid) of the logits in float32, the k highest are taken (ties in torch.topk's own order), and
 with `renormalize` their weights are divided by their sum (Mixtral always; Qwen 3 MoE when `norm_topk_prob`).
 `moe_gate` is the router's matmul (in float32) and `moe_route` together.
+`fused_add_rms_norm_router` is `fused_add_rms_norm` and that float32 matmul of its output; `fused_moe_routed` is
+`fused_moe` of `moe_route`'s routing of given logits.
 
 `fused_moe` computes sum_j weight[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)) with e = ids[t, j], the experts'
 weights stacked: gate and up as w13 [E, 2I, H] (gate rows first), down as w2 [E, H, I]. `fused_moe` here is the
@@ -27,6 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from layerzero.kernels.reference.norm import fused_add_rms_norm
 from layerzero.kernels.reference.quantize import dequantize_w8, unpack_int4
 
 SCORINGS = ("softmax", "sigmoid")
@@ -47,6 +50,20 @@ def moe_gate(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: 
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """`moe_route` of the router's logits x [T, H] @ router [E, H]^T, computed in float32."""
     return moe_route(x.float() @ router.float().t(), top_k, renormalize=renormalize, scoring=scoring)
+
+
+def fused_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, router: torch.Tensor, *,
+                              eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(normed, x + residual, normed @ router^T in float32)."""
+    normed, summed = fused_add_rms_norm(x, residual, weight, eps, weight_offset)
+    return normed, summed, normed.float() @ router.float().t()
+
+
+def fused_moe_routed(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, logits: torch.Tensor, top_k: int, *,
+                     renormalize: bool, scoring: str = "softmax", activation: str = "silu") -> torch.Tensor:
+    """`fused_moe` of the experts `moe_route` picks from the logits."""
+    weights, ids = moe_route(logits, top_k, renormalize=renormalize, scoring=scoring)
+    return fused_moe(x, w13, w2, weights, ids, activation=activation)
 
 
 def _act(gate: torch.Tensor, activation: str) -> torch.Tensor:

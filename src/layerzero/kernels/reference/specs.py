@@ -119,11 +119,19 @@ _EXTRA = {
     "moe_route": ("moe", "moe_route"),
     "moe_gate": ("moe", "moe_gate"),
     "fused_moe": ("moe", "fused_moe"),
+    "fused_add_rms_norm_router": ("moe", "fused_add_rms_norm_router"),
+    "fused_moe_routed": ("moe", "fused_moe_routed"),
     "fused_moe_int4": ("moe", "fused_moe_int4"),
     "fused_moe_w8": ("moe", "fused_moe_w8"),
     "lora_shrink": ("lora", "lora_shrink"),
     "lora_expand": ("lora", "lora_expand"),
 }
+
+
+# references with no host sync: a CUDA graph may capture them
+_GRAPH_SAFE = frozenset({"sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4", "linear_w8",
+                         "all_reduce", "all_reduce_add_rms_norm", "all_gather", "broadcast", "moe_route", "moe_gate",
+                         "fused_add_rms_norm_router", "lora_shrink", "lora_expand"})
 
 
 def _spec(op: str, impl, graph_safe: bool) -> KernelSpec:
@@ -150,8 +158,5 @@ def kernel_specs() -> list[KernelSpec]:
         except (ImportError, AttributeError) as exc:
             specs.append(_unimportable(op, module, exc))
             continue
-        specs.append(_spec(op, impl, graph_safe=op in ("sample_topk", "sample_topp", "quantize", "dequantize", "linear_int4",
-                                                               "linear_w8", "all_reduce", "all_reduce_add_rms_norm",
-                                                               "all_gather", "broadcast",
-                                                               "moe_route", "moe_gate", "lora_shrink", "lora_expand")))
+        specs.append(_spec(op, impl, graph_safe=op in _GRAPH_SAFE))
     return specs

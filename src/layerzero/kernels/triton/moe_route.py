@@ -13,6 +13,18 @@ in device memory, reset by that program) sums the partials in a fixed order and 
 rows (a loop over tokens there ran batch 16 at 0.87x: benchmarks/reports/moe_gate_h200.md).
 `moe_gate` for more tokens: float32 logits from one matmul, then `moe_route`. Both compute the logits in float32,
 so a token's experts do not depend on how many tokens share its step.
+
+`fused_add_rms_norm_router_decode`: the residual add, the RMSNorm before the experts and the router's logits in one
+launch, for the decode path whose expert kernels rank the logits themselves (`ranked`, `ranked_one`, moe_decode.py),
+so no routing kernel runs between the norm and the experts (benchmarks/reports/moe_fusion_ceiling_h200.md). Each
+program holds a slice of the router's experts (loaded before its PDL wait) and recomputes its token's add and norm (a
+row of at most MAX_NORM_ROUTER_HIDDEN columns, read from L2); the first stores them.
+
+The ranking there is by logit (softmax and sigmoid keep its order; experts whose scores would round to the same
+float32 may come in the other order than `_pick`'s) over int64 keys, the logit's order-preserving bits then the id
+reversed, so one max finds the next expert, ties to the lower id. The keys sit in a [4, E] tile, a copy per warp of
+the 4-warp kernels that use it, so every max stays inside a warp: on 1-D keys spread over the warps each of the k
+rounds crossed them, and the step ran 1.4% slower than with the router kernel.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import triton.language as tl
 
 from layerzero.kernels.triton.launch import (Launcher, await_inputs, dot_precision, interpreting, last_dim_contiguous,
                                              next_pow2)
+from layerzero.kernels.triton.specs import MAX_NORM_ROUTER_HIDDEN
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -32,6 +45,7 @@ if interpreting():
 ROWS = 16  # tokens moe_gate_decode takes: tl.dot's smallest M
 BLOCK_E = 16  # experts per program
 MAX_CHUNK = 256  # hidden columns per program
+_ROUTER_TILE = 8192  # router elements a norm-and-router program holds: 64 a thread at 4 warps
 
 
 @triton.jit
@@ -60,6 +74,94 @@ def _pick(logit, e, experts, R: tl.constexpr, K: tl.constexpr, K_POW2: tl.conste
     if RENORMALIZE:
         picked_w = picked_w / tl.sum(picked_w, 1)[:, None]
     return picked_w, picked_id
+
+
+@triton.jit
+def _keys(row_ptr, experts, E_POW2: tl.constexpr):
+    """[4, E_POW2] int64 keys of one token's float32 logits at row_ptr (4 copies, one per warp): the logit's
+    order-preserving bits, then the id reversed, so one max gives the highest logit and, among equal ones, the lowest
+    id; NaN and padding last."""
+    r = tl.arange(0, 4)[:, None]
+    e = tl.arange(0, E_POW2)[None, :]
+    ok = (e < experts) & (r >= 0)
+    logit = tl.load(row_ptr + e + 0 * r, mask=ok, other=0.0)
+    bits = logit.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 2147483647)
+    ordered = tl.where(ok & (logit == logit), ordered, -2147483648)
+    return ordered.to(tl.int64) * 4294967296 + (E_POW2 - 1 - e)
+
+
+@triton.jit
+def _key_logit(best):
+    """The logit a key was made from."""
+    ordered = (best >> 32).to(tl.int32)
+    return tl.where(ordered >= 0, ordered, ordered ^ 2147483647).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def ranked_one(row_ptr, experts, slot, E_POW2: tl.constexpr):
+    """The expert of rank `slot` (0: the highest logit) among one token's: slot + 1 rounds of one max in a warp, all
+    a gate+up program needs before it can address its weights."""
+    key = _keys(row_ptr, experts, E_POW2)
+    best = tl.max(key, 1)[:, None]
+    for _ in range(slot):
+        key = tl.where(key == best, -9223372036854775807, key)
+        best = tl.max(key, 1)[:, None]
+    return tl.max(tl.max(E_POW2 - 1 - (best & 4294967295), 1), 0)
+
+
+@triton.jit
+def ranked(row_ptr, experts, K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr, SOFTMAX: tl.constexpr,
+           RENORMALIZE: tl.constexpr):
+    """(weights, ids) [4, K_POW2], every row alike: the k experts of the highest logits in rank order, weighted as
+    `moe_route` weighs them (softmax over every expert, or over the k when renormalized; or sigmoid); slots from K on
+    hold weight 0 and expert 0."""
+    key = _keys(row_ptr, experts, E_POW2)
+    slot = tl.arange(0, K_POW2)[None, :]
+    picked = tl.full((4, K_POW2), -float("inf"), dtype=tl.float32)
+    ids = tl.zeros((4, K_POW2), dtype=tl.int64)
+    for j in tl.static_range(K):
+        best = tl.max(key, 1)[:, None]
+        picked = tl.where(slot == j, _key_logit(best), picked)
+        ids = tl.where(slot == j, E_POW2 - 1 - (best & 4294967295), ids)
+        key = tl.where(key == best, -9223372036854775807, key)
+    if SOFTMAX:
+        top = tl.max(picked, 1)[:, None]
+        weights = tl.exp(picked - top)
+        if not RENORMALIZE:
+            r = tl.arange(0, 4)[:, None]
+            e = tl.arange(0, E_POW2)[None, :]
+            every = tl.load(row_ptr + e + 0 * r, mask=(e < experts) & (r >= 0), other=-float("inf"))
+            weights = weights / tl.sum(tl.exp(every - top), 1)[:, None]
+    else:
+        weights = tl.where(slot < K, 1.0 / (1.0 + tl.exp(-picked)), 0.0)
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, 1)[:, None]
+    return weights, ids
+
+
+@triton.jit
+def _norm_router_kernel(x_ptr, r_ptr, w_ptr, router_ptr, out_ptr, sum_ptr, logits_ptr, experts, hidden, x_stride,
+                        r_stride, eps, w_offset, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    token = tl.program_id(1).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    e_ok, h_ok = e < experts, h < hidden
+    # the router's slice and the norm's weight before the wait: no step writes them
+    router = tl.load(router_ptr + e[:, None].to(tl.int64) * hidden + h[None, :], mask=e_ok[:, None] & h_ok[None, :],
+                     other=0.0)
+    w = tl.load(w_ptr + h, mask=h_ok, other=0.0).to(tl.float32) + w_offset
+    await_inputs(PDL)
+    x = tl.load(x_ptr + token * x_stride + h, mask=h_ok, other=0.0).to(tl.float32)
+    s = (x + tl.load(r_ptr + token * r_stride + h, mask=h_ok, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
+    sf = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / hidden + eps)
+    normed = (sf * rstd * w).to(out_ptr.dtype.element_ty)
+    if tl.program_id(0) == 0:
+        tl.store(sum_ptr + token * hidden + h, s, mask=h_ok)
+        tl.store(out_ptr + token * hidden + h, normed, mask=h_ok)
+    logit = tl.sum(router.to(tl.float32) * normed.to(tl.float32)[None, :], 1)
+    tl.store(logits_ptr + token * experts + e, logit, mask=e_ok)
 
 
 @triton.jit
@@ -109,6 +211,7 @@ def _gate_kernel(x_ptr, router_ptr, part_ptr, count_ptr, weights_ptr, ids_ptr, t
 
 _ROUTE = Launcher(_route_kernel)
 _GATE = Launcher(_gate_kernel)
+_NORM_ROUTER = Launcher(_norm_router_kernel)
 # one counter per device, zeroed when made and left zeroed by every launch (its last program resets it); gate
 # launches on a device run one after another (one stream), so they never share it at once
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -173,3 +276,29 @@ def moe_gate_decode(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renorm
           CHUNK=chunk, SPLITS=splits, TILE_ROWS=ROWS, SOFTMAX=scoring == "softmax", RENORMALIZE=renormalize,
           PRECISION=dot_precision(x.dtype), num_warps=4)
     return weights, ids
+
+
+def fused_add_rms_norm_router_decode(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                     router: torch.Tensor, *, eps: float, weight_offset: float
+                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lz.fused_add_rms_norm_router for a few tokens in one launch (module docstring): (normed in x's dtype, the sum
+    in the wider dtype, float32 logits [T, E])."""
+    tokens, hidden = x.shape
+    experts = router.shape[0]
+    if residual.shape != x.shape or weight.shape != (hidden,) or router.shape[1] != hidden:
+        raise ValueError(f"x {tuple(x.shape)}, residual {tuple(residual.shape)}, weight {tuple(weight.shape)} and "
+                         f"router {tuple(router.shape)} do not fit")
+    if hidden > MAX_NORM_ROUTER_HIDDEN:
+        raise ValueError(f"a hidden size of {hidden}: the norm-and-router kernel holds at most "
+                         f"{MAX_NORM_ROUTER_HIDDEN} columns a row")
+    x, residual, router = last_dim_contiguous(x), last_dim_contiguous(residual), router.contiguous()
+    normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    summed = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device)
+    logits = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
+    if tokens:
+        block_h = next_pow2(hidden)
+        block_e = max(1, min(next_pow2(experts), _ROUTER_TILE // block_h))
+        _NORM_ROUTER((triton.cdiv(experts, block_e), tokens), x, residual, weight.contiguous(), router, normed,
+                     summed, logits, experts, hidden, x.stride(0), residual.stride(0), eps, weight_offset,
+                     BLOCK_E=block_e, BLOCK_H=block_h, num_warps=4)
+    return normed, summed, logits

@@ -27,6 +27,8 @@ MAX_ATTENTION_HEAD_DIM = 256
 PRIORITY = 80  # above torch (40-60) and the reference (10): fused, graph safe, sync free
 MAX_ROUTED_EXPERTS = 1024  # the routing kernel keeps a token's scores in registers
 MOE_GATE_ROWS = 16  # tokens the one-launch router takes (moe_route.ROWS: one tl.dot tile of rows)
+NORM_ROUTER_ROWS = 16  # tokens the norm-and-router kernel takes: each program recomputes its token's norm
+MAX_NORM_ROUTER_HIDDEN = 8192  # a row the norm-and-router kernel holds in registers
 DECODE_PRIORITY = 85  # the MoE decode path, above the grouped GEMM wherever its pair limit lets it run
 VARLEN_PRIORITY = 70  # prefill: a dedicated flash kernel may beat it; PerfDB timings decide
 
@@ -244,6 +246,23 @@ def _lora_expand_rows(ctx: SelectionContext) -> list[Reason]:
     return _few_rows(ctx, LORA_EXPAND_ROWS) + _lora_rank(ctx)
 
 
+def _norm_router(ctx: SelectionContext) -> list[Reason]:
+    """The norm-and-router kernel: a few tokens, a row in registers."""
+    reasons = _gate_experts(ctx)
+    if ctx.tokens > NORM_ROUTER_ROWS:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} tokens: the norm-and-router kernel takes at most "
+                                                   f"{NORM_ROUTER_ROWS} (each program redoes its token's norm)"))
+    if ctx.hidden > MAX_NORM_ROUTER_HIDDEN:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a hidden size of {ctx.hidden}: the norm-and-router kernel "
+                                                   f"holds at most {MAX_NORM_ROUTER_HIDDEN} columns a row"))
+    return reasons
+
+
+def _moe_routed_decode(ctx: SelectionContext) -> list[Reason]:
+    """The decode path ranking each token's experts itself (its scores in registers): few pairs, as the other."""
+    return _moe_decode_pairs(ctx) + _experts_fit(ctx.param("experts"))
+
+
 def _moe_decode_pairs(ctx: SelectionContext) -> list[Reason]:
     """The sort-free path reads each pair's expert on its own: only while pairs are few."""
     if not ctx.param("decode_pairs"):
@@ -329,11 +348,17 @@ def kernel_specs() -> list[KernelSpec]:
                    check=_gate_experts, **common),
         KernelSpec("triton.moe_gate_decode", "moe_gate", impl=_lazy("moe_route", "moe_gate_decode"),
                    priority=DECODE_PRIORITY, check=_gate_decode, **common),
-        KernelSpec("triton.fused_moe_decode", "fused_moe", impl=_lazy("moe", "fused_moe_decode"),
+        KernelSpec("triton.fused_moe_decode", "fused_moe", impl=_lazy("moe_decode", "fused_moe_decode"),
                    priority=DECODE_PRIORITY, check=_moe_decode_pairs, **common),
+        KernelSpec("triton.fused_add_rms_norm_router_decode", "fused_add_rms_norm_router",
+                   impl=_lazy("moe_route", "fused_add_rms_norm_router_decode"), priority=DECODE_PRIORITY,
+                   check=_norm_router, **common),
+        KernelSpec("triton.fused_moe_routed_decode", "fused_moe_routed",
+                   impl=_lazy("moe_decode", "fused_moe_routed_decode"), priority=DECODE_PRIORITY,
+                   check=_moe_routed_decode, **common),
         KernelSpec("triton.fused_moe_w8", "fused_moe_w8", impl=_lazy("moe", "fused_moe_w8"), priority=PRIORITY,
                    quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_moe_w8, **common),
-        KernelSpec("triton.fused_moe_w8_decode", "fused_moe_w8", impl=_lazy("moe", "fused_moe_w8_decode"),
+        KernelSpec("triton.fused_moe_w8_decode", "fused_moe_w8", impl=_lazy("moe_decode", "fused_moe_w8_decode"),
                    priority=DECODE_PRIORITY, quant_formats=frozenset({"int8", "fp8_e4m3"}), check=_moe_w8_decode,
                    **common),
         KernelSpec("triton.lora_shrink", "lora_shrink", impl=_lazy("lora", "lora_shrink"), priority=PRIORITY,

@@ -1,13 +1,17 @@
 """Triton fused MoE (interpreted), the grouped GEMM and the sort-free decode path, against the float64 definition:
 experts receiving no token, every token on the same experts, partial row and column blocks, both activations; the pair
-alignment's invariants; which path layerzero picks by the number of pairs, and why."""
+alignment's invariants; which path layerzero picks by the number of pairs, and why. The routing kernels, and the
+decode path that ranks router logits itself after the norm-and-router kernel, against the reference."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import layerzero as lz
+from layerzero.kernels.reference.moe import fused_add_rms_norm_router as reference_norm_router
 from layerzero.kernels.reference.moe import moe_gate as reference_gate, moe_route as reference_route
 from layerzero.kernels.reference.quantize import dequantize_w8
 from layerzero.kernels.triton import specs
@@ -19,7 +23,8 @@ PATHS = ["fused_moe", "fused_moe_decode"]
 
 @pytest.fixture(scope="module")
 def kernels(triton_interpreted):
-    return triton_interpreted("moe")
+    """The grouped path (moe.py) and the decode path (moe_decode.py), interpreted, as one namespace."""
+    return SimpleNamespace(**{**vars(triton_interpreted("moe")), **vars(triton_interpreted("moe_decode"))})
 
 
 def _inputs(tokens: int, experts: int, k: int, seed: int, same: bool = False):
@@ -241,3 +246,65 @@ def test_gate_decode_takes_few_tokens_and_says_why_not_more(tokens, applies):
     wide = lz.SelectionContext.from_tensors("moe_gate", x, torch.randn(specs.MAX_ROUTED_EXPERTS + 1, 32), 2,
                                             renormalize=True, scoring="softmax")
     assert f"at most {specs.MAX_ROUTED_EXPERTS} scores" in decode.check(wide)[0].message
+
+
+def _routed_inputs(tokens: int, experts: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    hidden, inner = 96, 80
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inner, hidden, generator=gen) * 0.1
+    w2 = torch.randn(experts, hidden, inner, generator=gen) * 0.1
+    logits = torch.randn(tokens, experts, generator=gen)
+    logits[:, experts // 2 :] -= 100  # the upper half of the experts receives nothing
+    return x, w13, w2, logits
+
+
+@pytest.mark.parametrize("tokens, experts, k, scoring, renormalize", [
+    (1, 8, 2, "softmax", True), (3, 128, 8, "softmax", False), (4, 60, 6, "sigmoid", True), (2, 5, 3, "sigmoid", False),
+    (2, 300, 4, "softmax", True)])
+def test_the_decode_path_ranks_logits_as_the_routing_does(kernels, tokens, experts, k, scoring, renormalize):
+    """The gate+up and down kernels each rank a token's experts from its logits: the experts and weights moe_route
+    gives, so the sum of the decode path over moe_route's routing; a token whose logits all tie takes the lowest ids,
+    as the routing kernel does, and a token with NaN logits still names valid experts."""
+    x, w13, w2, logits = _routed_inputs(tokens, experts, seed=experts)
+    logits[-1] = 0.0
+    got = kernels.fused_moe_routed_decode(x, w13, w2, logits, k, renormalize=renormalize, scoring=scoring)
+    weights, ids = reference_route(logits, k, renormalize=renormalize, scoring=scoring)
+    ids[-1] = torch.arange(k)  # torch.topk orders ties its own way (the tied weights are equal)
+    want = moe_definition(x, w13, w2, weights, ids, "silu")
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    logits[0, : experts // 2] = float("nan")
+    assert kernels.fused_moe_routed_decode(x, w13, w2, logits, k, renormalize=renormalize, scoring=scoring)[1:] \
+        .isfinite().all()
+
+
+@pytest.mark.parametrize("tokens, experts, hidden", [(1, 8, 64), (3, 128, 2048), (16, 60, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_and_router_in_one_launch_match_the_reference(route_kernel, tokens, experts, hidden, dtype):
+    gen = torch.Generator().manual_seed(tokens * hidden)
+    x, residual = (torch.randn(tokens, hidden, generator=gen).to(dtype) for _ in range(2))
+    weight = torch.rand(hidden, generator=gen) + 0.5
+    router = (torch.randn(experts, hidden, generator=gen) * 0.05).to(dtype)
+    got = route_kernel.fused_add_rms_norm_router_decode(x, residual, weight, router, eps=1e-6, weight_offset=1.0)
+    want = reference_norm_router(x, residual, weight, router, eps=1e-6, weight_offset=1.0)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+    torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)  # the sum: one rounding either way
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got[0], want[0], atol=tol, rtol=tol)
+    # the logits of the kernel's own normed rows in float32: what a router given those rows computes
+    torch.testing.assert_close(got[2], got[0].float() @ router.float().t(), atol=1e-4, rtol=1e-5)
+
+
+def test_the_routed_decode_path_and_the_norm_router_say_where_they_stop():
+    by_id = {s.kernel_id: s for s in specs.kernel_specs()}
+    routed, norm_router = by_id["triton.fused_moe_routed_decode"], by_id["triton.fused_add_rms_norm_router_decode"]
+    x, w13, w2, logits = _routed_inputs(MOE_DECODE_PAIRS // 2 + 1, 8, seed=0)
+    ctx = lz.SelectionContext.from_tensors("fused_moe_routed", x, w13, w2, logits, 2, renormalize=True,
+                                           scoring="softmax", activation="silu")
+    assert f"more than {MOE_DECODE_PAIRS} (token, expert) pairs" in routed.check(ctx)[0].message
+    tokens = specs.NORM_ROUTER_ROWS + 1
+    x = torch.randn(tokens, 64)
+    ctx = lz.SelectionContext.from_tensors("fused_add_rms_norm_router", x, x, torch.ones(64), torch.randn(8, 64),
+                                           eps=1e-6, weight_offset=0.0)
+    assert f"takes at most {specs.NORM_ROUTER_ROWS}" in norm_router.check(ctx)[0].message
