@@ -128,17 +128,23 @@ def _gathered_moe_check(ctx: SelectionContext) -> list[Reason]:
     return []
 
 
+def router_logits(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+    """Float32 logits x [T, H] @ router [E, H]^T: a float32-output matmul of bf16 or fp16 rows on CUDA (float32 sums of
+    the products, no casts), float32 operands elsewhere. The one matmul triton.moe_gate and the composed router share,
+    so a token's experts do not depend on which of them ran."""
+    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and router.dtype == x.dtype:
+        return torch.mm(x, router.t(), out_dtype=torch.float32)
+    return torch.matmul(x.float(), router.float().t())
+
+
 def composed_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                  router: torch.Tensor, *, eps: float, weight_offset: float
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """lz.fused_add_rms_norm, then the router's float32 logits as lz.moe_gate computes them (a float32-output
-    matmul of the bf16 or fp16 rows on CUDA, float32 operands elsewhere)."""
+    """lz.fused_add_rms_norm, then the router's float32 logits as lz.moe_gate computes them (`router_logits`)."""
     import layerzero.api as lz  # late: the api's dispatch loads this backend
 
     normed, summed = lz.fused_add_rms_norm(x, residual, weight, eps=eps, weight_offset=weight_offset)
-    if normed.is_cuda and normed.dtype in (torch.float16, torch.bfloat16) and router.dtype == normed.dtype:
-        return normed, summed, torch.mm(normed, router.t(), out_dtype=torch.float32)
-    return normed, summed, torch.matmul(normed.float(), router.float().t())
+    return normed, summed, router_logits(normed, router)
 
 
 def composed_moe_routed(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, logits: torch.Tensor, top_k: int, *,

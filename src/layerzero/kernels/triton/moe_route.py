@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from layerzero.kernels.torch_backend import router_logits
 from layerzero.kernels.triton.launch import (Launcher, await_inputs, dot_precision, interpreting, last_dim_contiguous,
                                              next_pow2)
 from layerzero.kernels.triton.specs import MAX_NORM_ROUTER_HIDDEN
@@ -78,17 +79,17 @@ def _pick(logit, e, experts, R: tl.constexpr, K: tl.constexpr, K_POW2: tl.conste
 
 @triton.jit
 def _keys(row_ptr, experts, E_POW2: tl.constexpr):
-    """[4, E_POW2] int64 keys of one token's float32 logits at row_ptr (4 copies, one per warp): the logit's
-    order-preserving bits, then the id reversed, so one max gives the highest logit and, among equal ones, the lowest
-    id; NaN and padding last."""
+    """(keys, logits) [4, E_POW2] of one token's float32 logits at row_ptr (4 copies, one per warp; padding -inf).
+    A key is the logit's order-preserving bits, then the id reversed, so one max gives the highest logit and, among
+    equal ones, the lowest id; NaN and padding last."""
     r = tl.arange(0, 4)[:, None]
     e = tl.arange(0, E_POW2)[None, :]
     ok = (e < experts) & (r >= 0)
-    logit = tl.load(row_ptr + e + 0 * r, mask=ok, other=0.0)
+    logit = tl.load(row_ptr + e + 0 * r, mask=ok, other=-float("inf"))
     bits = logit.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 2147483647)
     ordered = tl.where(ok & (logit == logit), ordered, -2147483648)
-    return ordered.to(tl.int64) * 4294967296 + (E_POW2 - 1 - e)
+    return ordered.to(tl.int64) * 4294967296 + (E_POW2 - 1 - e), logit
 
 
 @triton.jit
@@ -99,15 +100,27 @@ def _key_logit(best):
 
 
 @triton.jit
+def _key_id(best, E_POW2: tl.constexpr):
+    """The expert a key was made from."""
+    return E_POW2 - 1 - (best & 4294967295)
+
+
+@triton.jit
+def _next_key(key):
+    """(the highest key of each row [4, 1], the keys without it): one round of the ranking, a max inside a warp."""
+    best = tl.max(key, 1)[:, None]
+    return best, tl.where(key == best, -9223372036854775807, key)
+
+
+@triton.jit
 def ranked_one(row_ptr, experts, slot, E_POW2: tl.constexpr):
     """The expert of rank `slot` (0: the highest logit) among one token's: slot + 1 rounds of one max in a warp, all
     a gate+up program needs before it can address its weights."""
-    key = _keys(row_ptr, experts, E_POW2)
-    best = tl.max(key, 1)[:, None]
+    key, _ = _keys(row_ptr, experts, E_POW2)
+    best, key = _next_key(key)
     for _ in range(slot):
-        key = tl.where(key == best, -9223372036854775807, key)
-        best = tl.max(key, 1)[:, None]
-    return tl.max(tl.max(E_POW2 - 1 - (best & 4294967295), 1), 0)
+        best, key = _next_key(key)
+    return tl.max(tl.max(_key_id(best, E_POW2), 1), 0)
 
 
 @triton.jit
@@ -116,23 +129,19 @@ def ranked(row_ptr, experts, K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.c
     """(weights, ids) [4, K_POW2], every row alike: the k experts of the highest logits in rank order, weighted as
     `moe_route` weighs them (softmax over every expert, or over the k when renormalized; or sigmoid); slots from K on
     hold weight 0 and expert 0."""
-    key = _keys(row_ptr, experts, E_POW2)
+    key, logit = _keys(row_ptr, experts, E_POW2)
     slot = tl.arange(0, K_POW2)[None, :]
     picked = tl.full((4, K_POW2), -float("inf"), dtype=tl.float32)
     ids = tl.zeros((4, K_POW2), dtype=tl.int64)
     for j in tl.static_range(K):
-        best = tl.max(key, 1)[:, None]
+        best, key = _next_key(key)
         picked = tl.where(slot == j, _key_logit(best), picked)
-        ids = tl.where(slot == j, E_POW2 - 1 - (best & 4294967295), ids)
-        key = tl.where(key == best, -9223372036854775807, key)
+        ids = tl.where(slot == j, _key_id(best, E_POW2), ids)
     if SOFTMAX:
         top = tl.max(picked, 1)[:, None]
         weights = tl.exp(picked - top)
         if not RENORMALIZE:
-            r = tl.arange(0, 4)[:, None]
-            e = tl.arange(0, E_POW2)[None, :]
-            every = tl.load(row_ptr + e + 0 * r, mask=(e < experts) & (r >= 0), other=-float("inf"))
-            weights = weights / tl.sum(tl.exp(every - top), 1)[:, None]
+            weights = weights / tl.sum(tl.exp(logit - top), 1)[:, None]
     else:
         weights = tl.where(slot < K, 1.0 / (1.0 + tl.exp(-picked)), 0.0)
     if RENORMALIZE:
@@ -248,11 +257,7 @@ def moe_route(logits: torch.Tensor, top_k: int, *, renormalize: bool, scoring: s
 def moe_gate(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: bool, scoring: str = "softmax"
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """lz.moe_gate for any number of tokens: float32 logits x [T, H] @ router [E, H]^T, then `moe_route`."""
-    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and router.dtype == x.dtype:
-        logits = torch.mm(x, router.t(), out_dtype=torch.float32)  # float32 sums of the products, no casts
-    else:
-        logits = torch.matmul(x.float(), router.float().t())
-    return moe_route(logits, top_k, renormalize=renormalize, scoring=scoring)
+    return moe_route(router_logits(x, router), top_k, renormalize=renormalize, scoring=scoring)
 
 
 def moe_gate_decode(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: bool,
