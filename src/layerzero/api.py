@@ -159,13 +159,19 @@ def rope_store_kv(
     eps: float = 1e-6,
     weight_offset: float = 0.0,
     interleaved: bool = False,
+    proj: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The attention prologue in one op, as rms_norm (both weights or neither), rope and store_kv_cache would do it on
-    qkv [T, H + 2*Hkv, D]'s q and k heads (v stored raw); returns the rotated q [T, H, D]."""
+    qkv [T, H + 2*Hkv, D]'s q and k heads (v stored raw); returns the rotated q [T, H, D]. With `proj` [(H + 2*Hkv)
+    * D, K] (a bias-free QKV weight), qkv is x [T, K] and the op projects it first: on CUDA's decode the projection's
+    split-K slices are summed by the prologue's kernel, with no sum kernel between."""
     if (q_norm_weight is None) != (k_norm_weight is None):
         raise ValueError("rope_store_kv takes both QK-norm weights or neither")
+    if proj is not None and (qkv.dim() != 2 or proj.dim() != 2 or proj.shape[1] != qkv.shape[1]):
+        raise ValueError(f"rope_store_kv with proj expects x [T, K] and proj [N, K]; got {tuple(qkv.shape)} and "
+                         f"{tuple(proj.shape)}")
     return _call("rope_store_kv", qkv, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight, k_norm_weight,
-                 num_heads=int(num_heads), eps=float(eps), weight_offset=float(weight_offset),
+                 proj, num_heads=int(num_heads), eps=float(eps), weight_offset=float(weight_offset),
                  interleaved=bool(interleaved))
 
 
@@ -353,17 +359,22 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
 
 
 def fused_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, router: torch.Tensor,
-                              eps: float = 1e-6, weight_offset: float = 0.0
+                              eps: float = 1e-6, weight_offset: float = 0.0, proj: torch.Tensor | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`fused_add_rms_norm` and the router of the experts that follow it: (normed, x + residual, float32 logits
     normed @ router [E, H]^T), so a decode step's norm writes the logits `fused_moe_routed` routes (one kernel on
-    CUDA, where a separate router would be one more on every MoE layer)."""
-    if x.dim() != 2 or residual.shape != x.shape or router.dim() != 2 or router.shape[1] != x.shape[1] \
-            or weight.shape != (x.shape[1],):
-        raise ValueError(f"fused_add_rms_norm_router expects x and residual [T, H], weight [H] and router [E, H]; "
-                         f"got {tuple(x.shape)}, {tuple(residual.shape)}, {tuple(weight.shape)}, "
-                         f"{tuple(router.shape)}")
-    return _call("fused_add_rms_norm_router", x, residual, weight, router, eps=float(eps),
+    CUDA, where a separate router would be one more on every MoE layer). With `proj` [H, K] (a bias-free projection,
+    the attention's O), x [T, K] is its input and `linear(x, proj)` what is added: on CUDA's decode the projection's
+    split-K slices are summed by the norm's kernel, with no sum kernel between."""
+    hidden = residual.shape[-1]
+    columns = hidden if proj is None else proj.shape[1]
+    if x.dim() != 2 or residual.shape != (x.shape[0], hidden) or x.shape[1] != columns or router.dim() != 2 \
+            or router.shape[1] != hidden or weight.shape != (hidden,) \
+            or (proj is not None and (proj.dim() != 2 or proj.shape[0] != hidden)):
+        raise ValueError(f"fused_add_rms_norm_router expects x [T, K], residual [T, H], weight [H], router [E, H] and "
+                         f"proj [H, K] (or no proj, K = H); got {tuple(x.shape)}, {tuple(residual.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(router.shape)}, {None if proj is None else tuple(proj.shape)}")
+    return _call("fused_add_rms_norm_router", x, residual, weight, router, proj, eps=float(eps),
                  weight_offset=float(weight_offset))
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import layerzero as lz
+
 from layerzero.kernels.reference import activation as act_ref
 from layerzero.kernels.reference import attention as attn_ref
 from layerzero.kernels.reference import kv_cache as kv_ref
@@ -380,6 +382,48 @@ def test_rope_store_kv(dtype, heads, kv_heads, head_dim, qk_norm):
         torch.testing.assert_close(out, expected, rtol=2 * TOL[dtype], atol=4 * TOL[dtype])
         torch.testing.assert_close(k_cache, ref_k, rtol=2 * TOL[dtype], atol=4 * TOL[dtype])
 
+    _graph_replay(run, refresh, check)
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize("hidden,heads,kv_heads", [(2048, 32, 4), (4096, 32, 8)])  # Qwen3-30B-A3B, Llama-3.1-8B
+def test_rope_store_kv_sums_its_projections_slices(tokens, hidden, heads, kv_heads):
+    """With its QKV weight, the prologue's kernel (triton.rope_store_kv_splitk) sums the split-K GEMV's slices where
+    it reads them: against the reference's linear-then-prologue in bf16, with fresh inputs replayed from a graph."""
+    from layerzero.kernels.reference import rope_store_kv as fused_ref
+
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    head_dim, blocks, block_size = 128, 16, 16
+    dtype = torch.bfloat16
+    x = torch.randn(tokens, hidden, device="cuda", dtype=dtype, generator=g)
+    proj = (torch.randn((heads + 2 * kv_heads) * head_dim, hidden, device="cuda", generator=g) * hidden ** -0.5) \
+        .to(dtype)
+    angles = torch.rand(tokens, head_dim // 2, device="cuda", generator=g) * 6.28
+    cos, sin = angles.cos(), angles.sin()
+    weights = [torch.rand(head_dim, device="cuda", dtype=dtype, generator=g) + 0.5 for _ in range(2)]
+    slots = torch.randperm(blocks * block_size, device="cuda", generator=g)[:tokens]
+    k_cache = torch.randn(blocks, block_size, kv_heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    v_cache = torch.randn_like(k_cache)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    options = dict(num_heads=heads, eps=1e-6, weight_offset=0.0, interleaved=False)
+    call = (x, cos, sin, k_cache, v_cache, slots, *weights)
+    assert lz.which("rope_store_kv", *call, proj, **options)["kernel_id"] == "triton.rope_store_kv_splitk"
+
+    def run() -> torch.Tensor:
+        return lz.rope_store_kv(*call, proj=proj, **options)
+
+    def refresh() -> None:
+        x.copy_(torch.randn(x.shape, device="cuda", generator=g))
+
+    def check(out: torch.Tensor) -> None:
+        expected = fused_ref.rope_store_kv(x, cos, sin, ref_k, ref_v, slots, *weights, proj=proj, **options)
+        torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(k_cache, ref_k, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(v_cache, ref_v, rtol=2e-2, atol=2e-2)
+
+    with _NoSync():
+        out = run()
+    check(out)
     _graph_replay(run, refresh, check)
 
 

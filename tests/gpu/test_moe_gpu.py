@@ -106,11 +106,13 @@ def test_triton_moe_gate_decode_is_batch_invariant(dtype):
         assert torch.equal(alone[0][0], together[0][t]) and torch.equal(alone[1][0], together[1][t])
 
 
+@pytest.mark.parametrize("with_o", [False, True])
 @pytest.mark.parametrize("tokens", [1, 4])
-def test_routing_inside_the_norm_and_the_experts_in_a_graph(tokens):
-    """The Qwen3-30B-A3B layer's MoE half as a decode step runs it: the norm-and-router kernel, then the decode path
-    ranking the logits itself, replayed from a CUDA graph with fresh inputs, against the same kernels' sum over
-    moe_route's routing of those logits, and the norm against fused_add_rms_norm."""
+def test_routing_inside_the_norm_and_the_experts_in_a_graph(tokens, with_o):
+    """The Qwen3-30B-A3B layer's MoE half as a decode step runs it: the norm-and-router kernel (with_o: summing the
+    O projection's split-K slices too), then the decode path ranking the logits itself, replayed from a CUDA graph
+    with fresh inputs, against the same kernels' sum over moe_route's routing of those logits, and the norm against
+    fused_add_rms_norm."""
     from layerzero.kernels.reference.moe import moe_route
     from layerzero.kernels.triton import moe_decode
 
@@ -122,17 +124,23 @@ def test_routing_inside_the_norm_and_the_experts_in_a_graph(tokens):
     w13 = (torch.randn(experts, 2 * inner, hidden, device="cuda", generator=gen) * 0.02).bfloat16()
     w2 = (torch.randn(experts, hidden, inner, device="cuda", generator=gen) * 0.02).bfloat16()
 
+    attn = torch.empty(tokens, 4096, device="cuda", dtype=torch.bfloat16)  # the heads' outputs, 32 of 128
+    o_proj = (torch.randn(hidden, 4096, device="cuda", generator=gen) * 0.02).bfloat16() if with_o else None
+
     def fresh():
         x.copy_(torch.randn(tokens, hidden, device="cuda", generator=gen))
+        attn.copy_(torch.randn(tokens, 4096, device="cuda", generator=gen))
         residual.copy_(torch.randn(tokens, hidden, device="cuda", generator=gen))
 
     def step():
-        normed, summed, logits = lz.fused_add_rms_norm_router(x, residual, norm_weight, router)
+        rows = attn if with_o else x
+        normed, summed, logits = lz.fused_add_rms_norm_router(rows, residual, norm_weight, router, proj=o_proj)
         return normed, summed, logits, lz.fused_moe_routed(normed, w13, w2, logits, k, renormalize=True)
 
     fresh()
-    assert lz.which("fused_add_rms_norm_router", x, residual, norm_weight, router, eps=1e-6,
-                    weight_offset=0.0)["kernel_id"] == "triton.fused_add_rms_norm_router_decode"
+    kernel = "triton.fused_add_rms_norm_router_" + ("splitk" if with_o else "decode")
+    assert lz.which("fused_add_rms_norm_router", attn if with_o else x, residual, norm_weight, router, o_proj,
+                    eps=1e-6, weight_offset=0.0)["kernel_id"] == kernel
     normed, _, logits, _ = step()  # warm-up outside the capture
     assert lz.which("fused_moe_routed", normed, w13, w2, logits, k, renormalize=True, scoring="softmax",
                     activation="silu")["kernel_id"] == "triton.fused_moe_routed_decode"
@@ -142,8 +150,12 @@ def test_routing_inside_the_norm_and_the_experts_in_a_graph(tokens):
     for _ in range(3):
         fresh()
         graph.replay()
-        want_normed, want_summed = lz.fused_add_rms_norm(x, residual, norm_weight)
-        assert torch.equal(summed, want_summed)
+        if with_o:  # the slices summed in another order than the linear op's: a bf16 rounding apart
+            want_normed, want_summed = lz.fused_add_rms_norm(lz.linear(attn, o_proj), residual, norm_weight)
+            torch.testing.assert_close(summed, want_summed, atol=2e-2, rtol=2e-2)
+        else:
+            want_normed, want_summed = lz.fused_add_rms_norm(x, residual, norm_weight)
+            assert torch.equal(summed, want_summed)
         torch.testing.assert_close(normed, want_normed, atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(logits, normed.float() @ router.float().t(), atol=1e-4, rtol=1e-4)
         weights, ids = moe_route(logits, k, renormalize=True)

@@ -82,14 +82,19 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         h, x = self.enter(x, pending, self.half_rows(x))
-        out = self.attn(h, cos, sin, batch)
         logits = None
-        if self.post_attn_norm is not None:
+        if self.post_attn_norm is None and self.tp_group is None and isinstance(self.mlp, SparseMLP) \
+                and self.mlp.routes_logits:  # the O projection (when plain), the norm and the router in one op
+            if self.attn.folds_o(h):
+                o, proj = self.attn.attend(h, cos, sin, batch), self.attn.o_proj
+            else:
+                o, proj = self.attn(h, cos, sin, batch), None
+            h, x, logits = self.mlp_norm.add_norm_router(o, x, self.mlp.router, proj)
+        elif self.post_attn_norm is not None:
+            out = self.attn(h, cos, sin, batch)
             h, x = self.mlp_norm.add_and_norm(self.post_attn_norm(self.summed(out, self.attn_sum_site)), x)
-        elif self.tp_group is None and isinstance(self.mlp, SparseMLP) and self.mlp.routes_logits:
-            h, x, logits = self.mlp_norm.add_norm_router(out, x, self.mlp.router)
         else:
-            h, x = self.mlp_norm.add_and_norm(out, x, self.tp_group)
+            h, x = self.mlp_norm.add_and_norm(self.attn(h, cos, sin, batch), x, self.tp_group)
         out = self.mlp(h, batch.lora_ids) if isinstance(self.mlp, GatedMLP) else self.mlp(h, logits)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(self.summed(out, self.mlp_sum_site))

@@ -85,11 +85,13 @@ class RMSNorm(nn.Module):
         return self.reduce_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset,
                                      group=group)
 
-    def add_norm_router(self, x: torch.Tensor, residual: torch.Tensor,
-                        router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def add_norm_router(self, x: torch.Tensor, residual: torch.Tensor, router: torch.Tensor,
+                        proj: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual, the float32 logits of `router` [E, H] over the normed rows) in one op:
-        the experts that follow route from the logits themselves (one kernel fewer a layer on a GPU's decode)."""
-        return self.norm_router_site(x, residual, self.weight, router, eps=self.eps, weight_offset=self.weight_offset)
+        the experts that follow route from the logits themselves (one kernel fewer a layer on a GPU's decode). With
+        `proj` (the attention's O weight), x is its input and the op projects it too (no sum kernel between)."""
+        return self.norm_router_site(x, residual, self.weight, router, proj, eps=self.eps,
+                                     weight_offset=self.weight_offset)
 
 
 def rope_inv_freq(cfg: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:
@@ -196,8 +198,32 @@ class Attention(nn.Module):
             out |= {"q_norm.weight": WeightSlot("q_norm.weight"), "k_norm.weight": WeightSlot("k_norm.weight")}
         return out
 
+    def folds_o(self, x: torch.Tensor) -> bool:
+        """Whether the op after the attention may take o_proj with `attend`'s output: a float weight with no adapter,
+        on CUDA (whose decode kernels sum the projection's split-K slices where they read them; elsewhere the op
+        would only project first)."""
+        return x.is_cuda and self.o_lora is None and isinstance(self.o_proj, torch.Tensor)
+
+    def _folds_qkv(self, x: torch.Tensor, batch: ForwardBatch) -> bool:
+        """Whether the attention prologue op takes qkv_proj with x (as `folds_o`): a bias-free float weight with no
+        adapter, a KV cache and a full rope."""
+        return (x.is_cuda and batch.kv_caches is not None and self.qkv_lora is None and self.qkv_bias is None
+                and isinstance(self.qkv_proj, torch.Tensor) and self.rotary_dim == self.head_dim)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        o = self.attend(x, cos, sin, batch)
+        out = self.o_site(o.to(x.dtype), self.o_proj)  # the output in x's dtype
+        if self.o_lora is not None:
+            out = self.o_lora(o, out, batch.lora_ids)
+        return out
+
+    def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The heads' outputs before the O projection, o [T, H * D]: in x's dtype, or float32 where x holds a
+        HalfWeight model's bf16 rows (the cache and attention take the model's float32)."""
         tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        if self._folds_qkv(x, batch):  # the projection inside the prologue op
+            o = self._attend_cached(x, cos, sin, batch.kv_caches[self.layer], batch, proj=self.qkv_proj)
+            return o.reshape(tokens, self.q_size)
         qkv = self.qkv_site(x, self.qkv_proj, self.qkv_bias)
         if self.qkv_lora is not None:
             qkv = self.qkv_lora(x, qkv, batch.lora_ids)
@@ -210,16 +236,12 @@ class Attention(nn.Module):
             o = self._attend_cached(qkv_heads, cos, sin, batch.kv_caches[self.layer], batch)
         else:
             o = self._attend_uncached(qkv, cos, sin, batch)
-        o = o.reshape(tokens, self.q_size)
-        out = self.o_site(o.to(x.dtype) if half else o, self.o_proj)  # the output in x's dtype
-        if self.o_lora is not None:
-            out = self.o_lora(o, out, batch.lora_ids)
-        return out
+        return o.reshape(tokens, self.q_size)
 
     def _attend_cached(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-                       batch: ForwardBatch) -> torch.Tensor:
-        """qkv [T, H + 2*Hkv, D]: norm, rope and store in one op (a partial rope: rope, then the store), then
-        attention reads K/V from the paged cache."""
+                       batch: ForwardBatch, proj: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv [T, H + 2*Hkv, D] (with `proj`, x [T, hidden] the prologue op projects): norm, rope and store in one
+        op (a partial rope: rope, then the store), then attention reads K/V from the paged cache."""
         if self.q_norm is not None and self.k_norm is not None:
             norms, eps, offset = (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps, self.q_norm.weight_offset
         else:
@@ -231,7 +253,7 @@ class Attention(nn.Module):
                             batch.slot_mapping)
             q = qkv[:, :heads].contiguous()
         else:
-            q = self.rope_store_site(qkv, cos, sin, cache[0], cache[1], batch.slot_mapping, *norms,
+            q = self.rope_store_site(qkv, cos, sin, cache[0], cache[1], batch.slot_mapping, *norms, proj,
                                      num_heads=heads, eps=eps, weight_offset=offset, interleaved=False)
         if batch.is_prefill:
             host = batch.context_lens_host is not None

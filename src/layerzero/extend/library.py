@@ -153,19 +153,21 @@ def _(key, value, key_cache, value_cache, slot_mapping):
 @custom_op("layerzero::rope_store_kv", mutates_args=("key_cache", "value_cache"))
 def rope_store_kv(
     qkv: Tensor, cos: Tensor, sin: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
-    q_norm_weight: Tensor | None, k_norm_weight: Tensor | None, *, num_heads: int, eps: float, weight_offset: float,
-    interleaved: bool,
+    q_norm_weight: Tensor | None, k_norm_weight: Tensor | None, proj: Tensor | None = None, *, num_heads: int,
+    eps: float, weight_offset: float, interleaved: bool,
 ) -> Tensor:
-    """Optional QK-norm and RoPE of qkv's q and k heads, K/V stored in the caches in place; returns q [T, H, D]."""
+    """Optional QK-norm and RoPE of qkv's q and k heads, K/V stored in the caches in place; returns q [T, H, D]. With
+    `proj`, qkv is x [T, K], projected first."""
     out = _dispatch("rope_store_kv", qkv, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight,
-                    k_norm_weight, num_heads=num_heads, eps=eps, weight_offset=weight_offset, interleaved=interleaved)
-    return _fresh(out, (qkv, cos, sin, key_cache, value_cache, q_norm_weight, k_norm_weight))
+                    k_norm_weight, proj, num_heads=num_heads, eps=eps, weight_offset=weight_offset,
+                    interleaved=interleaved)
+    return _fresh(out, (qkv, cos, sin, key_cache, value_cache, q_norm_weight, k_norm_weight, proj))
 
 
 @rope_store_kv.register_fake
-def _(qkv, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight, k_norm_weight, *, num_heads, eps,
-      weight_offset, interleaved):
-    return qkv.new_empty([qkv.shape[0], num_heads, qkv.shape[2]])
+def _(qkv, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight, k_norm_weight, proj=None, *, num_heads,
+      eps, weight_offset, interleaved):
+    return qkv.new_empty([qkv.shape[0], num_heads, key_cache.shape[3]])
 
 
 @custom_op("layerzero::rms_norm", mutates_args=())

@@ -138,11 +138,14 @@ def router_logits(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
 
 
 def composed_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                                 router: torch.Tensor, *, eps: float, weight_offset: float
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """lz.fused_add_rms_norm, then the router's float32 logits as lz.moe_gate computes them (`router_logits`)."""
+                                 router: torch.Tensor, proj: torch.Tensor | None = None, *, eps: float,
+                                 weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lz.linear of x by `proj` (if given), lz.fused_add_rms_norm, then the router's float32 logits as lz.moe_gate
+    computes them (`router_logits`)."""
     import layerzero.api as lz  # late: the api's dispatch loads this backend
 
+    if proj is not None:
+        x = lz.linear(x, proj)
     normed, summed = lz.fused_add_rms_norm(x, residual, weight, eps=eps, weight_offset=weight_offset)
     return normed, summed, router_logits(normed, router)
 

@@ -86,13 +86,16 @@ def _store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _rope_store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    """rope_store_kv: qkv's tokens and heads (x's tokens with a `proj` weight [N, K], whose shape is a param)."""
     qkv, key_cache, q_norm_weight = args[0], args[3], args[6]
-    heads = int(kw["num_heads"])
+    proj = args[8] if len(args) > 8 else None
+    heads, head_dim = int(kw["num_heads"]), key_cache.shape[3]
     return dict(
-        tokens=qkv.shape[0], num_heads=heads, num_kv_heads=key_cache.shape[2], head_dim=qkv.shape[2],
-        hidden=qkv.shape[2], kv_cache_layout="NHD", kv_cache_dtype=key_cache.dtype, kv_strategy="paged",
+        tokens=qkv.shape[0], num_heads=heads, num_kv_heads=key_cache.shape[2], head_dim=head_dim,
+        hidden=head_dim, kv_cache_layout="NHD", kv_cache_dtype=key_cache.dtype, kv_strategy="paged",
         params=(("interleaved", bool(kw.get("interleaved", False))), ("qk_norm", q_norm_weight is not None),
-                ("block_size", key_cache.shape[1])),
+                ("block_size", key_cache.shape[1]), ("proj_rows", 0 if proj is None else proj.shape[0]),
+                ("proj_columns", 0 if proj is None else proj.shape[1])),
     )
 
 
@@ -189,9 +192,13 @@ def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _add_norm_router(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
-    """fused_add_rms_norm_router: fused_add_rms_norm's context and the router's experts."""
-    ctx = _add_norm(args, kw)
-    return {**ctx, "params": (*ctx["params"], ("experts", args[3].shape[0]))}
+    """fused_add_rms_norm_router: fused_add_rms_norm's context over the residual's rows (x is the projection's input
+    when a `proj` weight is given), the router's experts and the projection's shape (0 x 0 without one)."""
+    residual, router, proj = args[1], args[3], args[4] if len(args) > 4 else None
+    ctx = _add_norm((residual, residual), kw)
+    return {**ctx, "params": (*ctx["params"], ("experts", router.shape[0]),
+                              ("proj_rows", 0 if proj is None else proj.shape[0]),
+                              ("proj_columns", 0 if proj is None else proj.shape[1]))}
 
 
 def _fused_moe_routed(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
@@ -269,7 +276,7 @@ SIGNATURES: dict[str, OpSignature] = {
         _paged_prefill, (0, 1, 2), ("block_tables", "cu_seqlens_q", "max_seqlen_q", "max_context_len", "sliding_window")
     ),
     "store_kv_cache": OpSignature(_store, (0, 1, 2, 3), ()),
-    "rope_store_kv": OpSignature(_rope_store, (0, 1, 2, 3, 4, 6, 7), ("num_heads", "interleaved")),
+    "rope_store_kv": OpSignature(_rope_store, (0, 1, 2, 3, 4, 6, 7, 8), ("num_heads", "interleaved")),
     "rms_norm": OpSignature(_rowwise, (0, 1), ()),
     "fused_add_rms_norm": OpSignature(_add_norm, (0, 1, 2), ()),
     "layer_norm": OpSignature(_layer_norm, (0, 1, 2, 3), ()),
@@ -284,7 +291,7 @@ SIGNATURES: dict[str, OpSignature] = {
     "moe_route": OpSignature(_moe_route, (0,), ("renormalize", "scoring")),
     "moe_gate": OpSignature(_moe_gate, (0, 1), ("renormalize", "scoring")),
     "fused_moe": OpSignature(_fused_moe, (0, 1, 2, 3, 4), ("activation",)),
-    "fused_add_rms_norm_router": OpSignature(_add_norm_router, (0, 1, 2, 3), ()),
+    "fused_add_rms_norm_router": OpSignature(_add_norm_router, (0, 1, 2, 3, 4), ()),
     "fused_moe_routed": OpSignature(_fused_moe_routed, (0, 1, 2, 3, 4), ("renormalize", "scoring", "activation")),
     "fused_moe_int4": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("group_size", "activation")),
     "fused_moe_w8": OpSignature(_fused_moe_quant, (0, 1, 2, 3, 4, 5, 6), ("block_size", "activation")),

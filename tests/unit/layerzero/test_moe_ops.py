@@ -142,3 +142,10 @@ def test_routing_inside_the_ops_equals_routing_between_them(tokens: int):
         lz.fused_moe_routed(normed, w13, w2, logits[:, :-1], k, renormalize=True)
     with pytest.raises(ValueError, match="fused_add_rms_norm_router expects"):
         lz.fused_add_rms_norm_router(x, residual, norm_weight, router[:, :-1])
+    # with a projection: the op's linear of x first, the same bits as the linear op before it
+    rows, proj = torch.randn(tokens, 40, generator=gen), torch.randn(hidden, 40, generator=gen)
+    got = lz.fused_add_rms_norm_router(rows, residual, norm_weight, router, eps=1e-6, proj=proj)
+    want = lz.fused_add_rms_norm_router(lz.linear(rows, proj), residual, norm_weight, router, eps=1e-6)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    with pytest.raises(ValueError, match="fused_add_rms_norm_router expects"):
+        lz.fused_add_rms_norm_router(rows, residual, norm_weight, router, proj=proj[:, :-1])

@@ -11,7 +11,7 @@ import torch
 from layerzero.kernels.native import norm
 from layerzero.kernels.native.attention import check_caches, rows_of_heads
 from layerzero.kernels.native.build import kernel
-from layerzero.kernels.reference.rope_store_kv import split_heads
+from layerzero.kernels.reference.rope_store_kv import projected, split_heads
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ROPE_ARGS = (_P, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_int, _P)
@@ -49,9 +49,11 @@ def store_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tens
 
 def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
                   value_cache: torch.Tensor, slot_mapping: torch.Tensor, q_norm_weight: torch.Tensor | None = None,
-                  k_norm_weight: torch.Tensor | None = None, *, num_heads: int, eps: float, weight_offset: float,
-                  interleaved: bool) -> torch.Tensor:
-    """qkv [T, H + 2*Hkv, D]: optional QK-norm, RoPE of q and k, k and v stored at their slots; returns q [T, H, D]."""
+                  k_norm_weight: torch.Tensor | None = None, proj: torch.Tensor | None = None, *, num_heads: int,
+                  eps: float, weight_offset: float, interleaved: bool) -> torch.Tensor:
+    """qkv [T, H + 2*Hkv, D] (or with `proj`, x [T, K] projected first by lz.linear): optional QK-norm, RoPE of q
+    and k, k and v stored at their slots; returns q [T, H, D]."""
+    qkv = projected(qkv, proj, key_cache)
     q, k, v = split_heads(qkv, key_cache, num_heads)
     if (q_norm_weight is None) != (k_norm_weight is None):
         raise ValueError("rope_store_kv takes both QK-norm weights or neither")

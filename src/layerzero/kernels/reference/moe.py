@@ -52,9 +52,12 @@ def moe_gate(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renormalize: 
     return moe_route(x.float() @ router.float().t(), top_k, renormalize=renormalize, scoring=scoring)
 
 
-def fused_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, router: torch.Tensor, *,
-                              eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(normed, x + residual, normed @ router^T in float32)."""
+def fused_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, router: torch.Tensor,
+                              proj: torch.Tensor | None = None, *, eps: float, weight_offset: float
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(normed, x + residual, normed @ router^T in float32); with `proj`, x @ proj^T (in x's dtype) is the x added."""
+    if proj is not None:
+        x = F.linear(x, proj)
     normed, summed = fused_add_rms_norm(x, residual, weight, eps, weight_offset)
     return normed, summed, normed.float() @ router.float().t()
 

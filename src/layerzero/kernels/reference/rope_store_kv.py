@@ -1,11 +1,15 @@
-"""The attention prologue as one op: optional QK-norm, RoPE on the q and k heads of a fused QKV output, K/V store.
+"""The attention prologue as one op: optional QK-norm, RoPE on the q and k heads of a fused QKV output, K/V store;
+optionally the QKV projection itself (`proj`: the op is given x and the weight, not their product).
 
-The reference composes the reference norm, rope and store, so it is exactly norm-then-rope-then-store.
+The reference composes the reference linear, norm, rope and store, so it is exactly that sequence.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 
 from layerzero.kernels.reference import kv_cache, norm
 from layerzero.kernels.reference import rope as rope_ref
@@ -24,12 +28,30 @@ def split_heads(
     return qkv[:, :num_heads], qkv[:, num_heads : num_heads + kv_heads], qkv[:, num_heads + kv_heads :]
 
 
+def projected(qkv: torch.Tensor, proj: torch.Tensor | None, key_cache: torch.Tensor,
+              linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """qkv as given, or with `proj` [N, K] the heads [T, N / D, D] of linear(x [T, K], proj) (D: the cache's;
+    `linear`: layerzero's own op by default, the kernels' way to project before their prologue)."""
+    if proj is None:
+        return qkv
+    if linear is None:
+        import layerzero.api as lz  # late: the api's dispatch loads the kernels that call this
+
+        linear = lz.linear
+    if qkv.dim() != 2 or proj.dim() != 2 or proj.shape[1] != qkv.shape[1] or proj.shape[0] % key_cache.shape[3]:
+        raise ValueError(f"rope_store_kv with proj expects x [T, K] and proj [N, K] with N a multiple of the head "
+                         f"dim {key_cache.shape[3]}; got {tuple(qkv.shape)} and {tuple(proj.shape)}")
+    return linear(qkv, proj).view(qkv.shape[0], -1, key_cache.shape[3])
+
+
 def rope_store_kv(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     slot_mapping: torch.Tensor, q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-    *, num_heads: int, eps: float, weight_offset: float, interleaved: bool,
+    proj: torch.Tensor | None = None, *, num_heads: int, eps: float, weight_offset: float, interleaved: bool,
 ) -> torch.Tensor:
-    """Norm (when weights are given) and rotate q and k, store k and v at their slots; returns the rotated q."""
+    """Project (with `proj`), norm (when weights are given) and rotate q and k, store k and v at their slots;
+    returns the rotated q."""
+    qkv = projected(qkv, proj, key_cache, F.linear)
     q, k, v = split_heads(qkv, key_cache, num_heads)
     if (q_norm_weight is None) != (k_norm_weight is None):
         raise ValueError("rope_store_kv takes both QK-norm weights or neither")

@@ -76,15 +76,23 @@ def _splitk_kernel(x_ptr, w_ptr, p_ptr, M, N, K, x_sm, w_sn, SLICE: tl.constexpr
 
 
 @triton.jit
+def summed_slices(p_ptr, offsets, mask, slice_stride, SPLITS: tl.constexpr):
+    """The float32 sum of SPLITS partial slices at `offsets` (slice s at p_ptr + s * slice_stride), in slice order:
+    the same bits in every kernel that sums them (the sum kernel below, or a consumer that reads the partials)."""
+    y = tl.load(p_ptr + offsets, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        y += tl.load(p_ptr + s * slice_stride + offsets, mask=mask, other=0.0)
+    return y
+
+
+@triton.jit
 def _sum_slices_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK: tl.constexpr, PDL: tl.constexpr):
     """y [M, N] = the slices' partials summed in slice order (+ bias), in y's dtype."""
     await_inputs(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < MN
-    y = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        y += tl.load(p_ptr + s * MN + i, mask=mask, other=0.0)
+    y = summed_slices(p_ptr, i, mask, MN, SPLITS)
     if HAS_BIAS:
         y += tl.load(b_ptr + i % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + i, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -131,24 +139,34 @@ def linear_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y.view(*x.shape[:-1], n)
 
 
+def splitk_partials(x: torch.Tensor, weight: torch.Tensor, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """float32 partials [SPLITS, M, N] of x [M, K] @ weight [N, K]^T, K cut in SPLITS slices (`tile`: (SPLITS,
+    BLOCK_N, BLOCK_K), SPLITK_TILE by default), for at most ROWS rows: summed in slice order (`summed_slices`) by
+    the sum kernel of `linear_splitk`, or by a fused op's kernel that reads the projection's output."""
+    k, n = _check_shapes(x, weight, None)
+    splits, block_n, block_k = tile or SPLITK_TILE
+    if k % (splits * block_k):
+        raise ValueError(f"split-K GEMV: K = {k} is not a multiple of {splits} x {block_k}")
+    x2, weight = _rows(x, weight, k)
+    m = x2.shape[0]
+    if m > ROWS:
+        raise ValueError(f"the split-K GEMV takes at most {ROWS} rows, got {m}")
+    partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    if m and n:
+        _SPLITK((triton.cdiv(n, block_n), splits), x2, weight, partials, m, n, k, x2.stride(0), weight.stride(0),
+                SLICE=k // splits, BLOCK_M=ROWS, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(x.dtype),
+                num_warps=4, num_stages=3)
+    return partials
+
+
 def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N] in x.dtype for at most 16 rows, K split into
     SPLITK_SLICES slices (a multiple of SPLITK_SLICES x SPLITK_BLOCK_K)."""
     k, n = _check_shapes(x, weight, bias)
-    splits, block_n, block_k = SPLITK_TILE
-    if k % (splits * block_k):
-        raise ValueError(f"linear_splitk: K = {k} is not a multiple of {splits} x {block_k}")
-    x2, weight = _rows(x, weight, k)
-    m = x2.shape[0]
-    if m > ROWS:
-        raise ValueError(f"linear_splitk takes at most {ROWS} rows, got {m}")
+    partials = splitk_partials(x.reshape(-1, k), weight)
+    splits, m = partials.shape[0], partials.shape[1]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
-        return y.view(*x.shape[:-1], n)
-    partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    _SPLITK((triton.cdiv(n, block_n), splits), x2, weight, partials, m, n, k, x2.stride(0), weight.stride(0),
-            SLICE=k // splits, BLOCK_M=ROWS, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(x.dtype),
-            num_warps=4, num_stages=3)
-    _SUM_SLICES((triton.cdiv(m * n, SUM_BLOCK),), partials, weight if bias is None else bias, y, m * n, n,
-                SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=4)
+    if m and n:
+        _SUM_SLICES((triton.cdiv(m * n, SUM_BLOCK),), partials, weight if bias is None else bias, y, m * n, n,
+                    SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=4)
     return y.view(*x.shape[:-1], n)

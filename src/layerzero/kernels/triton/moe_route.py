@@ -19,6 +19,8 @@ launch, for the decode path whose expert kernels rank the logits themselves (`ra
 so no routing kernel runs between the norm and the experts (benchmarks/reports/moe_fusion_ceiling_h200.md). Each
 program holds a slice of the router's experts (loaded before its PDL wait) and recomputes its token's add and norm (a
 row of at most MAX_NORM_ROUTER_HIDDEN columns, read from L2); the first stores them.
+`fused_add_rms_norm_router_splitk` is that with the attention's O projection before it: the split-K GEMV's float32
+slices (gemv.splitk_partials) summed where the kernel reads its x, so no sum kernel runs between them.
 
 The ranking there is by logit (softmax and sigmoid keep its order; experts whose scores would round to the same
 float32 may come in the other order than `_pick`'s) over int64 keys, the logit's order-preserving bits then the id
@@ -34,9 +36,10 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.torch_backend import router_logits
+from layerzero.kernels.triton.gemv import splitk_partials, summed_slices
 from layerzero.kernels.triton.launch import (Launcher, await_inputs, dot_precision, interpreting, last_dim_contiguous,
                                              next_pow2)
-from layerzero.kernels.triton.specs import MAX_NORM_ROUTER_HIDDEN
+from layerzero.kernels.triton.specs import FUSED_SPLITK_TILE, MAX_NORM_ROUTER_HIDDEN
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
@@ -151,7 +154,8 @@ def ranked(row_ptr, experts, K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.c
 
 @triton.jit
 def _norm_router_kernel(x_ptr, r_ptr, w_ptr, router_ptr, out_ptr, sum_ptr, logits_ptr, experts, hidden, x_stride,
-                        r_stride, eps, w_offset, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+                        x_slice, r_stride, eps, w_offset, SLICES: tl.constexpr, BLOCK_E: tl.constexpr,
+                        BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     token = tl.program_id(1).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -161,8 +165,12 @@ def _norm_router_kernel(x_ptr, r_ptr, w_ptr, router_ptr, out_ptr, sum_ptr, logit
                      other=0.0)
     w = tl.load(w_ptr + h, mask=h_ok, other=0.0).to(tl.float32) + w_offset
     await_inputs(PDL)
-    x = tl.load(x_ptr + token * x_stride + h, mask=h_ok, other=0.0).to(tl.float32)
-    s = (x + tl.load(r_ptr + token * r_stride + h, mask=h_ok, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
+    if SLICES > 0:  # x is a projection's split-K partials: summed and rounded as its own sum kernel would
+        x = summed_slices(x_ptr, token * x_stride + h, h_ok, x_slice, SLICES).to(out_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + token * x_stride + h, mask=h_ok, other=0.0)
+    s = (x.to(tl.float32) + tl.load(r_ptr + token * r_stride + h, mask=h_ok, other=0.0).to(tl.float32)
+         ).to(sum_ptr.dtype.element_ty)
     sf = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / hidden + eps)
     normed = (sf * rstd * w).to(out_ptr.dtype.element_ty)
@@ -284,26 +292,52 @@ def moe_gate_decode(x: torch.Tensor, router: torch.Tensor, top_k: int, *, renorm
 
 
 def fused_add_rms_norm_router_decode(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                                     router: torch.Tensor, *, eps: float, weight_offset: float
-                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                                     router: torch.Tensor, proj: torch.Tensor | None = None, *, eps: float,
+                                     weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lz.fused_add_rms_norm_router for a few tokens in one launch (module docstring): (normed in x's dtype, the sum
-    in the wider dtype, float32 logits [T, E])."""
-    tokens, hidden = x.shape
+    in the wider dtype, float32 logits [T, E]). With `proj`, x is projected first by lz.linear."""
+    if proj is not None:
+        import layerzero.api as lz  # late: the api's dispatch loads this module
+
+        x = lz.linear(x, proj)
+    x = last_dim_contiguous(x)
+    return _norm_router(x, x.dtype, (x.stride(0), 0, 0), residual, weight, router, eps, weight_offset)
+
+
+def fused_add_rms_norm_router_splitk(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                     router: torch.Tensor, proj: torch.Tensor, *, eps: float, weight_offset: float
+                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm_router_decode` with its projection: x [T, K] through the split-K GEMV
+    (FUSED_SPLITK_TILE), whose float32 slices the norm's kernel sums where it reads them (no sum kernel between)."""
+    if x.dim() != 2 or proj.dim() != 2 or proj.shape[1] != x.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and proj {tuple(proj.shape)} do not fit")
+    partials = splitk_partials(x, proj, FUSED_SPLITK_TILE)  # [SPLITS, T, H] float32
+    return _norm_router(partials, x.dtype, (partials.stride(1), partials.stride(0), partials.shape[0]), residual,
+                        weight, router, eps, weight_offset)
+
+
+def _norm_router(rows: torch.Tensor, dtype: torch.dtype, layout: tuple[int, int, int], residual: torch.Tensor,
+                 weight: torch.Tensor, router: torch.Tensor, eps: float, weight_offset: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The norm-and-router kernel over `rows`: x [T, H] in `dtype`, or a projection's split-K partials [S, T, H];
+    `layout`: (token stride, slice stride, slices), slices 0 for x."""
+    tokens, hidden = residual.shape
     experts = router.shape[0]
-    if residual.shape != x.shape or weight.shape != (hidden,) or router.shape[1] != hidden:
-        raise ValueError(f"x {tuple(x.shape)}, residual {tuple(residual.shape)}, weight {tuple(weight.shape)} and "
-                         f"router {tuple(router.shape)} do not fit")
+    if rows.shape[-2:] != (tokens, hidden) or weight.shape != (hidden,) or router.shape[1] != hidden:
+        raise ValueError(f"x {tuple(rows.shape[-2:])}, residual {tuple(residual.shape)}, weight "
+                         f"{tuple(weight.shape)} and router {tuple(router.shape)} do not fit")
     if hidden > MAX_NORM_ROUTER_HIDDEN:
         raise ValueError(f"a hidden size of {hidden}: the norm-and-router kernel holds at most "
                          f"{MAX_NORM_ROUTER_HIDDEN} columns a row")
-    x, residual, router = last_dim_contiguous(x), last_dim_contiguous(residual), router.contiguous()
-    normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    summed = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device)
-    logits = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
+    residual, router = last_dim_contiguous(residual), router.contiguous()
+    normed = torch.empty((tokens, hidden), dtype=dtype, device=rows.device)
+    summed = torch.empty((tokens, hidden), dtype=torch.promote_types(dtype, residual.dtype), device=rows.device)
+    logits = torch.empty(tokens, experts, dtype=torch.float32, device=rows.device)
     if tokens:
+        token_stride, slice_stride, slices = layout
         block_h = next_pow2(hidden)
         block_e = max(1, min(next_pow2(experts), _ROUTER_TILE // block_h))
-        _NORM_ROUTER((triton.cdiv(experts, block_e), tokens), x, residual, weight.contiguous(), router, normed,
-                     summed, logits, experts, hidden, x.stride(0), residual.stride(0), eps, weight_offset,
-                     BLOCK_E=block_e, BLOCK_H=block_h, num_warps=4)
+        _NORM_ROUTER((triton.cdiv(experts, block_e), tokens), rows, residual, weight.contiguous(), router, normed,
+                     summed, logits, experts, hidden, token_stride, slice_stride, residual.stride(0), eps,
+                     weight_offset, SLICES=slices, BLOCK_E=block_e, BLOCK_H=block_h, num_warps=4)
     return normed, summed, logits

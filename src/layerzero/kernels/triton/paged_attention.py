@@ -34,7 +34,7 @@ if _INTERPRETED:
 
     interpreter_fixes.install()
 
-_MIN_TOKENS_PER_SPLIT = 128
+_MIN_TOKENS_PER_SPLIT = 64  # at batch 1 on short capacities: Qwen3-30B-A3B +2.1%, Llama-3.1-8B +0.8% over 128 (H200)
 _MAX_SPLITS = 64
 _MANY_PROGRAMS_PER_SM = 12  # 256 sequences x 8 KV heads on 132 SMs: 15.5
 _SOME_PROGRAMS_PER_SM = 6  # 128 x 8: 7.8; 64 x 8 (3.9) keeps the larger tile
@@ -227,7 +227,8 @@ def _tile(head_dim: int, dtype: torch.dtype, programs_per_sm: float) -> tuple[in
 
 
 def choose_splits(batch: int, kv_heads: int, max_len: int, sms: int) -> int:
-    """Partitions of the keys per (sequence, KV head): about two programs per SM, >= 128 keys each."""
+    """Partitions of the keys per (sequence, KV head): about two programs per SM, a capacity of at least
+    _MIN_TOKENS_PER_SPLIT keys each (the kernel cuts the actual context into that many chunks)."""
     programs = batch * kv_heads
     target = 2 * sms
     if programs >= target or max_len <= _MIN_TOKENS_PER_SPLIT:

@@ -5,6 +5,11 @@ is normalized (optionally), rotated and written to the new q; a k head is normal
 key cache at the token's slot together with its v head, copied to the value cache (slot < 0: nothing written).
 qkv may be a strided [T, H + 2*Hkv, D] view of the QKV projection. Launch parameters are fixed (no autotune): the
 first call may come inside a CUDA-graph capture.
+
+`rope_store_kv_splitk` takes the QKV projection too (a decode step's few rows): the split-K GEMV writes its float32
+slices (gemv.splitk_partials) and this kernel sums them where it reads qkv, rounded to x's dtype as the sum kernel
+would, so no sum kernel runs between the projection and the prologue. Those reads are SPLITS x qkv's bytes, so its
+programs take PARTIAL_HEADS heads each, not 2048 // D.
 """
 
 from __future__ import annotations
@@ -13,14 +18,29 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.reference.rope_store_kv import split_heads
+from layerzero.kernels.reference.rope_store_kv import projected, split_heads
+from layerzero.kernels.triton.gemv import splitk_partials, summed_slices
 from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 from layerzero.kernels.triton.rope import rope_angles
+from layerzero.kernels.triton.specs import FUSED_SPLITK_TILE
 
 if interpreting():
     from layerzero.kernels.triton import interpreter_fixes
 
     interpreter_fixes.install()
+
+PARTIAL_HEADS = 4  # heads a program takes from a projection's split-K partials
+
+
+@triton.jit
+def _qkv_rows(ptr, offsets, mask, x_slice, SLICES: tl.constexpr, dtype: tl.constexpr):
+    """qkv's values at `offsets`, or with SLICES > 0 the projection's split-K partials there summed and rounded to
+    its dtype, as its own sum kernel would have written them."""
+    if SLICES > 0:
+        rows = summed_slices(ptr, offsets, mask, x_slice, SLICES).to(dtype)
+    else:
+        rows = tl.load(ptr + offsets, mask=mask, other=0.0)
+    return rows
 
 
 @triton.jit
@@ -40,6 +60,7 @@ def _rope_store_kv_kernel(
     block_size,
     x_st,
     x_sh,
+    x_slice,
     cos_st,
     sin_st,
     kc_sb,
@@ -50,6 +71,7 @@ def _rope_store_kv_kernel(
     vc_sh,
     eps,
     w_offset,
+    SLICES: tl.constexpr,
     HAS_NORM: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -72,21 +94,23 @@ def _rope_store_kv_kernel(
     await_inputs(PDL)
     mask = (is_q | is_k)[:, None] & jm[None, :]
     k_mask = (slot >= 0) & is_k[:, None] & jm[None, :]
-    x_base = qkv_ptr + t * x_st + heads[:, None] * x_sh
-    v_base = x_base + n_kv_heads * x_sh  # v head h of the cache sits n_kv_heads heads after k head h in qkv
-    x1 = tl.load(x_base + i1[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_base + i2[None, :], mask=mask, other=0.0).to(tl.float32)
-    v1 = tl.load(v_base + i1[None, :], mask=k_mask)  # with q and k: loads after a store would wait for it
-    v2 = tl.load(v_base + i2[None, :], mask=k_mask)
+    dtype = out_ptr.dtype.element_ty  # qkv's, or with split-K partials the projection's
+    x_at = t * x_st + heads[:, None] * x_sh
+    v_at = x_at + n_kv_heads * x_sh  # v head h of the cache sits n_kv_heads heads after k head h in qkv
+    x1 = _qkv_rows(qkv_ptr, x_at + i1[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
+    x2 = _qkv_rows(qkv_ptr, x_at + i2[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
+    # with q and k: loads after a store would wait for it
+    v1 = _qkv_rows(qkv_ptr, v_at + i1[None, :], k_mask, x_slice, SLICES, dtype)
+    v2 = _qkv_rows(qkv_ptr, v_at + i2[None, :], k_mask, x_slice, SLICES, dtype)
     if HAS_NORM:
         # rms_norm of each head row, rounded to the input dtype as the unfused norm's output is before rope
         rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
         w1 = tl.where(is_q[:, None], wq1, wk1) + w_offset
         w2 = tl.where(is_q[:, None], wq2, wk2) + w_offset
-        x1 = (x1 * rstd[:, None] * w1).to(qkv_ptr.dtype.element_ty).to(tl.float32)
-        x2 = (x2 * rstd[:, None] * w2).to(qkv_ptr.dtype.element_ty).to(tl.float32)
-    o1 = (x1 * c - x2 * s).to(qkv_ptr.dtype.element_ty)
-    o2 = (x2 * c + x1 * s).to(qkv_ptr.dtype.element_ty)
+        x1 = (x1 * rstd[:, None] * w1).to(dtype).to(tl.float32)
+        x2 = (x2 * rstd[:, None] * w2).to(dtype).to(tl.float32)
+    o1 = (x1 * c - x2 * s).to(dtype)
+    o2 = (x2 * c + x1 * s).to(dtype)
 
     q_mask = is_q[:, None] & jm[None, :]
     q_base = out_ptr + (t * n_heads + heads[:, None]) * (2 * half)
@@ -110,14 +134,45 @@ _ROPE_STORE_KV = Launcher(_rope_store_kv_kernel)
 def rope_store_kv(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     slot_mapping: torch.Tensor, q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-    *, num_heads: int, eps: float, weight_offset: float, interleaved: bool,
+    proj: torch.Tensor | None = None, *, num_heads: int, eps: float, weight_offset: float, interleaved: bool,
 ) -> torch.Tensor:
-    """Norm (optional) and rotate qkv's q and k heads, store k and v at their slots; returns q [T, H, D]."""
+    """Norm (optional) and rotate qkv's q and k heads, store k and v at their slots; returns q [T, H, D]. With `proj`,
+    qkv is x [T, K], projected first by lz.linear."""
+    qkv = last_dim_contiguous(projected(qkv, proj, key_cache))
     split_heads(qkv, key_cache, num_heads)
-    n_tokens, _, head_dim = qkv.shape
+    return _launch(qkv, qkv.shape[0], qkv.dtype, (qkv.stride(0), qkv.stride(1), 0, 0), cos, sin, key_cache, value_cache,
+                   slot_mapping, q_norm_weight, k_norm_weight, num_heads, eps, weight_offset, interleaved)
+
+
+def rope_store_kv_splitk(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None,
+    proj: torch.Tensor, *, num_heads: int, eps: float, weight_offset: float, interleaved: bool,
+) -> torch.Tensor:
+    """lz.rope_store_kv with its QKV projection for a decode step's few tokens: x [T, K] through the split-K GEMV
+    (FUSED_SPLITK_TILE), whose float32 slices this prologue sums where it reads them (no sum kernel between)."""
+    head_dim = key_cache.shape[3]
+    if proj.dim() != 2 or x.dim() != 2 or proj.shape[1] != x.shape[1] or proj.shape[0] % head_dim:
+        raise ValueError(f"rope_store_kv with proj expects x [T, K] and proj [N, K] with N a multiple of the head "
+                         f"dim {head_dim}; got {tuple(x.shape)} and {tuple(proj.shape)}")
+    partials = splitk_partials(x, proj, FUSED_SPLITK_TILE)  # [SPLITS, T, N] float32
+    split_heads(partials[0].view(x.shape[0], -1, head_dim), key_cache, num_heads)
+    slices, tokens, n = partials.shape
+    return _launch(partials, tokens, x.dtype, (n, head_dim, tokens * n, slices), cos, sin, key_cache, value_cache,
+                   slot_mapping, q_norm_weight, k_norm_weight, num_heads, eps, weight_offset, interleaved)
+
+
+def _launch(rows: torch.Tensor, n_tokens: int, dtype: torch.dtype, layout: tuple[int, int, int, int], cos: torch.Tensor,
+            sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+            q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, num_heads: int, eps: float,
+            weight_offset: float, interleaved: bool) -> torch.Tensor:
+    """The prologue over `rows` of n_tokens: qkv in `dtype`, or a projection's split-K partials; `layout`: (token
+    stride, head stride, slice stride, slices), slices 0 for qkv."""
+    head_dim, (token_stride, head_stride, slice_stride, slices) = key_cache.shape[3], layout
     n_kv_heads, half = key_cache.shape[2], head_dim // 2
     if head_dim % 2 or cos.shape != (n_tokens, half) or sin.shape != (n_tokens, half):
-        raise ValueError(f"cos/sin must be [T, D/2] = [{n_tokens}, {half}] for qkv {tuple(qkv.shape)}")
+        raise ValueError(f"cos/sin must be [T, D/2] = [{n_tokens}, {half}] for {n_tokens} tokens of head dim "
+                         f"{head_dim}")
     if value_cache.shape != key_cache.shape or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError(f"caches {tuple(key_cache.shape)} / {tuple(value_cache.shape)} must match and be contiguous "
                          "in their last dimension (they are written in place)")
@@ -125,16 +180,17 @@ def rope_store_kv(
     if (q_norm_weight is None) != (k_norm_weight is None) or (
             has_norm and (q_norm_weight.shape != (head_dim,) or k_norm_weight.shape != (head_dim,))):
         raise ValueError(f"QK-norm weights must both be [{head_dim}] or both None")
-    qkv, cos, sin = last_dim_contiguous(qkv), last_dim_contiguous(cos), last_dim_contiguous(sin)
-    out = torch.empty(n_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    cos, sin = last_dim_contiguous(cos), last_dim_contiguous(sin)
+    out = torch.empty(n_tokens, num_heads, head_dim, dtype=dtype, device=rows.device)
     if n_tokens == 0:
         return out
     qw = q_norm_weight.contiguous() if has_norm else cos  # any tensor: unread without the norm
     kw = k_norm_weight.contiguous() if has_norm else cos
     block_d = next_pow2(half)
-    block_h = min(next_pow2(num_heads + n_kv_heads), max(1, 2048 // block_d))
+    # a projection's partials are SPLITS x the bytes of qkv: fewer heads a program, more programs to read them
+    block_h = min(next_pow2(num_heads + n_kv_heads), PARTIAL_HEADS if slices else max(1, 2048 // block_d))
     _ROPE_STORE_KV((n_tokens, triton.cdiv(num_heads + n_kv_heads, block_h)),
-        qkv,
+        rows,
         cos,
         sin,
         qw,
@@ -147,8 +203,9 @@ def rope_store_kv(
         n_kv_heads,
         half,
         key_cache.shape[1],
-        qkv.stride(0),
-        qkv.stride(1),
+        token_stride,
+        head_stride,
+        slice_stride,
         cos.stride(0),
         sin.stride(0),
         key_cache.stride(0),
@@ -159,6 +216,7 @@ def rope_store_kv(
         value_cache.stride(2),
         float(eps),
         float(weight_offset),
+        SLICES=slices,
         HAS_NORM=has_norm,
         INTERLEAVED=interleaved,
         BLOCK_H=block_h,

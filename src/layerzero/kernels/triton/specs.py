@@ -30,6 +30,7 @@ MOE_GATE_ROWS = 16  # tokens the one-launch router takes (moe_route.ROWS: one tl
 NORM_ROUTER_ROWS = 16  # tokens the norm-and-router kernel takes: each program recomputes its token's norm
 MAX_NORM_ROUTER_HIDDEN = 8192  # a row the norm-and-router kernel holds in registers
 DECODE_PRIORITY = 85  # the MoE decode path, above the grouped GEMM wherever its pair limit lets it run
+FOLD_PRIORITY = 90  # an op's kernel that sums its projection's split-K slices, above the same op projecting first
 VARLEN_PRIORITY = 70  # prefill: a dedicated flash kernel may beat it; PerfDB timings decide
 
 
@@ -112,6 +113,9 @@ GEMV_MIN_OUT_FEATURES = 3072
 # TP=2 O shard (K 2048) it only tied, so rows under 4096 stay on cuBLAS.
 SPLITK_SLICES = 8
 SPLITK_BLOCK_K = 128
+# (SPLITS, BLOCK_N, BLOCK_K) of a projection a fused op takes with its input (`proj`): its split-K partials summed by
+# the op's own kernel where it reads them, not by a sum kernel in between
+FUSED_SPLITK_TILE = (4, 32, 128)
 
 
 def _skinny(ctx: SelectionContext, kernel: str) -> tuple[list[Reason], int, int]:
@@ -258,6 +262,32 @@ def _norm_router(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+def _folded_projection(ctx: SelectionContext) -> list[Reason]:
+    """A fused op that sums its projection's split-K slices where it reads them: a projection given (params
+    `proj_rows` x `proj_columns`), as many rows as the split-K GEMV takes, a weight of its sizes, K in its slices."""
+    rows, columns = ctx.param("proj_rows") or 0, ctx.param("proj_columns") or 0
+    if not columns:
+        return [Reason(R.CONSTRAINT_FAILED, "no projection to fold: the input is given already projected")]
+    reasons = []
+    if ctx.tokens > GEMV_MAX_ROWS:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the projection's split-K GEMV takes at most "
+                                                   f"{GEMV_MAX_ROWS} (more rows are a GEMM's)"))
+    nbytes = rows * columns * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    if not GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES:
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a projection of {nbytes / 2**20:.1f} MiB: its slices are folded "
+                                                   f"only from {GEMV_LONG_ROWS_MIN_BYTES // 2**20} to "
+                                                   f"{GEMV_MIN_WEIGHT_BYTES // 2**20} MiB, the split-K GEMV's sizes"))
+    splits, _, block_k = FUSED_SPLITK_TILE
+    if columns % (splits * block_k):
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"the projection's {columns} columns are not a multiple of the "
+                                                   f"split-K GEMV's {splits} slices of {block_k}"))
+    return reasons
+
+
+def _norm_router_splitk(ctx: SelectionContext) -> list[Reason]:
+    return _norm_router(ctx) + _folded_projection(ctx)
+
+
 def _moe_routed_decode(ctx: SelectionContext) -> list[Reason]:
     """The decode path ranking each token's experts itself (its scores in registers): few pairs, as the other."""
     return _moe_decode_pairs(ctx) + _experts_fit(ctx.param("experts"))
@@ -353,6 +383,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("triton.fused_add_rms_norm_router_decode", "fused_add_rms_norm_router",
                    impl=_lazy("moe_route", "fused_add_rms_norm_router_decode"), priority=DECODE_PRIORITY,
                    check=_norm_router, **common),
+        KernelSpec("triton.fused_add_rms_norm_router_splitk", "fused_add_rms_norm_router",
+                   impl=_lazy("moe_route", "fused_add_rms_norm_router_splitk"), priority=FOLD_PRIORITY,
+                   check=_norm_router_splitk, **common),
         KernelSpec("triton.fused_moe_routed_decode", "fused_moe_routed",
                    impl=_lazy("moe_decode", "fused_moe_routed_decode"), priority=DECODE_PRIORITY,
                    check=_moe_routed_decode, **common),
@@ -373,6 +406,8 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, **common, **kv),
         KernelSpec("triton.rope_store_kv", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv"),
                    priority=PRIORITY, head_dim_multiple=2, **common, **kv),
+        KernelSpec("triton.rope_store_kv_splitk", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv_splitk"),
+                   priority=FOLD_PRIORITY, head_dim_multiple=2, check=_folded_projection, **common, **kv),
         KernelSpec("triton.paged_attention", "paged_attention", impl=_lazy("paged_attention", "paged_attention"),
                    priority=PRIORITY, launch=_paged_launch, **attention, **kv),
         KernelSpec("triton.paged_prefill_attention", "paged_prefill_attention",

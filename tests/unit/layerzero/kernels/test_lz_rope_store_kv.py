@@ -144,3 +144,45 @@ def test_lz_rope_store_kv_rejects_one_norm_weight_and_foreign_shapes(rng) -> Non
         lz.rope_store_kv(*args, inputs["q_norm_weight"], num_heads=4)
     with pytest.raises(ValueError, match="kv heads"):
         lz.rope_store_kv(*args, num_heads=5)
+
+
+def _projected_inputs(rng: torch.Generator, heads: int, kv_heads: int, dim: int, columns: int,
+                      dtype: torch.dtype, tokens: int = 3) -> tuple[dict, torch.Tensor]:
+    """The prologue's inputs with x [T, columns] and a QKV weight in place of qkv, and the weight."""
+    inputs = _inputs(rng, heads, kv_heads, dim, dtype, tokens)
+    proj = (torch.randn((heads + 2 * kv_heads) * dim, columns, generator=rng) * columns ** -0.5).to(dtype)
+    return {**inputs, "qkv": torch.randn(tokens, columns, generator=rng).to(dtype)}, proj
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_triton_sums_the_projections_slices_in_the_prologue(kernels, triton_interpreted, monkeypatch, rng,
+                                                            dtype: torch.dtype, qk_norm: bool) -> None:
+    """With `proj`, the QKV projection's split-K slices are summed where the prologue reads them: the projection
+    rounded to x's dtype, then the prologue, as the reference's linear-then-prologue."""
+    monkeypatch.setattr(kernels, "splitk_partials", triton_interpreted("gemv").splitk_partials)
+    inputs, proj = _projected_inputs(rng, heads=3, kv_heads=1, dim=24, columns=1024, dtype=dtype)
+    folded = lambda *a, **kw: kernels.rope_store_kv_splitk(*a, proj, **kw)  # noqa: E731
+    got = _call(folded, inputs, 3, qk_norm, 1.0 if qk_norm else 0.0)
+    want = _call(lambda *a, **kw: ref.rope_store_kv(*a, proj=proj, **kw), inputs, 3, qk_norm,
+                 1.0 if qk_norm else 0.0)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2  # a float32 sum in another order, then one bf16 rounding apart
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=lambda m: f"{m} (seed {rng.initial_seed()})")
+    with pytest.raises(ValueError, match="multiple of the head dim"):
+        _call(lambda *a, **kw: kernels.rope_store_kv_splitk(*a, proj[:-1], **kw), inputs, 3, qk_norm)
+
+
+def test_lz_rope_store_kv_projects_first_where_no_kernel_folds(rng) -> None:
+    """On the CPU `proj` is lz.linear then the prologue: the same bits as the two ops, and the kernel that would fold
+    the projection's slices says why it does not run."""
+    inputs, proj = _projected_inputs(rng, heads=4, kv_heads=2, dim=16, columns=64, dtype=torch.float32)
+    got = _call(lambda *a, **kw: lz.rope_store_kv(*a, proj=proj, **kw), inputs, 4, True, 1.0)
+    qkv = lz.linear(inputs["qkv"], proj).view(3, 8, 16)
+    want = _call(lambda *a, **kw: lz.rope_store_kv(*a, **kw), {**inputs, "qkv": qkv}, 4, True, 1.0)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    with pytest.raises(ValueError, match="with proj expects"):
+        lz.rope_store_kv(*(inputs[k] for k in ("qkv", "cos", "sin", "key_cache", "value_cache", "slot_mapping")),
+                         num_heads=4, proj=proj[:, :-1])

@@ -296,6 +296,38 @@ def test_norm_and_router_in_one_launch_match_the_reference(route_kernel, tokens,
     torch.testing.assert_close(got[2], got[0].float() @ router.float().t(), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tokens, experts, hidden, columns", [(1, 8, 64, 512), (3, 128, 300, 1024)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_and_router_sum_the_projections_slices(route_kernel, triton_interpreted, monkeypatch, tokens, experts,
+                                                    hidden, columns, dtype):
+    """With `proj`, the O projection's split-K slices are summed in the norm's kernel: the same as the projection,
+    rounded to x's dtype, added to the residual."""
+    monkeypatch.setattr(route_kernel, "splitk_partials", triton_interpreted("gemv").splitk_partials)
+    gen = torch.Generator().manual_seed(tokens * columns)
+    x = torch.randn(tokens, columns, generator=gen).to(dtype)
+    proj = (torch.randn(hidden, columns, generator=gen) * 0.05).to(dtype)
+    residual = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    weight = torch.rand(hidden, generator=gen) + 0.5
+    router = (torch.randn(experts, hidden, generator=gen) * 0.05).to(dtype)
+    got = route_kernel.fused_add_rms_norm_router_splitk(x, residual, weight, router, proj, eps=1e-6,
+                                                        weight_offset=0.0)
+    projected_first = route_kernel.fused_add_rms_norm_router_decode(x, residual, weight, router, proj, eps=1e-6,
+                                                                    weight_offset=0.0)
+    want = reference_norm_router(x.double(), residual.double(), weight.double(), router.double(), proj.double(),
+                                 eps=1e-6, weight_offset=0.0)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g.double(), w.double(), atol=tol, rtol=tol)
+    for g, p in zip(got, projected_first):
+        assert g.dtype == p.dtype
+        torch.testing.assert_close(g.double(), p.double(), atol=tol, rtol=tol)
+    assert got[0].dtype == dtype and got[2].dtype == torch.float32
+    with pytest.raises(ValueError, match="do not fit"):
+        route_kernel.fused_add_rms_norm_router_splitk(x, residual, weight, router, proj[:, :-1], eps=1e-6,
+                                                      weight_offset=0.0)
+
+
 def test_the_routed_decode_path_and_the_norm_router_say_where_they_stop():
     by_id = {s.kernel_id: s for s in specs.kernel_specs()}
     routed, norm_router = by_id["triton.fused_moe_routed_decode"], by_id["triton.fused_add_rms_norm_router_decode"]
@@ -308,3 +340,11 @@ def test_the_routed_decode_path_and_the_norm_router_say_where_they_stop():
     ctx = lz.SelectionContext.from_tensors("fused_add_rms_norm_router", x, x, torch.ones(64), torch.randn(8, 64),
                                            eps=1e-6, weight_offset=0.0)
     assert f"takes at most {specs.NORM_ROUTER_ROWS}" in norm_router.check(ctx)[0].message
+    splitk = by_id["triton.fused_add_rms_norm_router_splitk"]
+    assert "no projection to fold" in splitk.check(ctx)[-1].message
+    proj = torch.randn(64, 640)  # 640 columns: not whole split-K slices; 80 KiB: under the split-K GEMV's sizes
+    ctx = lz.SelectionContext.from_tensors("fused_add_rms_norm_router", torch.randn(1, 640), x[:1], torch.ones(64),
+                                           torch.randn(8, 64), proj, eps=1e-6, weight_offset=0.0)
+    assert not norm_router.check(ctx)
+    messages = " ".join(r.message for r in splitk.check(ctx))
+    assert "640 columns are not a multiple" in messages and "a projection of 0.2 MiB" in messages

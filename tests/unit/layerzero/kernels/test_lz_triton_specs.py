@@ -17,12 +17,14 @@ OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul",
        "all_reduce_add_rms_norm", "fused_add_rms_norm_router", "fused_moe_routed"}
 
 
-# an op's second kernel, for a regime the first serves badly
+# an op's further kernels, for a regime the first serves badly (the *_splitk ones: with the op's projection folded in)
 SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.moe_gate_decode": "moe_gate", "triton.fused_moe_w8_decode": "fused_moe_w8",
                   "triton.lora_shrink_rows": "lora_shrink", "triton.lora_expand_rows": "lora_expand",
                   "triton.reduce_then_add_rms_norm": "all_reduce_add_rms_norm", "triton.linear_splitk": "linear",
                   "triton.fused_add_rms_norm_router_decode": "fused_add_rms_norm_router",
-                  "triton.fused_moe_routed_decode": "fused_moe_routed"}
+                  "triton.fused_moe_routed_decode": "fused_moe_routed",
+                  "triton.fused_add_rms_norm_router_splitk": "fused_add_rms_norm_router",
+                  "triton.rope_store_kv_splitk": "rope_store_kv"}
 # ops whose only Triton kernel serves a few tokens (more take the torch backend's composition of their parts)
 DECODE_ONLY = {"fused_add_rms_norm_router", "fused_moe_routed"}
 
