@@ -114,7 +114,9 @@ GEMV_MIN_OUT_FEATURES = 3072
 SPLITK_SLICES = 8
 SPLITK_BLOCK_K = 128
 # (SPLITS, BLOCK_N, BLOCK_K) of a projection a fused op takes with its input (`proj`): its split-K partials summed by
-# the op's own kernel where it reads them, not by a sum kernel in between
+# the op's own kernel where it reads them, not by a sum kernel in between. The best of the tilings tried on
+# Qwen3-30B-A3B's O and QKV (benchmarks/reports/moe_fusion_ceiling_h200.md): more slices cost the reader more bytes
+# than they save the GEMV (O at (8, 64, 128), the split-K GEMV's own tile, lost the whole gain)
 FUSED_SPLITK_TILE = (4, 32, 128)
 
 
