@@ -184,6 +184,28 @@ def test_engine_with_graphs_equals_the_cpu_runner_and_transformers(family, tmp_p
     assert (got - want).abs().max().item() <= 1e-3
 
 
+def test_engine_folds_the_projections_slices_and_equals_the_cpu_runner(tmp_path, monkeypatch):
+    """A Qwen 3 MoE whose O and QKV qualify for the split-K folds (hidden 512, 4 heads of 128: K a multiple of 512;
+    the folds' 16 MiB floor lowered to 0 for its small weights): its decode binds triton.rope_store_kv_splitk and
+    triton.fused_add_rms_norm_router_splitk, and its greedy tokens, eager and under graphs with strict sync, equal
+    the CPU runner's."""
+    from layerzero.dispatch.bound import sites_of
+    from layerzero.kernels.triton import specs
+
+    monkeypatch.setattr(specs, "GEMV_LONG_ROWS_MIN_BYTES", 0)
+    path = save_tiny_with_tokenizer("qwen3_moe", tmp_path, seed=6, hidden_size=512, head_dim=128)
+    prompts = [[5, 9, 33, 2], list(range(40, 77)), [7]]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    cpu = [o.token_ids for o in LLM(str(path), device="cpu", dtype="float32", max_seq_len=128).generate_ids(prompts, greedy)]
+    eager = LLM(str(path), device="cuda", dtype="float32", max_seq_len=128, use_cuda_graphs=False)
+    assert [o.token_ids for o in eager.generate_ids(prompts, greedy)] == cpu
+    chosen = {site.kernel_id for site in sites_of(eager.engine.runner.model).values()}
+    assert {"triton.rope_store_kv_splitk", "triton.fused_add_rms_norm_router_splitk"} <= chosen, chosen
+    monkeypatch.setenv("INFER_STRICT_SYNC", "1")
+    graphs = LLM(str(path), device="cuda", dtype="float32", max_seq_len=128, max_batch_size=8)
+    assert [o.token_ids for o in graphs.generate_ids(prompts, greedy)] == cpu
+
+
 def _quantized(w: torch.Tensor, wdtype: torch.dtype, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """[E, N, K] as 8-bit values with amax block scales (each expert's own)."""
     from layerzero.kernels.reference.quantize import expand_block_scales
