@@ -201,7 +201,8 @@ class Attention(nn.Module):
     def folds_o(self, x: torch.Tensor) -> bool:
         """Whether the op after the attention may take o_proj with `attend`'s output: a float weight with no adapter,
         on CUDA (whose decode kernels sum the projection's split-K slices where they read them; elsewhere the op
-        would only project first)."""
+        would only project first). The block then calls `attend`, not the module, so forward hooks on the attention
+        do not run (probes read `resid_post`)."""
         return x.is_cuda and self.o_lora is None and isinstance(self.o_proj, torch.Tensor)
 
     def _folds_qkv(self, x: torch.Tensor, batch: ForwardBatch) -> bool:

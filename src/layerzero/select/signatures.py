@@ -85,6 +85,14 @@ def _store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+def _projection(proj: torch.Tensor | None) -> tuple[tuple[str, Any], ...]:
+    """The params of a projection an op takes with its input (`proj`): its shape and dtype, 0 x 0 without one."""
+    if proj is None:
+        return ("proj_rows", 0), ("proj_columns", 0), ("proj_dtype", None)
+    return (("proj_rows", proj.shape[0]), ("proj_columns", proj.shape[1]),
+            ("proj_dtype", str(proj.dtype).removeprefix("torch.")))
+
+
 def _rope_store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     """rope_store_kv: qkv's tokens and heads (x's tokens with a `proj` weight [N, K], whose shape is a param)."""
     qkv, key_cache, q_norm_weight = args[0], args[3], args[6]
@@ -94,8 +102,7 @@ def _rope_store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
         tokens=qkv.shape[0], num_heads=heads, num_kv_heads=key_cache.shape[2], head_dim=head_dim,
         hidden=head_dim, kv_cache_layout="NHD", kv_cache_dtype=key_cache.dtype, kv_strategy="paged",
         params=(("interleaved", bool(kw.get("interleaved", False))), ("qk_norm", q_norm_weight is not None),
-                ("block_size", key_cache.shape[1]), ("proj_rows", 0 if proj is None else proj.shape[0]),
-                ("proj_columns", 0 if proj is None else proj.shape[1])),
+                ("block_size", key_cache.shape[1]), *_projection(proj)),
     )
 
 
@@ -196,9 +203,7 @@ def _add_norm_router(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, 
     when a `proj` weight is given), the router's experts and the projection's shape (0 x 0 without one)."""
     residual, router, proj = args[1], args[3], args[4] if len(args) > 4 else None
     ctx = _add_norm((residual, residual), kw)
-    return {**ctx, "params": (*ctx["params"], ("experts", router.shape[0]),
-                              ("proj_rows", 0 if proj is None else proj.shape[0]),
-                              ("proj_columns", 0 if proj is None else proj.shape[1]))}
+    return {**ctx, "params": (*ctx["params"], ("experts", router.shape[0]), *_projection(proj))}
 
 
 def _fused_moe_routed(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:

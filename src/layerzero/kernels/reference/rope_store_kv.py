@@ -1,7 +1,8 @@
 """The attention prologue as one op: optional QK-norm, RoPE on the q and k heads of a fused QKV output, K/V store;
 optionally the QKV projection itself (`proj`: the op is given x and the weight, not their product).
 
-The reference composes the reference linear, norm, rope and store, so it is exactly that sequence.
+The reference composes F.linear (in x's dtype) and the reference norm, rope and store, so it is exactly that
+sequence.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ def split_heads(
     return qkv[:, :num_heads], qkv[:, num_heads : num_heads + kv_heads], qkv[:, num_heads + kv_heads :]
 
 
+def check_projection(x: torch.Tensor, proj: torch.Tensor, key_cache: torch.Tensor) -> int:
+    """The heads proj [N, K] makes of x [T, K] (N / D, D the cache's head dim); ValueError if they do not fit."""
+    head_dim = key_cache.shape[3]
+    if x.dim() != 2 or proj.dim() != 2 or proj.shape[1] != x.shape[1] or proj.shape[0] % head_dim:
+        raise ValueError(f"rope_store_kv with proj expects x [T, K] and proj [N, K] with N a multiple of the head "
+                         f"dim {head_dim}; got {tuple(x.shape)} and {tuple(proj.shape)}")
+    return proj.shape[0] // head_dim
+
+
 def projected(qkv: torch.Tensor, proj: torch.Tensor | None, key_cache: torch.Tensor,
               linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """qkv as given, or with `proj` [N, K] the heads [T, N / D, D] of linear(x [T, K], proj) (D: the cache's;
@@ -38,10 +48,8 @@ def projected(qkv: torch.Tensor, proj: torch.Tensor | None, key_cache: torch.Ten
         import layerzero.api as lz  # late: the api's dispatch loads the kernels that call this
 
         linear = lz.linear
-    if qkv.dim() != 2 or proj.dim() != 2 or proj.shape[1] != qkv.shape[1] or proj.shape[0] % key_cache.shape[3]:
-        raise ValueError(f"rope_store_kv with proj expects x [T, K] and proj [N, K] with N a multiple of the head "
-                         f"dim {key_cache.shape[3]}; got {tuple(qkv.shape)} and {tuple(proj.shape)}")
-    return linear(qkv, proj).view(qkv.shape[0], -1, key_cache.shape[3])
+    heads = check_projection(qkv, proj, key_cache)
+    return linear(qkv, proj).view(qkv.shape[0], heads, key_cache.shape[3])
 
 
 def rope_store_kv(

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from layerzero.kernels.reference.rope_store_kv import projected, split_heads
+from layerzero.kernels.reference.rope_store_kv import check_projection, projected, split_heads
 from layerzero.kernels.triton.gemv import splitk_partials, summed_slices
 from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 from layerzero.kernels.triton.rope import rope_angles
@@ -151,12 +151,9 @@ def rope_store_kv_splitk(
 ) -> torch.Tensor:
     """lz.rope_store_kv with its QKV projection for a decode step's few tokens: x [T, K] through the split-K GEMV
     (FUSED_SPLITK_TILE), whose float32 slices this prologue sums where it reads them (no sum kernel between)."""
-    head_dim = key_cache.shape[3]
-    if proj.dim() != 2 or x.dim() != 2 or proj.shape[1] != x.shape[1] or proj.shape[0] % head_dim:
-        raise ValueError(f"rope_store_kv with proj expects x [T, K] and proj [N, K] with N a multiple of the head "
-                         f"dim {head_dim}; got {tuple(x.shape)} and {tuple(proj.shape)}")
+    head_dim, heads = key_cache.shape[3], check_projection(x, proj, key_cache)
     partials = splitk_partials(x, proj, FUSED_SPLITK_TILE)  # [SPLITS, T, N] float32
-    split_heads(partials[0].view(x.shape[0], -1, head_dim), key_cache, num_heads)
+    split_heads(partials[0].view(x.shape[0], heads, head_dim), key_cache, num_heads)
     slices, tokens, n = partials.shape
     return _launch(partials, tokens, x.dtype, (n, head_dim, tokens * n, slices), cos, sin, key_cache, value_cache,
                    slot_mapping, q_norm_weight, k_norm_weight, num_heads, eps, weight_offset, interleaved)

@@ -266,11 +266,16 @@ def _norm_router(ctx: SelectionContext) -> list[Reason]:
 
 def _folded_projection(ctx: SelectionContext) -> list[Reason]:
     """A fused op that sums its projection's split-K slices where it reads them: a projection given (params
-    `proj_rows` x `proj_columns`), as many rows as the split-K GEMV takes, a weight of its sizes, K in its slices."""
+    `proj_rows` x `proj_columns`, `proj_dtype`) in x's dtype, the skinny GEMVs' rows (GEMV_MAX_ROWS), a weight of the
+    split-K GEMV's sizes, K in its slices."""
     rows, columns = ctx.param("proj_rows") or 0, ctx.param("proj_columns") or 0
     if not columns:
         return [Reason(R.CONSTRAINT_FAILED, "no projection to fold: the input is given already projected")]
     reasons = []
+    proj_dtype = ctx.param("proj_dtype")
+    if ctx.dtype is not None and proj_dtype != str(ctx.dtype).removeprefix("torch."):
+        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {proj_dtype} projection of {ctx.dtype} rows: the split-K GEMV "
+                                                   "takes one dtype"))
     if ctx.tokens > GEMV_MAX_ROWS:
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the projection's split-K GEMV takes at most "
                                                    f"{GEMV_MAX_ROWS} (more rows are a GEMM's)"))

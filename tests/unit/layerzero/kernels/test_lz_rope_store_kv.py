@@ -175,14 +175,17 @@ def test_triton_sums_the_projections_slices_in_the_prologue(kernels, triton_inte
 
 
 def test_lz_rope_store_kv_projects_first_where_no_kernel_folds(rng) -> None:
-    """On the CPU `proj` is lz.linear then the prologue: the same bits as the two ops, and the kernel that would fold
-    the projection's slices says why it does not run."""
+    """On the CPU `proj` is lz.linear then the prologue: the same bits as the two ops; a step of no tokens is an
+    empty q, as without `proj`."""
     inputs, proj = _projected_inputs(rng, heads=4, kv_heads=2, dim=16, columns=64, dtype=torch.float32)
     got = _call(lambda *a, **kw: lz.rope_store_kv(*a, proj=proj, **kw), inputs, 4, True, 1.0)
     qkv = lz.linear(inputs["qkv"], proj).view(3, 8, 16)
     want = _call(lambda *a, **kw: lz.rope_store_kv(*a, **kw), {**inputs, "qkv": qkv}, 4, True, 1.0)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+    empty = {**inputs, "qkv": inputs["qkv"][:0], "cos": inputs["cos"][:0], "sin": inputs["sin"][:0],
+             "slot_mapping": inputs["slot_mapping"][:0]}
+    assert _call(lambda *a, **kw: lz.rope_store_kv(*a, proj=proj, **kw), empty, 4, True, 1.0)[0].shape == (0, 4, 16)
     with pytest.raises(ValueError, match="with proj expects"):
         lz.rope_store_kv(*(inputs[k] for k in ("qkv", "cos", "sin", "key_cache", "value_cache", "slot_mapping")),
                          num_heads=4, proj=proj[:, :-1])

@@ -348,3 +348,6 @@ def test_the_routed_decode_path_and_the_norm_router_say_where_they_stop():
     assert not norm_router.check(ctx)
     messages = " ".join(r.message for r in splitk.check(ctx))
     assert "640 columns are not a multiple" in messages and "a projection of 0.2 MiB" in messages
+    ctx = lz.SelectionContext.from_tensors("fused_add_rms_norm_router", torch.randn(1, 640), x[:1], torch.ones(64),
+                                           torch.randn(8, 64), proj.bfloat16(), eps=1e-6, weight_offset=0.0)
+    assert "a bfloat16 projection of torch.float32 rows" in " ".join(r.message for r in splitk.check(ctx))
