@@ -86,6 +86,17 @@ def summed_slices(p_ptr, offsets, mask, slice_stride, SPLITS: tl.constexpr):
 
 
 @triton.jit
+def projected_at(p_ptr, offsets, mask, slice_stride, SLICES: tl.constexpr, dtype: tl.constexpr):
+    """A projection's output at `offsets`, for a kernel that reads it: as stored (SLICES 0), or its SLICES split-K
+    partials summed and rounded to `dtype`, as the sum kernel would have written them."""
+    if SLICES > 0:
+        rows = summed_slices(p_ptr, offsets, mask, slice_stride, SLICES).to(dtype)
+    else:
+        rows = tl.load(p_ptr + offsets, mask=mask, other=0.0)
+    return rows
+
+
+@triton.jit
 def _sum_slices_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK: tl.constexpr, PDL: tl.constexpr):
     """y [M, N] = the slices' partials summed in slice order (+ bias), in y's dtype."""

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.torch_backend import router_logits
-from layerzero.kernels.triton.gemv import splitk_partials, summed_slices
+from layerzero.kernels.triton.gemv import projected_at, splitk_partials
 from layerzero.kernels.triton.launch import (Launcher, await_inputs, dot_precision, interpreting, last_dim_contiguous,
                                              next_pow2)
 from layerzero.kernels.triton.specs import FUSED_SPLITK_TILE, MAX_NORM_ROUTER_HIDDEN
@@ -165,10 +165,7 @@ def _norm_router_kernel(x_ptr, r_ptr, w_ptr, router_ptr, out_ptr, sum_ptr, logit
                      other=0.0)
     w = tl.load(w_ptr + h, mask=h_ok, other=0.0).to(tl.float32) + w_offset
     await_inputs(PDL)
-    if SLICES > 0:  # x is a projection's split-K partials: summed and rounded as its own sum kernel would
-        x = summed_slices(x_ptr, token * x_stride + h, h_ok, x_slice, SLICES).to(out_ptr.dtype.element_ty)
-    else:
-        x = tl.load(x_ptr + token * x_stride + h, mask=h_ok, other=0.0)
+    x = projected_at(x_ptr, token * x_stride + h, h_ok, x_slice, SLICES, out_ptr.dtype.element_ty)
     s = (x.to(tl.float32) + tl.load(r_ptr + token * r_stride + h, mask=h_ok, other=0.0).to(tl.float32)
          ).to(sum_ptr.dtype.element_ty)
     sf = s.to(tl.float32)

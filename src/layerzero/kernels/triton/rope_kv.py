@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.reference.rope_store_kv import check_projection, projected, split_heads
-from layerzero.kernels.triton.gemv import splitk_partials, summed_slices
+from layerzero.kernels.triton.gemv import projected_at, splitk_partials
 from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 from layerzero.kernels.triton.rope import rope_angles
 from layerzero.kernels.triton.specs import FUSED_SPLITK_TILE
@@ -30,17 +30,6 @@ if interpreting():
     interpreter_fixes.install()
 
 PARTIAL_HEADS = 4  # heads a program takes from a projection's split-K partials
-
-
-@triton.jit
-def _qkv_rows(ptr, offsets, mask, x_slice, SLICES: tl.constexpr, dtype: tl.constexpr):
-    """qkv's values at `offsets`, or with SLICES > 0 the projection's split-K partials there summed and rounded to
-    its dtype, as its own sum kernel would have written them."""
-    if SLICES > 0:
-        rows = summed_slices(ptr, offsets, mask, x_slice, SLICES).to(dtype)
-    else:
-        rows = tl.load(ptr + offsets, mask=mask, other=0.0)
-    return rows
 
 
 @triton.jit
@@ -97,11 +86,11 @@ def _rope_store_kv_kernel(
     dtype = out_ptr.dtype.element_ty  # qkv's, or with split-K partials the projection's
     x_at = t * x_st + heads[:, None] * x_sh
     v_at = x_at + n_kv_heads * x_sh  # v head h of the cache sits n_kv_heads heads after k head h in qkv
-    x1 = _qkv_rows(qkv_ptr, x_at + i1[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
-    x2 = _qkv_rows(qkv_ptr, x_at + i2[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
+    x1 = projected_at(qkv_ptr, x_at + i1[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
+    x2 = projected_at(qkv_ptr, x_at + i2[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
     # with q and k: loads after a store would wait for it
-    v1 = _qkv_rows(qkv_ptr, v_at + i1[None, :], k_mask, x_slice, SLICES, dtype)
-    v2 = _qkv_rows(qkv_ptr, v_at + i2[None, :], k_mask, x_slice, SLICES, dtype)
+    v1 = projected_at(qkv_ptr, v_at + i1[None, :], k_mask, x_slice, SLICES, dtype)
+    v2 = projected_at(qkv_ptr, v_at + i2[None, :], k_mask, x_slice, SLICES, dtype)
     if HAS_NORM:
         # rms_norm of each head row, rounded to the input dtype as the unfused norm's output is before rope
         rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)

@@ -120,20 +120,29 @@ SPLITK_BLOCK_K = 128
 FUSED_SPLITK_TILE = (4, 32, 128)
 
 
+def _gemv_rows(ctx: SelectionContext, kernel: str) -> list[Reason]:
+    """The reason against more rows than a skinny GEMV takes (GEMV_MAX_ROWS), if any."""
+    if ctx.tokens > GEMV_MAX_ROWS:
+        return [Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the {kernel} takes at most {GEMV_MAX_ROWS} "
+                                            "(more rows are a GEMM's)")]
+    return []
+
+
 def _skinny(ctx: SelectionContext, kernel: str) -> tuple[list[Reason], int, int]:
     """What both skinny-linear rules start from: the reason against too many rows (if any), the weight's outputs and
     its bytes."""
-    reasons = []
-    if ctx.tokens > GEMV_MAX_ROWS:
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the {kernel} takes at most {GEMV_MAX_ROWS} "
-                                                   "(more rows are a GEMM's)"))
     out = ctx.param("out_features") or 0
-    return reasons, out, out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+    return _gemv_rows(ctx, kernel), out, out * ctx.hidden * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
+
+
+def _splitk_sized(nbytes: int) -> bool:
+    """A weight of the split-K GEMV's sizes: 16 to 64 MiB."""
+    return GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES
 
 
 def _long_rows(ctx: SelectionContext, nbytes: int) -> bool:
     """A weight the split-K form is for: rows of GEMV_LONG_ROW+ columns, 16 to 64 MiB."""
-    return ctx.hidden >= GEMV_LONG_ROW and GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES
+    return ctx.hidden >= GEMV_LONG_ROW and _splitk_sized(nbytes)
 
 
 def _slices(ctx: SelectionContext) -> bool:
@@ -276,11 +285,9 @@ def _folded_projection(ctx: SelectionContext) -> list[Reason]:
     if ctx.dtype is not None and proj_dtype != str(ctx.dtype).removeprefix("torch."):
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {proj_dtype} projection of {ctx.dtype} rows: the split-K GEMV "
                                                    "takes one dtype"))
-    if ctx.tokens > GEMV_MAX_ROWS:
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"{ctx.tokens} rows: the projection's split-K GEMV takes at most "
-                                                   f"{GEMV_MAX_ROWS} (more rows are a GEMM's)"))
+    reasons += _gemv_rows(ctx, "projection's split-K GEMV")
     nbytes = rows * columns * (ctx.dtype.itemsize if ctx.dtype is not None else 2)
-    if not GEMV_LONG_ROWS_MIN_BYTES <= nbytes < GEMV_MIN_WEIGHT_BYTES:
+    if not _splitk_sized(nbytes):
         reasons.append(Reason(R.CONSTRAINT_FAILED, f"a projection of {nbytes / 2**20:.1f} MiB: its slices are folded "
                                                    f"only from {GEMV_LONG_ROWS_MIN_BYTES // 2**20} to "
                                                    f"{GEMV_MIN_WEIGHT_BYTES // 2**20} MiB, the split-K GEMV's sizes"))
