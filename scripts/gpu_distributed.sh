@@ -10,6 +10,8 @@
 #   profiles   a batch-1 decode profile at TP=1 and TP=2
 #   tpgraph    the replayed batch-1 step's critical path by kernel at TP=1 and TP=2 (rank 0), 8B shape
 #   tp         TP decode, Llama-3.1-8B shape, batch 1 and 32 (TP_BATCHES), TP=1/2(/4); tp2profile adds a TP=2 profile
+#   tpprobe    TP=1 and TP=2 batch-1 decode, 8B shape, each engine step logged (benchmarks/core_step_probe.py): host
+#              time, the GPU's step and its idle gap before it, into tp_core_probe.md
 #   tpmoe      the same on the Qwen3-30B-A3B shape: TP=1, TP=2 with the experts sliced, TP=2 with whole experts
 #   dp         offline DP=2 (DP=4 on 4 GPUs; DP_SIZE) against DP=1 in process, through one core process, one core
 #              given half the prompts (DP_CONFIGS picks)
@@ -61,6 +63,15 @@ if want tp; then
   timeout "${TP_S:-270}" python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp $tps --batches ${TP_BATCHES:-1 32} \
     --repeats 2 --report "$out/tp_decode.md" 2>&1 | grep -v "Loading" | tail -16
   want tp2profile && profile 2 70
+fi
+if want tpprobe; then
+  probe_tp=$(mktemp -d)
+  printf 'import core_step_probe\ncore_step_probe.install_on_import()\n' > "$probe_tp/sitecustomize.py"
+  CORE_PROBE_DIR=/tmp/tp_core_probe PYTHONPATH="$probe_tp:$PYTHONPATH" timeout "${TPPROBE_S:-200}" \
+    python3 benchmarks/tp_decode.py --shape llama-3.1-8b --tp 1 2 --batches 1 --repeats 2 \
+    --report "$out/tp_decode_probed.md" 2>&1 | grep -E "^TP="
+  python3 benchmarks/core_step_probe.py summarize /tmp/tp_core_probe > "$out/tp_core_probe.md"
+  grep -A3 "^core_" "$out/tp_core_probe.md" | cut -c1-400
 fi
 if want tpmoe; then  # the Qwen3-30B-A3B shape: experts sliced by their intermediate dim (TP=2) or whole (2ep)
   timeout "${TPMOE_S:-420}" python3 benchmarks/tp_decode.py --shape qwen3-30b-a3b --tp 1 2 2ep \

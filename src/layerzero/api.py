@@ -272,11 +272,14 @@ def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, group: Any,
-                            eps: float = 1e-6, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                            eps: float = 1e-6, weight_offset: float = 0.0,
+                            proj: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A tensor-parallel layer's end: x (this rank's partial sum) summed over the group's ranks, then
-    `fused_add_rms_norm` of that sum and the residual: returns (rms_norm(sum + residual), sum + residual)."""
-    return _call("all_reduce_add_rms_norm", x, residual, weight, eps=float(eps), weight_offset=float(weight_offset),
-                 group=group)
+    `fused_add_rms_norm` of that sum and the residual: returns (rms_norm(sum + residual), sum + residual). With
+    `proj` [H, K] (this rank's shard of the layer's last projection), x [T, K] is its input and linear(x, proj) is
+    the partial sum: on a GPU's decode rows the projection's split-K slices are summed inside the reduce kernel."""
+    return _call("all_reduce_add_rms_norm", x, residual, weight, proj, eps=float(eps),
+                 weight_offset=float(weight_offset), group=group)
 
 
 def all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:

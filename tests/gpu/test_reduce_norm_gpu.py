@@ -2,7 +2,8 @@
 of every GPU where there are more): against a float64 reference of the sum, the add and the norm, the same bits on
 every rank, eagerly and replayed in a CUDA graph with fresh inputs, calls of different row counts interleaved (each
 row keeps its own phase), a partial holding the buffers' empty mark (every bit set); the group's setup on the first
-call makes no host sync (a step may be the first caller)."""
+call makes no host sync (a step may be the first caller); with the layer's projection folded in, the bits of the
+plain kernel over the projection's output."""
 
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ def _rank(rank: int, world: int, port: int, queue: multiprocessing.Queue) -> Non
             graph.replay()
             for a, b, out in zip(xs, rs, outs):
                 _check(a, b, weight, out, group, world, 1.0, eps)
+        _check_folded(gen, shared, group, world)
         torch.cuda.synchronize()
         queue.put((rank, "ok"))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
@@ -110,6 +112,49 @@ def _rank(rank: int, world: int, port: int, queue: multiprocessing.Queue) -> Non
     queue.close()
     queue.join_thread()
     os._exit(0)  # no NCCL teardown (it can wait on a peer that has gone)
+
+
+def _check_folded(gen: torch.Generator, shared: torch.Generator, group: object, world: int) -> None:
+    """The projection folded in (`all_reduce_add_rms_norm_splitk`: the split-K GEMV's slices summed inside the reduce
+    kernel) gives the bits of the plain kernel over the slices summed as the sum kernel does, on Llama-3.1-8B's O
+    (K 2048) and down (K 7168) shards at TP=2 and 1-8 rows, eagerly and replayed in a graph with fresh inputs."""
+    from layerzero.kernels.triton import gemv, reduce_norm
+    from layerzero.kernels.triton.specs import FUSED_SPLITK_TILE
+
+    def plain(x: torch.Tensor, proj: torch.Tensor, residual: torch.Tensor,
+              weight: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        slices = gemv.splitk_partials(x, proj, FUSED_SPLITK_TILE)
+        y = slices[0]
+        for part in slices[1:]:  # slice order, as gemv.summed_slices
+            y = y + part
+        y = y.to(x.dtype)
+        return reduce_norm.all_reduce_add_rms_norm(y, residual, weight, eps=1e-6, weight_offset=0.0, group=group), y
+
+    def same(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> None:
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "the fold changed the bits"
+
+    dtype = torch.bfloat16
+    for rows, k in ((1, 2048), (3, 7168), (8, 2048)):
+        x = (torch.randn((rows, k), generator=gen, device="cuda") * k**-0.5).to(dtype)
+        proj = torch.randn((4096, k), generator=gen, device="cuda").to(dtype)
+        residual = torch.randn((rows, 4096), generator=shared, device="cuda").to(dtype)
+        weight = torch.rand(4096, generator=shared, device="cuda").to(dtype)
+        folded = reduce_norm.all_reduce_add_rms_norm_splitk(x, residual, weight, proj, eps=1e-6, weight_offset=0.0,
+                                                            group=group)
+        want, y = plain(x, proj, residual, weight)
+        same(folded, want)
+        _check(y, residual, weight, folded, group, world, 0.0, 1e-6)
+    x, residual = torch.zeros((2, 2048), dtype=dtype, device="cuda"), torch.zeros((2, 4096), dtype=dtype, device="cuda")
+    proj = torch.randn((4096, 2048), generator=gen, device="cuda").to(dtype)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = reduce_norm.all_reduce_add_rms_norm_splitk(x, residual, weight, proj, eps=1e-6, weight_offset=0.0,
+                                                         group=group)
+    for _ in range(3):
+        x.copy_(torch.randn(x.shape, generator=gen, device="cuda") * 2048**-0.5)
+        residual.copy_(torch.randn(residual.shape, generator=shared, device="cuda"))
+        graph.replay()
+        same(out, plain(x, proj, residual, weight)[0])
 
 
 def _free_port() -> int:

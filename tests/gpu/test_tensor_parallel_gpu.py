@@ -1,6 +1,7 @@
 """Tensor parallelism on NCCL (needs 2+ GPUs; run under INFER_STRICT_SYNC=1 by scripts/gpu_distributed.sh): bf16
 teacher-forced logits of TP=2 (and TP=4) within tolerance of TP=1, CUDA graphs that replay the collectives, and
-float32 greedy tokens equal to TP=1's with graphs on and off."""
+float32 greedy tokens equal to TP=1's with graphs on and off, and with the projections folded into the
+reduce-and-norm."""
 
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ def _measure(path: str, what: str, options: dict) -> object:
     with LLM(path, max_batch_size=8, **options) as llm:
         if what == "lora":
             result = [o.token_ids for o in llm.generate_ids(PROMPTS, params)]
+        elif what == "kernels":  # the greedy tokens and the kernels rank 0's bound sites run
+            from layerzero.dispatch.bound import sites_of
+
+            result = _greedy(llm), sorted({s.kernel_id for s in sites_of(llm.runner.model).values() if s.kernel_id})
         else:
             result = _prompt_logprobs(llm) if what == "logprobs" else _greedy(llm)
         graphs = llm.runner.graph_stats.batch_sizes if llm.runner.graph_stats is not None else ()
@@ -95,3 +100,18 @@ def test_fp32_greedy_tokens_equal_tp1(model, graphs):
     got, captured = in_child(model, "greedy", dtype="float32", tensor_parallel_size=2, use_cuda_graphs=graphs)
     assert got == want
     assert bool(captured) == (graphs is None)
+
+
+def test_fp32_folded_projections_equal_tp1(tmp_path):
+    """A Llama whose TP=2 shards are of the folds' sizes (hidden and intermediate 4096, 32 heads of 128, one layer,
+    float32: O and down shards of 32 MiB, K 2048): rank 0 binds the reduce-and-norm that sums the O and down
+    projections' split-K slices (and the QKV fold) on its decode steps (the last binding, eagerly) and its greedy
+    tokens, eager and with graphs, equal TP=1's."""
+    path = save_tiny_with_tokenizer("llama", tmp_path, seed=3, hidden_size=4096, intermediate_size=4096,
+                                    num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    want, _ = in_child(path, "greedy", dtype="float32")
+    (eager, kernels), _ = in_child(path, "kernels", dtype="float32", tensor_parallel_size=2, use_cuda_graphs=False)
+    assert {"triton.all_reduce_add_rms_norm_splitk", "triton.rope_store_kv_splitk"} <= set(kernels), kernels
+    got, captured = in_child(path, "greedy", dtype="float32", tensor_parallel_size=2)
+    assert captured
+    assert eager == want and got == want

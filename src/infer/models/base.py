@@ -10,8 +10,8 @@ import layerzero as lz
 from infer.families.catalog import Family, family
 from infer.families.config import ModelConfig
 from infer.models.forward_batch import ForwardBatch
-from infer.models.layers import (Attention, GatedMLP, HookPoint, RMSNorm, RotaryEmbedding, WeightMap, WeightSlot,
-                                 empty_param, prefixed)
+from infer.models.layers import (Attention, GatedMLP, HookPoint, RMSNorm, RotaryEmbedding, Unprojected, WeightMap,
+                                 WeightSlot, empty_param, prefixed)
 from infer.models.moe import SparseMLP
 from infer.models.quant import HalfWeight, LinearSite, QuantWeight
 from infer.models.shard import Shard
@@ -79,8 +79,8 @@ class Block(nn.Module):
         return (norms | prefixed(self.attn.weight_map(), "self_attn.", "attn.")
                 | prefixed(self.mlp.weight_map(), self.mlp_prefix, "mlp."))
 
-    def forward(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, pending: torch.Tensor | Unprojected | None, cos: torch.Tensor,
+                sin: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | Unprojected | None]:
         h, x = self.enter(x, pending, self.half_rows(x))
         logits = None
         if self.post_attn_norm is None and self.tp_group is None and isinstance(self.mlp, SparseMLP) \
@@ -93,9 +93,18 @@ class Block(nn.Module):
         elif self.post_attn_norm is not None:
             out = self.attn(h, cos, sin, batch)
             h, x = self.mlp_norm.add_and_norm(self.post_attn_norm(self.summed(out, self.attn_sum_site)), x)
+        elif self.tp_group is not None and self.attn.folds_o(h):  # the O projection inside the reduce-and-norm
+            h, x = self.mlp_norm.add_and_norm(Unprojected(self.attn.attend(h, cos, sin, batch), self.attn.o_proj), x,
+                                              self.tp_group)
         else:
             h, x = self.mlp_norm.add_and_norm(self.attn(h, cos, sin, batch), x, self.tp_group)
-        out = self.mlp(h, batch.lora_ids) if isinstance(self.mlp, GatedMLP) else self.mlp(h, logits)
+        out: torch.Tensor | Unprojected
+        if not isinstance(self.mlp, GatedMLP):
+            out = self.mlp(h, logits)
+        elif self.pending_group is not None and self.mlp.folds_down(h):  # left to the next reduce-and-norm
+            out = Unprojected(self.mlp.activated(h, batch.lora_ids), self.mlp.down_proj)
+        else:
+            out = self.mlp(h, batch.lora_ids)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(self.summed(out, self.mlp_sum_site))
         return self.leave(x, out)
@@ -118,23 +127,26 @@ class Block(nn.Module):
             return None
         return attn.qkv_proj.weight.dtype
 
-    def enter(self, x: torch.Tensor, pending: torch.Tensor | None,
+    def enter(self, x: torch.Tensor, pending: torch.Tensor | Unprojected | None,
               half: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_norm(stream), stream): the previous block's add done inside the norm's kernel; the normed rows in
         `half` when given (`half_rows`), the stream in x's dtype."""
         if pending is None:
             h = self.input_norm(x)
         else:
-            if half is None and pending.dtype != x.dtype:  # a bf16 block's output into a float32 one
-                pending = pending.to(x.dtype)
+            if half is None and isinstance(pending, torch.Tensor) and pending.dtype != x.dtype:
+                pending = pending.to(x.dtype)  # a bf16 block's output into a float32 one
             h, x = self.input_norm.add_and_norm(pending, x, self.pending_group)
         return (h if half is None or h.dtype == half else h.to(half)), x
 
-    def leave(self, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def leave(self, x: torch.Tensor, out: torch.Tensor | Unprojected
+              ) -> tuple[torch.Tensor, torch.Tensor | Unprojected | None]:
         """The stream after the block, x + out: left pending for the next block's norm unless it is observed."""
         hook = self.resid_post
         if type(hook) is HookPoint and not (hook._forward_hooks or hook._forward_pre_hooks):
             return x, out
+        if isinstance(out, Unprojected):
+            out = lz.linear(out.rows, out.proj)
         return self.resid_post(x + (out if self.pending_group is None else self.summed(out, self.mlp_sum_site))), None
 
 
@@ -217,7 +229,8 @@ class CausalLM(nn.Module):
             if pending is None:
                 return self.final_norm(x)
             # float32 hidden states whatever the last block's rows were: the head's few rows take the exact GEMV
-            pending = pending if pending.dtype == x.dtype else pending.to(x.dtype)
+            if isinstance(pending, torch.Tensor) and pending.dtype != x.dtype:
+                pending = pending.to(x.dtype)
             return self.final_norm.add_and_norm(pending, x, self.blocks[-1].pending_group)[0]
 
     def hold_head_in(self, dtype: torch.dtype) -> None:

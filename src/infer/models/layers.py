@@ -56,6 +56,15 @@ def prefixed(weights: WeightMap, hf_prefix: str, our_prefix: str) -> WeightMap:
     return {hf_prefix + k: s._replace(param=our_prefix + s.param) for k, s in weights.items()}
 
 
+class Unprojected(NamedTuple):
+    """A projection's output left undone for the op that reads it: linear(rows, proj). Under tensor parallelism the
+    reduce-and-norm after the attention or the MLP takes it, and on a GPU's decode rows sums the projection's
+    split-K slices inside its own kernel (one kernel fewer a projection)."""
+
+    rows: torch.Tensor
+    proj: torch.Tensor
+
+
 class HookPoint(nn.Module):
     """Identity whose module name (e.g. `blocks.3.resid_post`) marks where probes and hooks attach."""
 
@@ -76,13 +85,17 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm_site(x, self.weight, eps=self.eps, weight_offset=self.weight_offset)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor,
+    def add_and_norm(self, x: torch.Tensor | Unprojected, residual: torch.Tensor,
                      group: object | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual); with a tensor-parallel `group`, x is this rank's partial sum and is
-        summed over the group's ranks first, in the same op (one kernel on the GPUs' decode steps)."""
+        summed over the group's ranks first, in the same op (one kernel on the GPUs' decode steps), and may be left
+        `Unprojected` for that op to project."""
         if group is None:
+            if isinstance(x, Unprojected):
+                raise ValueError("an unprojected output is only summed over a tensor-parallel group")
             return self.add_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset)
-        return self.reduce_norm_site(x, residual, self.weight, eps=self.eps, weight_offset=self.weight_offset,
+        rows, proj = x if isinstance(x, Unprojected) else (x, None)
+        return self.reduce_norm_site(rows, residual, self.weight, proj, eps=self.eps, weight_offset=self.weight_offset,
                                      group=group)
 
     def add_norm_router(self, x: torch.Tensor, residual: torch.Tensor, router: torch.Tensor,
@@ -323,11 +336,19 @@ class GatedMLP(nn.Module):
             "down_proj.weight": WeightSlot("down_proj"),
         }
 
-    def forward(self, x: torch.Tensor, lora_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def folds_down(self, x: torch.Tensor) -> bool:
+        """Whether the op after the MLP may take down_proj with `activated`'s output (as Attention.folds_o)."""
+        return x.is_cuda and self.down_lora is None and isinstance(self.down_proj, torch.Tensor)
+
+    def activated(self, x: torch.Tensor, lora_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """act(gate) * up: the down projection's input."""
         gate_up = self.gate_up_site(x, self.gate_up_proj)
         if self.gate_up_lora is not None:
             gate_up = self.gate_up_lora(x, gate_up, lora_ids)
-        h = self.act_site(gate_up) if self.act == "silu" else self.act_site(gate_up, approximate="tanh")
+        return self.act_site(gate_up) if self.act == "silu" else self.act_site(gate_up, approximate="tanh")
+
+    def forward(self, x: torch.Tensor, lora_ids: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.activated(x, lora_ids)
         out = self.down_site(h, self.down_proj)
         if self.down_lora is not None:
             out = self.down_lora(h, out, lora_ids)

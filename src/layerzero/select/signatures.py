@@ -198,6 +198,14 @@ def _fused_moe(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
         ("few_pairs", pairs <= MOE_GATHER_PAIRS), ("decode_pairs", pairs <= MOE_DECODE_PAIRS)))
 
 
+def _reduce_add_norm(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
+    """all_reduce_add_rms_norm: fused_add_rms_norm's context over the residual's rows (x is the projection's input
+    when a `proj` weight is given) and the projection's shape (0 x 0 without one)."""
+    residual, proj = args[1], args[3] if len(args) > 3 else None
+    ctx = _add_norm((residual, residual), kw)
+    return {**ctx, "params": (*ctx["params"], *_projection(proj))}
+
+
 def _add_norm_router(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     """fused_add_rms_norm_router: fused_add_rms_norm's context over the residual's rows (x is the projection's input
     when a `proj` weight is given), the router's experts and the projection's shape (0 x 0 without one)."""
@@ -310,7 +318,7 @@ SIGNATURES: dict[str, OpSignature] = {
     # is read on a call-cache miss (reference.tokenize.cached_identity).
     # collectives: the group is not part of the context (a process has one tensor-parallel group per model)
     "all_reduce": OpSignature(_rowwise, (0,), ()),
-    "all_reduce_add_rms_norm": OpSignature(_add_norm, (0, 1, 2), ()),
+    "all_reduce_add_rms_norm": OpSignature(_reduce_add_norm, (0, 1, 2, 3), ()),
     "all_gather": OpSignature(_rowwise, (0,), ()),
     "broadcast": OpSignature(_rowwise, (0,), ("src",)),
     "tokenize": OpSignature(_tokenizer, (1,), ("return_offsets",)),

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 
 from layerzero.kernels.native.build import record_call
@@ -104,9 +105,13 @@ def all_reduce(x: torch.Tensor, *, group: Any) -> torch.Tensor:
     return x
 
 
-def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
-                            weight_offset: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual): the all-reduce, then the add and the norm."""
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            proj: torch.Tensor | None = None, *, eps: float, weight_offset: float,
+                            group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual): the all-reduce, then the add and the norm; with
+    `proj` (this rank's shard of the projection before the sum), x is its input: F.linear(x, proj) is summed."""
+    if proj is not None:
+        x = F.linear(x, proj)
     return fused_add_rms_norm(all_reduce(x, group=group), residual, weight, eps, weight_offset)
 
 

@@ -31,28 +31,32 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.reference.collectives import all_reduce, made_outside_capture
+from layerzero.kernels.triton.gemv import projected_at, splitk_partials
 from layerzero.kernels.triton.launch import Launcher, await_inputs, next_pow2
 from layerzero.kernels.triton.norm import fused_add_rms_norm
+from layerzero.kernels.triton.specs import FUSED_SPLITK_TILE
 from layerzero.kernels.triton.specs import REDUCE_NORM_MAX_ROWS as MAX_ROWS
 from layerzero.kernels.triton.specs import REDUCE_NORM_SLOT_BYTES as SLOT_BYTES
 
 
 @triton.jit
-def _reduce_add_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, bufs_ptr, calls_ptr, n_cols, row_cap, eps,
-                            w_offset, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                            BITS: tl.constexpr, PDL: tl.constexpr):
+def _reduce_add_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, bufs_ptr, calls_ptr, n_cols, row_cap, x_slice,
+                            eps, w_offset, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                            BITS: tl.constexpr, SLICES: tl.constexpr, PDL: tl.constexpr):
+    """SLICES > 0: x_ptr holds a projection's float32 split-K partials [SLICES, rows, n_cols] (slice stride
+    x_slice), summed here as the sum kernel would have (gemv.projected_at)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     # the weight and the buffer table are never written by a step: read before the wait (launch.py). The call
     # counter and the residual are not: the previous kernel may be this one's previous call, or write the residual.
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + w_offset
-    dtype = x_ptr.dtype.element_ty
+    dtype = out_ptr.dtype.element_ty  # x's (the projection's output dtype when x holds partials)
     own = tl.load(bufs_ptr + RANK).to(tl.pointer_type(dtype))
     await_inputs(PDL)
     calls = tl.load(calls_ptr + row)
     phase = calls & 1
-    x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=0.0)
+    x = projected_at(x_ptr, row.to(tl.int64) * n_cols + cols, mask, x_slice, SLICES, dtype)
     r = tl.load(r_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     bits = x.to(BITS, bitcast=True)  # every bit set is the empty mark: such a NaN goes as another NaN
     x = tl.where(bits == -1, bits - 1, bits).to(BITS).to(dtype, bitcast=True)
@@ -128,30 +132,69 @@ def _make_rows(group: Any, device: torch.device) -> SymmetricRows | None:
         return None
 
 
-def reduce_then_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
-                             weight_offset: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two-op form: the all-reduce (one-shot or NCCL), then the fused add + RMSNorm kernel."""
-    return fused_add_rms_norm(all_reduce(x, group=group), residual, weight, eps=eps, weight_offset=weight_offset)
+def _projected(x: torch.Tensor, proj: torch.Tensor | None) -> torch.Tensor:
+    """x, or its projection by `proj` through lz.linear (the kernels that do not fold it project first)."""
+    if proj is None:
+        return x
+    import layerzero.api as lz  # late: the api's dispatch loads this module
+
+    return lz.linear(x, proj)
 
 
-def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
-                            weight_offset: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def reduce_then_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                             proj: torch.Tensor | None = None, *, eps: float, weight_offset: float,
+                             group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two-op form: the all-reduce (one-shot or NCCL), then the fused add + RMSNorm kernel (with `proj`, x is
+    projected first)."""
+    return fused_add_rms_norm(all_reduce(_projected(x, proj), group=group), residual, weight, eps=eps,
+                              weight_offset=weight_offset)
+
+
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            proj: torch.Tensor | None = None, *, eps: float, weight_offset: float,
+                            group: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual) in one kernel for x [..., H] within the spec's
-    limits (specs._reduce_norm_fits); the two-op form where the group has no symmetric rows (`_symmetric_rows`)."""
+    limits (specs._reduce_norm_fits); the two-op form where the group has no symmetric rows (`_symmetric_rows`).
+    With `proj`, x is projected first by lz.linear."""
+    x = _projected(x, proj)
     if x.shape != residual.shape:
         raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape")
-    rows = _symmetric_rows(group, x.device)
-    if rows is None:
+    sym = _symmetric_rows(group, x.device)
+    if sym is None:
         return reduce_then_add_rms_norm(x, residual, weight, eps=eps, weight_offset=weight_offset, group=group)
-    n_cols = x.shape[-1]
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    summed = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device)
-    n_rows = x.numel() // n_cols if n_cols else 0
+    return _reduce_add_norm(x, x.dtype, 0, residual, weight, eps, weight_offset, sym)
+
+
+def all_reduce_add_rms_norm_splitk(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                   proj: torch.Tensor, *, eps: float, weight_offset: float,
+                                   group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """`all_reduce_add_rms_norm` with its projection: x [T, K] through the split-K GEMV (FUSED_SPLITK_TILE), whose
+    float32 slices the reduce kernel sums where it reads them (no sum kernel between)."""
+    if x.dim() != 2 or proj.dim() != 2 or proj.shape[1] != x.shape[1] or residual.shape != (x.shape[0], proj.shape[0]):
+        raise ValueError(f"x {tuple(x.shape)}, proj {tuple(proj.shape)} and residual {tuple(residual.shape)} do "
+                         "not fit")
+    sym = _symmetric_rows(group, x.device)
+    if sym is None:
+        return reduce_then_add_rms_norm(x, residual, weight, proj, eps=eps, weight_offset=weight_offset, group=group)
+    partials = splitk_partials(x, proj, FUSED_SPLITK_TILE)  # [SPLITS, T, H] float32
+    return _reduce_add_norm(partials, x.dtype, partials.shape[0], residual, weight, eps, weight_offset, sym)
+
+
+def _reduce_add_norm(rows: torch.Tensor, dtype: torch.dtype, slices: int, residual: torch.Tensor,
+                     weight: torch.Tensor, eps: float, weight_offset: float,
+                     sym: SymmetricRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reduce kernel over `rows`: x [..., H] in `dtype` (slices 0), or a projection's split-K partials
+    [slices, T, H], through the group's symmetric rows."""
+    n_cols = residual.shape[-1]
+    out = torch.empty(residual.shape, dtype=dtype, device=rows.device)
+    summed = torch.empty(residual.shape, dtype=torch.promote_types(dtype, residual.dtype), device=rows.device)
+    n_rows = residual.numel() // n_cols if n_cols else 0
     if n_rows == 0:
         return out, summed
     block = next_pow2(n_cols)
-    _REDUCE_ADD_NORM((n_rows,), x.contiguous(), residual.contiguous(), weight.contiguous(), out, summed, rows.ptrs,
-                     rows.calls, n_cols, SLOT_BYTES // (n_cols * x.element_size()), eps, weight_offset,
-                     RANK=rows.rank, WORLD=rows.world, BLOCK=block, BITS=_BITS[x.element_size()],
+    _REDUCE_ADD_NORM((n_rows,), rows.contiguous(), residual.contiguous(), weight.contiguous(), out, summed,
+                     sym.ptrs, sym.calls, n_cols, SLOT_BYTES // (n_cols * out.element_size()),
+                     rows.stride(0) if slices else 0, eps, weight_offset, RANK=sym.rank, WORLD=sym.world,
+                     BLOCK=block, BITS=_BITS[out.element_size()], SLICES=slices,
                      num_warps=min(max(block // 256, 1), 16))
     return out, summed

@@ -298,6 +298,10 @@ def _folded_projection(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
+def _reduce_norm_splitk(ctx: SelectionContext) -> list[Reason]:
+    return _reduce_norm_fits(ctx) + _folded_projection(ctx)
+
+
 def _norm_router_splitk(ctx: SelectionContext) -> list[Reason]:
     return _norm_router(ctx) + _folded_projection(ctx)
 
@@ -367,6 +371,9 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("triton.all_reduce_add_rms_norm", "all_reduce_add_rms_norm",
                    impl=_lazy("reduce_norm", "all_reduce_add_rms_norm"), priority=PRIORITY, check=_reduce_norm_fits,
                    **common),
+        KernelSpec("triton.all_reduce_add_rms_norm_splitk", "all_reduce_add_rms_norm",
+                   impl=_lazy("reduce_norm", "all_reduce_add_rms_norm_splitk"), priority=FOLD_PRIORITY,
+                   check=_reduce_norm_splitk, **common),
         KernelSpec("triton.reduce_then_add_rms_norm", "all_reduce_add_rms_norm",
                    impl=_lazy("reduce_norm", "reduce_then_add_rms_norm"), priority=REDUCE_NORM_PRIORITY, **common),
         KernelSpec("triton.rope", "rope", impl=_lazy("rope", "rope"), priority=PRIORITY, head_dim_multiple=2,

@@ -24,7 +24,8 @@ SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.moe_gate_decod
                   "triton.fused_add_rms_norm_router_decode": "fused_add_rms_norm_router",
                   "triton.fused_moe_routed_decode": "fused_moe_routed",
                   "triton.fused_add_rms_norm_router_splitk": "fused_add_rms_norm_router",
-                  "triton.rope_store_kv_splitk": "rope_store_kv"}
+                  "triton.rope_store_kv_splitk": "rope_store_kv",
+                  "triton.all_reduce_add_rms_norm_splitk": "all_reduce_add_rms_norm"}
 # ops whose only Triton kernel serves a few tokens (more take the torch backend's composition of their parts)
 DECODE_ONLY = {"fused_add_rms_norm_router", "fused_moe_routed"}
 
@@ -118,4 +119,26 @@ def test_one_kernel_reduce_norm_takes_decode_rows(rows, hidden, dtype, fits):
                            hidden=hidden)
     reasons = specs._reduce_norm_fits(ctx)
     assert (not reasons) is fits
+    assert all(r.code == R.CONSTRAINT_FAILED for r in reasons)
+
+
+
+@pytest.mark.parametrize(("rows", "proj", "fits"), [
+    (1, (4096, 2048), True),  # Llama-3.1-8B's O shard at TP=2 (16 MiB)
+    (8, (4096, 7168), True),  # its down shard (56 MiB)
+    (9, (4096, 2048), False),  # more rows than the split-K GEMV takes
+    (1, (2048, 2048), False),  # 8 MiB: below the split-K GEMV's sizes
+    (1, (4096, 14336), False),  # 112 MiB: the one-pass GEMV's
+    (1, (4096, 2304), False),  # K not in the fused tile's slices
+    (1, None, False),  # nothing to fold
+])
+def test_reduce_norm_folds_a_projection_of_the_split_k_sizes(rows, proj, fits):
+    """The reduce-and-norm that sums its projection's split-K slices takes what the one-kernel form and the split-K
+    GEMV both take; the other kernels of the op project first."""
+    columns = proj[1] if proj else 0
+    ctx = SelectionContext(op="all_reduce_add_rms_norm", device="cuda", platform="cuda", dtype=torch.bfloat16,
+                           tokens=rows, hidden=4096, params=(("proj_rows", proj[0] if proj else 0),
+                                                             ("proj_columns", columns), ("proj_dtype", "bfloat16")))
+    reasons = specs._reduce_norm_splitk(ctx)
+    assert (not reasons) is fits, reasons
     assert all(r.code == R.CONSTRAINT_FAILED for r in reasons)
