@@ -33,7 +33,9 @@ class Block(nn.Module):
     Under tensor parallelism (`tp_group`) the attention's and the MLP's outputs are this rank's partial sums, and
     the block owns their sum over ranks: it is done by the add-and-norm that consumes them (one op, one kernel on
     the GPUs' decode steps), so pending is a partial sum too (`pending_group`); with sandwich norms, whose output
-    norm needs the whole sum, each output is all-reduced before its norm."""
+    norm needs the whole sum, each output is all-reduced before its norm. On CUDA the O and down projections go into
+    that op as well (`Unprojected`: the op projects, and on decode rows sums the projection's split-K slices in its
+    own kernel; docs/distributed.md)."""
 
     def __init__(self, cfg: ModelConfig, layer: int, fam: Family, experts: range | None = None) -> None:
         super().__init__()

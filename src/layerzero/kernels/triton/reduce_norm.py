@@ -18,6 +18,10 @@ buffer. A has passed its call n - 1, which needed B's row of call n - 1; B wrote
 B's call n - 2 had completed, marks set back included. Rows of a call are independent: program p only meets program
 p of the other ranks, and each rank's counter p counts the same calls. Every buffer starts as marks, so a CUDA graph
 replays the kernel with nothing fed from the host.
+
+`all_reduce_add_rms_norm_splitk` is the op with the layer's last projection before it (`proj`: the O or down shard):
+the split-K GEMV writes float32 slices and the kernel reads its row as their slice-order sum rounded to x's dtype,
+the bits the sum kernel would have written, so no sum kernel runs between and the protocol above is unchanged.
 """
 
 from __future__ import annotations
