@@ -3,7 +3,8 @@
 With CORE_PROBE_DIR set, `install_on_import()` (run from a sitecustomize, so the `infer serve` cores get it too)
 wraps `EngineCore.step_core`, the torch runner's forward and sample (CUDA events around the step's GPU work),
 `LaunchedStep.result` (the wait for the GPU's tokens) and `PrefillGraphs.shape` (the prefill graph a step replays) once
-`infer.engine.core` is imported, and times the garbage collector. Every step becomes one JSON line of CORE_PROBE_DIR/core_<pid>.jsonl (FIELDS), written every WINDOW_S.
+`infer.engine.core` is imported, and times the garbage collector. Every step becomes one JSON line of CORE_PROBE_DIR/core_<pid>.jsonl (FIELDS), written every WINDOW_S and when the
+process ends (at exit, or through os._exit, which a tensor-parallel engine's process takes).
 Used to find why a served data-parallel core makes fewer steps a second after its first run
 (benchmarks/reports/dp_serve_h200.md).
 
@@ -68,6 +69,13 @@ class _Steps:
             self.prev_end = end
         else:  # not on CUDA (or no sampling this step): no GPU columns (-1)
             self.rows.append(row)
+        self._collect()
+        if t1 - self.flushed >= WINDOW_S:
+            self.flush()
+            self.flushed = t1
+
+    def _collect(self) -> None:
+        """Rows whose GPU events have completed get their GPU columns and join the rows to write."""
         ready = [p[3].query() for p in self.pending]
         done = [p for p, r in zip(self.pending, ready) if r]
         self.pending = [p for p, r in zip(self.pending, ready) if not r]
@@ -75,11 +83,9 @@ class _Steps:
             r[6] = round(start.elapsed_time(end), 3)
             r[7] = round(prev.elapsed_time(start), 3) if prev is not None else -1.0
             self.rows.append(r)
-        if t1 - self.flushed >= WINDOW_S:
-            self.flush()
-            self.flushed = t1
 
     def flush(self) -> None:
+        self._collect()
         if self.rows:
             with self.path.open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in self.rows)
@@ -98,6 +104,13 @@ def _patch(core_module: Any) -> None:
     steps = _Steps(Path(os.environ["CORE_PROBE_DIR"]) / f"core_{os.getpid()}.jsonl")
     gc.callbacks.append(steps.on_gc)
     atexit.register(steps.flush)
+    hard_exit = os._exit  # a process that ends without atexit (a tensor-parallel engine's) writes its rows too
+
+    def flushed_exit(code: int) -> None:
+        steps.flush()
+        hard_exit(code)
+
+    os._exit = flushed_exit  # type: ignore[assignment]
     step_core = core_module.EngineCore.step_core
     result = torch_runner.LaunchedStep.result
     forward, sample = torch_runner.TorchRunner.forward, torch_runner.TorchRunner.sample

@@ -58,3 +58,29 @@ def test_summary_separates_decode_steps_from_steps_with_prompts(tmp_path: Path):
     last = table.strip().splitlines()[-1]
     assert "| 4.25 | 0.00 |" in last  # the GPU step and gap means of the ten steps that ran: (9 x 2.5 + 20) / 10
     assert "| 2.50 | 1: 20.00, 0.30, 992, 0 eager, graph buckets 1024 |" in last  # decode-only GPU ms, the prompt step
+
+
+class _Event:
+    """A finished CUDA event stand-in: elapsed_time to another is the difference of their times (ms)."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: _Event) -> float:
+        return other.ms - self.ms
+
+
+def test_flush_writes_the_last_steps_whose_gpu_events_have_completed(tmp_path: Path):
+    """A process that ends soon after its last step (a tensor-parallel engine's, through os._exit) loses no row:
+    flush reads the events the next step would have."""
+    steps = probe._Steps(tmp_path / "core.jsonl")
+    steps.events = (_Event(0.0), _Event(4.0))
+    steps.record(10.0, 10.001, tokens=1)
+    steps.events = (_Event(4.5), _Event(8.5))
+    steps.record(10.002, 10.003, tokens=1)
+    steps.flush()
+    rows = [dict(zip(probe.FIELDS, json.loads(line))) for line in (tmp_path / "core.jsonl").read_text().splitlines()]
+    assert [(r["gpu_step_ms"], r["gpu_gap_ms"]) for r in rows] == [(4.0, -1.0), (4.0, 0.5)]
