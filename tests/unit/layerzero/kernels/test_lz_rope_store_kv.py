@@ -189,3 +189,80 @@ def test_lz_rope_store_kv_projects_first_where_no_kernel_folds(rng) -> None:
     with pytest.raises(ValueError, match="with proj expects"):
         lz.rope_store_kv(*(inputs[k] for k in ("qkv", "cos", "sin", "key_cache", "value_cache", "slot_mapping")),
                          num_heads=4, proj=proj[:, :-1])
+
+
+def _normed_inputs(rng: torch.Generator, dtype: torch.dtype, tokens: int = 3, columns: int = 1024
+                   ) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prologue's inputs with x [T, columns] and a QKV weight, plus a residual stream and an input norm weight
+    (rows of several scales, so each token's 1 / rms differs)."""
+    inputs, proj = _projected_inputs(rng, heads=3, kv_heads=1, dim=24, columns=columns, dtype=dtype, tokens=tokens)
+    scales = torch.tensor([0.5, 3.0, 20.0, 1.0][:tokens])[:, None] if tokens <= 4 else 1.0
+    residual = (torch.randn(tokens, columns, generator=rng) * scales).to(dtype)
+    weight = (torch.rand(columns, generator=rng) + 0.5).to(dtype)
+    return inputs, proj, residual, weight
+
+
+def _normed_call(fn, inputs: dict, proj: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, qk_norm: bool,
+                 weight_offset: float) -> tuple[torch.Tensor, ...]:
+    """fn's (q, x + residual) and the caches it wrote (on copies)."""
+    kc, vc = inputs["key_cache"].clone(), inputs["value_cache"].clone()
+    norms = (inputs["q_norm_weight"], inputs["k_norm_weight"]) if qk_norm else (None, None)
+    q, summed = fn(inputs["qkv"], residual, weight, proj, inputs["cos"], inputs["sin"], kc, vc,
+                   inputs["slot_mapping"], *norms, num_heads=3, eps=1e-6, weight_offset=weight_offset,
+                   interleaved=False)
+    return q, summed, kc, vc
+
+
+@pytest.mark.parametrize("weight_offset", [0.0, 1.0])
+def test_reference_add_norm_prologue_matches_float64(rng, weight_offset: float) -> None:
+    inputs, proj, residual, weight = _normed_inputs(rng, torch.float32, columns=64)
+    got = _normed_call(ref.fused_add_rms_norm_rope_store_kv, inputs, proj, residual, weight, True, weight_offset)
+    summed = inputs["qkv"].double() + residual.double()
+    normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6) * (weight.double() + weight_offset)
+    qkv = (normed @ proj.double().t()).view(3, 5, 24)
+    q, kc, vc = _float64({**inputs, "qkv": qkv}, 3, True, weight_offset, False)
+    for g, w in zip(got, (q, summed, kc, vc), strict=True):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_triton_folds_the_input_norm_into_the_projection(kernels, triton_interpreted, monkeypatch, rng,
+                                                         dtype: torch.dtype, qk_norm: bool) -> None:
+    """The add and the norm's weight in the split-K GEMV's reads, the 1 / rms in the prologue's: the reference's
+    add-and-norm, projection and prologue, to a float32 sum's reordering (bf16: its roundings, taken elsewhere)."""
+    monkeypatch.setattr(kernels, "splitk_normed_partials", triton_interpreted("gemv").splitk_normed_partials)
+    inputs, proj, residual, weight = _normed_inputs(rng, dtype)
+    offset = 1.0 if qk_norm else 0.0
+    got = _normed_call(kernels.fused_add_rms_norm_rope_store_kv_splitk, inputs, proj, residual, weight, qk_norm,
+                       offset)
+    want = _normed_call(ref.fused_add_rms_norm_rope_store_kv, inputs, proj, residual, weight, qk_norm, offset)
+    assert torch.equal(got[1], want[1])  # the stream: one rounding of the same float32 sum
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=lambda m: f"{m} (seed {rng.initial_seed()})")
+    with pytest.raises(ValueError, match="do not fit"):
+        _normed_call(kernels.fused_add_rms_norm_rope_store_kv_splitk, inputs, proj, residual[:, :-1], weight,
+                     qk_norm, offset)
+
+
+def test_lz_add_norm_prologue_is_its_two_ops_where_no_kernel_folds(rng) -> None:
+    """On the CPU the op is lz.fused_add_rms_norm, then lz.rope_store_kv with the projection: the same bits; a step
+    of no tokens gives an empty q and stream; misshapen inputs are refused naming the op."""
+    inputs, proj, residual, weight = _normed_inputs(rng, torch.float32, columns=64)
+    got = _normed_call(lz.fused_add_rms_norm_rope_store_kv, inputs, proj, residual, weight, True, 1.0)
+    normed, summed = lz.fused_add_rms_norm(inputs["qkv"], residual, weight, eps=1e-6, weight_offset=1.0)
+    want = _call(lambda *a, **kw: lz.rope_store_kv(*a, proj=proj, **kw), {**inputs, "qkv": normed}, 3, True, 1.0)
+    for g, w in zip(got, (want[0], summed, *want[1:]), strict=True):
+        assert torch.equal(g, w)
+    empty = {**inputs, "qkv": inputs["qkv"][:0], "cos": inputs["cos"][:0], "sin": inputs["sin"][:0],
+             "slot_mapping": inputs["slot_mapping"][:0]}
+    q, summed, _, _ = _normed_call(lz.fused_add_rms_norm_rope_store_kv, empty, proj, residual[:0], weight, True, 1.0)
+    assert q.shape == (0, 3, 24) and summed.shape == (0, 64)
+    with pytest.raises(ValueError, match="fused_add_rms_norm_rope_store_kv expects"):
+        _normed_call(lz.fused_add_rms_norm_rope_store_kv, inputs, proj[:, :-1], residual, weight, True, 1.0)
+    with pytest.raises(ValueError, match="both QK-norm weights or neither"):
+        lz.fused_add_rms_norm_rope_store_kv(inputs["qkv"], residual, weight, proj, inputs["cos"], inputs["sin"],
+                                            inputs["key_cache"], inputs["value_cache"], inputs["slot_mapping"],
+                                            inputs["q_norm_weight"], num_heads=3)
