@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Decode of the Qwen3-30B-A3B shape (random bf16 weights, CUDA graphs; MOE_AB_BATCHES, default 1) on two trees in one
-# call, alternated:
+# Decode of the Qwen3-30B-A3B shape (random bf16 weights, CUDA graphs; MOE_AB_BATCHES, default 1; MOE_AB_PREFILL, the
+# prefill chunk, default 256, which with the 256 tokens of a sequence sets max_seq_len: 384, or 1152 at 1024 as the
+# headline run) on two trees in one call, alternated:
 # the tree as it is and an earlier one unpacked under $BEFORE_SRC (`git archive REV src | tar -x -C .ab_before`,
 # carried). MOE_AB_TESTS: pytest node ids run first (strict sync is the GPU tests' default); MOE_AB_ROUNDS rounds of
 # (before, after); MOE_AB_ENV: extra environment for a row "env" (the after tree with it); MOE_AB_PATCH: Python run
@@ -17,10 +18,10 @@ if [ -n "${MOE_AB_TESTS:-}" ]; then
 fi
 run() {  # name, PYTHONPATH prefix, extra env, Python to run first
   env $3 PYTHONPATH="$2:tests:benchmarks:/tmp/site" timeout "${MOE_AB_S:-170}" python3 - "$4" "$out/moe_$1" \
-    "${MOE_AB_BATCHES:-1}" > "$out/moe_$1.log" 2>&1 <<'PY'
+    "${MOE_AB_BATCHES:-1}" "${MOE_AB_PREFILL:-256}" > "$out/moe_$1.log" 2>&1 <<'PY'
 import runpy, sys
 exec(sys.argv[1])
-sys.argv = ["moe_decode.py", "--batches", sys.argv[3], "--prefill", "256", "--no-peer", "--repeats", "3",
+sys.argv = ["moe_decode.py", "--batches", sys.argv[3], "--prefill", sys.argv[4], "--no-peer", "--repeats", "3",
             "--out", sys.argv[2]]
 runpy.run_path("benchmarks/moe_decode.py", run_name="__main__")
 PY

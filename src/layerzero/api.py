@@ -175,42 +175,6 @@ def rope_store_kv(
                  interleaved=bool(interleaved))
 
 
-def fused_add_rms_norm_rope_store_kv(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    proj: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    *,
-    num_heads: int,
-    eps: float = 1e-6,
-    weight_offset: float = 0.0,
-    interleaved: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block's input add-and-norm and its attention prologue in one op: `fused_add_rms_norm(x, residual, weight)`,
-    then `rope_store_kv` of the normed rows through the QKV weight `proj` [(H + 2*Hkv) * D, K]; returns (q [T, H, D],
-    x + residual). `eps` and `weight_offset` are both norms' (the input norm's and the QK-norm's: a model's norms
-    share them). On CUDA's decode rows the add and the norm's weight go into the split-K GEMV's reads and its 1 / rms
-    into the prologue's, so no add-and-norm kernel runs before the attention."""
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("fused_add_rms_norm_rope_store_kv takes both QK-norm weights or neither")
-    hidden = x.shape[-1]
-    if x.dim() != 2 or residual.shape != x.shape or weight.shape != (hidden,) or proj.dim() != 2 \
-            or proj.shape[1] != hidden:
-        raise ValueError(f"fused_add_rms_norm_rope_store_kv expects x [T, K], residual [T, K], weight [K] and proj "
-                         f"[N, K]; got {tuple(x.shape)}, {tuple(residual.shape)}, {tuple(weight.shape)} and "
-                         f"{tuple(proj.shape)}")
-    return _call("fused_add_rms_norm_rope_store_kv", x, residual, weight, proj, cos, sin, key_cache, value_cache,
-                 slot_mapping, q_norm_weight, k_norm_weight, num_heads=int(num_heads), eps=float(eps),
-                 weight_offset=float(weight_offset), interleaved=bool(interleaved))
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_offset: float = 0.0) -> torch.Tensor:
     """RMSNorm over the last dim; weight_offset=1.0 gives Gemma's x * (1 + w)."""
     return _call("rms_norm", x, weight, eps=float(eps), weight_offset=float(weight_offset))

@@ -83,19 +83,23 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, pending: torch.Tensor | Unprojected | None, cos: torch.Tensor,
                 sin: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | Unprojected | None]:
-        o, x, dtype = self.attend(x, pending, cos, sin, batch)
+        h, x = self.enter(x, pending, self.half_rows(x))
         logits = None
         if self.post_attn_norm is None and self.tp_group is None and isinstance(self.mlp, SparseMLP) \
                 and self.mlp.routes_logits:  # the O projection (when plain), the norm and the router in one op
-            o, proj = (o, self.attn.o_proj) if self.attn.folds_o(o) else (self.attn.project(o, dtype, batch), None)
+            if self.attn.folds_o(h):
+                o, proj = self.attn.attend(h, cos, sin, batch), self.attn.o_proj
+            else:
+                o, proj = self.attn(h, cos, sin, batch), None
             h, x, logits = self.mlp_norm.add_norm_router(o, x, self.mlp.router, proj)
         elif self.post_attn_norm is not None:
-            out = self.attn.project(o, dtype, batch)
+            out = self.attn(h, cos, sin, batch)
             h, x = self.mlp_norm.add_and_norm(self.post_attn_norm(self.summed(out, self.attn_sum_site)), x)
-        elif self.tp_group is not None and self.attn.folds_o(o):  # the O projection inside the reduce-and-norm
-            h, x = self.mlp_norm.add_and_norm(Unprojected(o, self.attn.o_proj), x, self.tp_group)
+        elif self.tp_group is not None and self.attn.folds_o(h):  # the O projection inside the reduce-and-norm
+            h, x = self.mlp_norm.add_and_norm(Unprojected(self.attn.attend(h, cos, sin, batch), self.attn.o_proj), x,
+                                              self.tp_group)
         else:
-            h, x = self.mlp_norm.add_and_norm(self.attn.project(o, dtype, batch), x, self.tp_group)
+            h, x = self.mlp_norm.add_and_norm(self.attn(h, cos, sin, batch), x, self.tp_group)
         out: torch.Tensor | Unprojected
         if not isinstance(self.mlp, GatedMLP):
             out = self.mlp(h, logits)
@@ -106,18 +110,6 @@ class Block(nn.Module):
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(self.summed(out, self.mlp_sum_site))
         return self.leave(x, out)
-
-    def attend(self, x: torch.Tensor, pending: torch.Tensor | Unprojected | None, cos: torch.Tensor,
-               sin: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
-        """(the attention heads' output before O, the stream, the dtype O projects in) from the stream x + pending:
-        the input add-and-norm inside the attention's prologue op where it folds (a whole pending of x's dtype,
-        `Attention.folds_input_norm`), else `enter`, then the attention."""
-        if isinstance(pending, torch.Tensor) and self.pending_group is None and pending.dtype == x.dtype \
-                and self.attn.folds_input_norm(x, batch, self.input_norm):
-            o, x = self.attn.attend_normed(pending, x, self.input_norm, cos, sin, batch)
-            return o, x, x.dtype
-        h, x = self.enter(x, pending, self.half_rows(x))
-        return self.attn.attend(h, cos, sin, batch), x, h.dtype
 
     def half_rows(self, x: torch.Tensor) -> torch.dtype | None:
         """The dtype this block's projections take their rows in when it is not the stream's: bfloat16 where the

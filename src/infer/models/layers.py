@@ -187,7 +187,6 @@ class Attention(nn.Module):
         self.qkv_site, self.o_site = LinearSite(), LinearSite()
         self.rope_q_site, self.rope_k_site = lz.bind("rope"), lz.bind("rope")  # the cache-free path
         self.rope_store_site = lz.bind("rope_store_kv")  # with a KV cache: QK-norm, rope and the K/V store in one op
-        self.norm_rope_store_site = lz.bind("fused_add_rms_norm_rope_store_kv")  # and the input norm before QKV
         self.store_site = lz.bind("store_kv_cache")  # with a KV cache and partial rope: the store after it
         self.prefill_site, self.varlen_site = lz.bind("paged_prefill_attention"), lz.bind("varlen_attention")
         self.decode_site = lz.bind("paged_attention")
@@ -226,11 +225,8 @@ class Attention(nn.Module):
                 and isinstance(self.qkv_proj, torch.Tensor) and self.rotary_dim == self.head_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        return self.project(self.attend(x, cos, sin, batch), x.dtype, batch)
-
-    def project(self, o: torch.Tensor, dtype: torch.dtype, batch: ForwardBatch) -> torch.Tensor:
-        """The O projection of the heads' output `o` (`attend`'s) in `dtype`, the rows' the attention took."""
-        out = self.o_site(o.to(dtype), self.o_proj)
+        o = self.attend(x, cos, sin, batch)
+        out = self.o_site(o.to(x.dtype), self.o_proj)  # the output in x's dtype
         if self.o_lora is not None:
             out = self.o_lora(o, out, batch.lora_ids)
         return out
@@ -256,34 +252,14 @@ class Attention(nn.Module):
             o = self._attend_uncached(qkv, cos, sin, batch)
         return o.reshape(tokens, self.q_size)
 
-    def folds_input_norm(self, x: torch.Tensor, batch: ForwardBatch, norm: RMSNorm) -> bool:
-        """Whether the block's input add-and-norm (`norm`) may go into the prologue op with the QKV projection
-        (`attend_normed`): as `_folds_qkv`, and a QK-norm (if any) with the input norm's eps and offset, the one
-        pair the op takes."""
-        return self._folds_qkv(x, batch) and (self.q_norm is None or (
-            self.q_norm.eps == norm.eps and self.q_norm.weight_offset == norm.weight_offset))
-
-    def attend_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, cos: torch.Tensor,
-                      sin: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(`attend` of norm(x + residual), x + residual), the add and the norm inside the prologue op with the
-        projection (`folds_input_norm`): on a GPU's decode rows no add-and-norm kernel runs before the QKV GEMV."""
-        cache = batch.kv_caches[self.layer]
-        q, summed = self.norm_rope_store_site(x, residual, norm.weight, self.qkv_proj, cos, sin, cache[0], cache[1],
-                                              batch.slot_mapping, *self._qk_norms()[0], num_heads=self.num_heads,
-                                              eps=norm.eps, weight_offset=norm.weight_offset, interleaved=False)
-        return self._attend_paged(q, cache, batch).reshape(x.shape[0], self.q_size), summed
-
-    def _qk_norms(self) -> tuple[tuple[torch.Tensor | None, torch.Tensor | None], float, float]:
-        """((q, k) norm weights, eps, offset): the QK-norm's, or none."""
-        if self.q_norm is not None and self.k_norm is not None:
-            return (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps, self.q_norm.weight_offset
-        return (None, None), 1e-6, 0.0
-
     def _attend_cached(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                        batch: ForwardBatch, proj: torch.Tensor | None = None) -> torch.Tensor:
         """qkv [T, H + 2*Hkv, D] (with `proj`, x [T, hidden] the prologue op projects): norm, rope and store in one
         op (a partial rope: rope, then the store), then attention reads K/V from the paged cache."""
-        norms, eps, offset = self._qk_norms()
+        if self.q_norm is not None and self.k_norm is not None:
+            norms, eps, offset = (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps, self.q_norm.weight_offset
+        else:
+            norms, eps, offset = (None, None), 1e-6, 0.0
         heads, kv_heads = self.num_heads, self.num_kv_heads
         if self.rotary_dim < self.head_dim:
             self._rope_leading_dims(qkv[:, : heads + kv_heads], cos, sin)
@@ -293,10 +269,6 @@ class Attention(nn.Module):
         else:
             q = self.rope_store_site(qkv, cos, sin, cache[0], cache[1], batch.slot_mapping, *norms, proj,
                                      num_heads=heads, eps=eps, weight_offset=offset, interleaved=False)
-        return self._attend_paged(q, cache, batch)
-
-    def _attend_paged(self, q: torch.Tensor, cache: KVCache, batch: ForwardBatch) -> torch.Tensor:
-        """Attention of the rotated q [T, H, D] over the paged cache (the step's K/V stored already)."""
         if batch.is_prefill:
             host = batch.context_lens_host is not None
             return self.prefill_site(

@@ -2,10 +2,9 @@
 attention on CUDA, torch's fused rms_norm / layer_norm, and mixture-of-experts layers of few tokens as two batched
 matmuls over the gathered experts' weights, and on the CPU LoRA adapters as one matmul per adapter present.
 
-The ops that fuse neighbours only for a GPU's decode (an MoE layer's routing: `fused_add_rms_norm_router`,
-`fused_moe_routed`; the input norm before the attention prologue: `fused_add_rms_norm_rope_store_kv`) also run here
-as what they fuse, each part through layerzero's own choice (`composed_*`): wherever no fused kernel takes a call (a
-prefill on CUDA, every call on the CPU), the layer costs what its separate ops cost."""
+The two ops that fuse an MoE layer's routing into its neighbours (`fused_add_rms_norm_router`, `fused_moe_routed`)
+also run here as what they fuse, each part through layerzero's own choice (`composed_*`): wherever no fused kernel
+takes a call (a prefill on CUDA, every call on the CPU), the layer costs what its separate ops cost."""
 
 from __future__ import annotations
 
@@ -151,22 +150,6 @@ def composed_add_rms_norm_router(x: torch.Tensor, residual: torch.Tensor, weight
     return normed, summed, router_logits(normed, router)
 
 
-def composed_add_rms_norm_rope_store_kv(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, proj: torch.Tensor, cos: torch.Tensor,
-    sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None, *, num_heads: int,
-    eps: float, weight_offset: float, interleaved: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """lz.fused_add_rms_norm, then lz.rope_store_kv of the normed rows with the projection."""
-    import layerzero.api as lz
-
-    normed, summed = lz.fused_add_rms_norm(x, residual, weight, eps=eps, weight_offset=weight_offset)
-    q = lz.rope_store_kv(normed, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight, k_norm_weight,
-                         num_heads=num_heads, eps=eps, weight_offset=weight_offset, interleaved=interleaved,
-                         proj=proj)
-    return q, summed
-
-
 def composed_moe_routed(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, logits: torch.Tensor, top_k: int, *,
                         renormalize: bool, scoring: str = "softmax", activation: str = "silu") -> torch.Tensor:
     """lz.moe_route of the logits, then lz.fused_moe."""
@@ -194,8 +177,6 @@ def kernel_specs() -> list[KernelSpec]:
         # graph safe as their parts: each part is chosen under the same capture
         KernelSpec("torch.composed_add_rms_norm_router", "fused_add_rms_norm_router", "torch",
                    composed_add_rms_norm_router, version, dtypes=FLOATS, graph_safe=True, priority=40),
-        KernelSpec("torch.composed_add_rms_norm_rope_store_kv", "fused_add_rms_norm_rope_store_kv", "torch",
-                   composed_add_rms_norm_rope_store_kv, version, dtypes=FLOATS, graph_safe=True, priority=40),
         KernelSpec("torch.composed_moe_routed", "fused_moe_routed", "torch", composed_moe_routed, version,
                    dtypes=FLOATS, graph_safe=True, priority=40),
         # the CPU's LoRA: one matmul per adapter present over its rows (reads the slot ids on the host)

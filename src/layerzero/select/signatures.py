@@ -106,15 +106,6 @@ def _rope_store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def _add_norm_rope_store(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
-    """fused_add_rms_norm_rope_store_kv: rope_store_kv's context with x's tokens and the projection `proj`, and the
-    residual's dtype (the stream the op writes)."""
-    x, residual, proj, key_cache = args[0], args[1], args[3], args[6]
-    norms = args[9:11] if len(args) > 9 else (None,)
-    ctx = _rope_store((x, None, None, key_cache, None, None, norms[0], None, proj), kw)
-    return {**ctx, "params": (*ctx["params"], ("residual_dtype", str(residual.dtype).removeprefix("torch.")))}
-
-
 def _rowwise(args: tuple[Any, ...], kw: Mapping[str, Any]) -> dict[str, Any]:
     x = args[0]
     extra = tuple((name, kw[name]) for name in ("approximate", "interleaved") if name in kw)
@@ -299,8 +290,6 @@ SIGNATURES: dict[str, OpSignature] = {
     ),
     "store_kv_cache": OpSignature(_store, (0, 1, 2, 3), ()),
     "rope_store_kv": OpSignature(_rope_store, (0, 1, 2, 3, 4, 6, 7, 8), ("num_heads", "interleaved")),
-    "fused_add_rms_norm_rope_store_kv": OpSignature(_add_norm_rope_store, (0, 1, 2, 3, 4, 5, 6, 7, 9, 10),
-                                                    ("num_heads", "interleaved")),
     "rms_norm": OpSignature(_rowwise, (0, 1), ()),
     "fused_add_rms_norm": OpSignature(_add_norm, (0, 1, 2), ()),
     "layer_norm": OpSignature(_layer_norm, (0, 1, 2, 3), ()),

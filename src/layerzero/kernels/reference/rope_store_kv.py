@@ -1,9 +1,8 @@
 """The attention prologue as one op: optional QK-norm, RoPE on the q and k heads of a fused QKV output, K/V store;
-optionally the QKV projection itself (`proj`: the op is given x and the weight, not their product), and in
-`fused_add_rms_norm_rope_store_kv` the add-and-norm before that projection too.
+optionally the QKV projection itself (`proj`: the op is given x and the weight, not their product).
 
-The references compose the reference add-and-norm, F.linear (in x's dtype), norm, rope and store, so they are
-exactly that sequence.
+The reference composes F.linear (in x's dtype) and the reference norm, rope and store, so it is exactly that
+sequence.
 """
 
 from __future__ import annotations
@@ -69,16 +68,3 @@ def rope_store_kv(
     q, k = rope_ref.rope(q, cos, sin, interleaved), rope_ref.rope(k, cos, sin, interleaved)
     kv_cache.store_kv_cache(k, v, key_cache, value_cache, slot_mapping)
     return q.contiguous()
-
-
-def fused_add_rms_norm_rope_store_kv(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, proj: torch.Tensor, cos: torch.Tensor,
-    sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None, *, num_heads: int,
-    eps: float, weight_offset: float, interleaved: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fused_add_rms_norm of x + residual, then rope_store_kv of the normed rows through `proj`: (q, x + residual)."""
-    normed, summed = norm.fused_add_rms_norm(x, residual, weight, eps, weight_offset)
-    q = rope_store_kv(normed, cos, sin, key_cache, value_cache, slot_mapping, q_norm_weight, k_norm_weight, proj,
-                      num_heads=num_heads, eps=eps, weight_offset=weight_offset, interleaved=interleaved)
-    return q, summed

@@ -92,7 +92,6 @@ _CORE = {
     "paged_prefill_attention": (paged_prefill_attention, False),
     "store_kv_cache": (kv_cache.store_kv_cache, False),
     "rope_store_kv": (rope_kv_ref.rope_store_kv, False),
-    "fused_add_rms_norm_rope_store_kv": (rope_kv_ref.fused_add_rms_norm_rope_store_kv, False),
     "rms_norm": (rms_norm, True),
     "fused_add_rms_norm": (fused_add_rms_norm, True),
     "layer_norm": (layer_norm, True),

@@ -15,8 +15,6 @@ fence: in a chain of layers it beat cuBLAS's split-K and its reduce kernel by 1.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -59,39 +57,22 @@ _GEMV = Launcher(_gemv_kernel)
 
 
 @triton.jit
-def _splitk_kernel(x_ptr, w_ptr, p_ptr, r_ptr, g_ptr, s_ptr, sq_ptr, M, N, K, x_sm, w_sn, w_offset,
-                   SLICE: tl.constexpr, NORMED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
-    """partials[s] [M, N] float32: x's columns of slice s times the weight's. NORMED: the rows multiplied are
-    (x + residual) * (g + w_offset), the sum rounded to x's dtype first as the add-and-norm rounds it; the programs
-    of the first column block write that sum (s [M, K]) and each slice's float32 sum of its squares (sq [SPLITS,
-    M]), from which the reader of the partials finishes the norm (its 1 / rms scales a row's products)."""
+def _splitk_kernel(x_ptr, w_ptr, p_ptr, M, N, K, x_sm, w_sn, SLICE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    """partials[s] [M, N] float32: x's columns of slice s times the weight's."""
     await_inputs(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     r_mask, c_mask = rows < M, cols < N
-    writes = r_mask & (tl.program_id(0) == 0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(split * SLICE, split * SLICE + SLICE, BLOCK_K):  # SLICE is a multiple of BLOCK_K
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * x_sm + k[None, :], mask=r_mask[:, None], other=0.0)
-        if NORMED:
-            at = rows[:, None].to(tl.int64) * K + k[None, :]
-            s = (x.to(tl.float32) + tl.load(r_ptr + at, mask=r_mask[:, None], other=0.0).to(tl.float32))
-            s = s.to(x_ptr.dtype.element_ty)
-            tl.store(s_ptr + at, s, mask=writes[:, None])
-            sf = s.to(tl.float32)
-            squares += tl.sum(sf * sf, 1)
-            g = tl.load(g_ptr + k).to(tl.float32) + w_offset
-            x = (sf * g[None, :]).to(x_ptr.dtype.element_ty)
         w = tl.load(w_ptr + cols[None, :].to(tl.int64) * w_sn + k[:, None], mask=c_mask[None, :], other=0.0)
         acc = tl.dot(x, w, acc, input_precision=PRECISION)
     tl.store(p_ptr + (split * M + rows[:, None]).to(tl.int64) * N + cols[None, :], acc,
              mask=r_mask[:, None] & c_mask[None, :])
-    if NORMED:
-        tl.store(sq_ptr + split * M + rows, squares, mask=writes)
 
 
 @triton.jit
@@ -169,38 +150,20 @@ def linear_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y.view(*x.shape[:-1], n)
 
 
+def _splitk_launch(steps: int, block_n: int) -> dict[str, int]:
+    """The split-K GEMV's warps and pipeline stages for slices of `steps` BLOCK_K tiles: in 32-column blocks (the
+    folds' tile) a slice of 8 or more (the O projection of Qwen3-30B-A3B, 4096 columns in 4 slices) keeps four
+    tiles in flight on two warps, 6.5 against 7.2 µs a call; shorter slices (its QKV's 4 tiles) and wider blocks
+    keep 3 stages on 4 warps (7.2 against 7.4-8.0 for the QKV; benchmarks/reports/splitk_norm_variants_h200.md)."""
+    return dict(num_warps=2, num_stages=4) if steps >= 8 and block_n <= 32 else dict(num_warps=4, num_stages=3)
+
+
 def splitk_partials(x: torch.Tensor, weight: torch.Tensor, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """float32 partials [SPLITS, M, N] of x [M, K] @ weight [N, K]^T, K cut in SPLITS slices (`tile`: (SPLITS,
     BLOCK_N, BLOCK_K), SPLITK_TILE by default), for at most ROWS rows: summed in slice order (`summed_slices`) by
     the sum kernel of `linear_splitk`, or by a fused op's kernel that reads the projection's output."""
-    return _splitk(x, weight, tile or SPLITK_TILE, None)[0]
-
-
-class NormedInput(NamedTuple):
-    """What turns a split-K GEMV's rows into an add-and-norm's output: x + residual, RMS-normed with `weight`
-    (+ `weight_offset`)."""
-
-    residual: torch.Tensor
-    weight: torch.Tensor
-    weight_offset: float
-
-
-def splitk_normed_partials(x: torch.Tensor, norm: NormedInput, weight: torch.Tensor,
-                           tile: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The split-K GEMV of the add-and-norm of x [M, K] (`norm`), its 1 / rms left to the partials' reader:
-    (partials [SPLITS, M, N] of ((x + residual) * norm weight) @ weight^T, x + residual [M, K] in x's dtype,
-    float32 sums of its squares per slice [SPLITS, M]). A row's normed projection is its partials' sum times
-    rsqrt(sum of the squares / K + eps)."""
-    if norm.residual.shape != x.shape or norm.residual.dtype != x.dtype or norm.weight.shape != (x.shape[-1],):
-        raise ValueError(f"split-K add-and-norm: residual {tuple(norm.residual.shape)} {norm.residual.dtype} and "
-                         f"weight {tuple(norm.weight.shape)} do not fit x {tuple(x.shape)} {x.dtype}")
-    return _splitk(x, weight, tile, norm)
-
-
-def _splitk(x: torch.Tensor, weight: torch.Tensor, tile: tuple[int, int, int], norm: NormedInput | None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k, n = _check_shapes(x, weight, None)
-    splits, block_n, block_k = tile
+    splits, block_n, block_k = tile or SPLITK_TILE
     if k % (splits * block_k):
         raise ValueError(f"split-K GEMV: K = {k} is not a multiple of {splits} x {block_k}")
     x2, weight = _rows(x, weight, k)
@@ -208,19 +171,11 @@ def _splitk(x: torch.Tensor, weight: torch.Tensor, tile: tuple[int, int, int], n
     if m > ROWS:
         raise ValueError(f"the split-K GEMV takes at most {ROWS} rows, got {m}")
     partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    if norm is None:
-        residual = summed = squares = norm_weight = partials  # unread
-        offset = 0.0
-    else:
-        residual, norm_weight = norm.residual.reshape(m, k).contiguous(), norm.weight.contiguous()
-        summed = torch.empty((m, k), dtype=x.dtype, device=x.device)
-        squares = torch.empty((splits, m), dtype=torch.float32, device=x.device)
-        offset = float(norm.weight_offset)
     if m and n:
-        _SPLITK((triton.cdiv(n, block_n), splits), x2, weight, partials, residual, norm_weight, summed, squares, m, n,
-                k, x2.stride(0), weight.stride(0), offset, SLICE=k // splits, NORMED=norm is not None, BLOCK_M=ROWS,
-                BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(x.dtype), num_warps=4, num_stages=3)
-    return partials, summed, squares
+        _SPLITK((triton.cdiv(n, block_n), splits), x2, weight, partials, m, n, k, x2.stride(0), weight.stride(0),
+                SLICE=k // splits, BLOCK_M=ROWS, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(x.dtype),
+                **_splitk_launch(k // splits // block_k, block_n))
+    return partials
 
 
 def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,9 +9,7 @@ first call may come inside a CUDA-graph capture.
 `rope_store_kv_splitk` takes the QKV projection too (a decode step's few rows): the split-K GEMV writes its float32
 slices (gemv.splitk_partials) and this kernel sums them where it reads qkv, rounded to x's dtype as the sum kernel
 would, so no sum kernel runs between the projection and the prologue. Those reads are SPLITS x qkv's bytes, so its
-programs take PARTIAL_HEADS heads each, not 2048 // D. `fused_add_rms_norm_rope_store_kv_splitk` takes the
-add-and-norm before the projection as well: the GEMV multiplies the un-normed rows, and this kernel scales what it
-sums by the row's 1 / rms, which is linear in the projection (docs/layerzero-kernels.md).
+programs take PARTIAL_HEADS heads each, not 2048 // D.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import triton
 import triton.language as tl
 
 from layerzero.kernels.reference.rope_store_kv import check_projection, projected, split_heads
-from layerzero.kernels.triton.gemv import NormedInput, projected_at, splitk_normed_partials, splitk_partials, summed_slices
+from layerzero.kernels.triton.gemv import projected_at, splitk_partials
 from layerzero.kernels.triton.launch import Launcher, await_inputs, interpreting, last_dim_contiguous, next_pow2
 from layerzero.kernels.triton.rope import rope_angles
 from layerzero.kernels.triton.specs import FUSED_SPLITK_TILE
@@ -32,18 +30,6 @@ if interpreting():
     interpreter_fixes.install()
 
 PARTIAL_HEADS = 4  # heads a program takes from a projection's split-K partials
-
-
-@triton.jit
-def _qkv_at(p_ptr, offsets, mask, slice_stride, scale, SLICES: tl.constexpr, NORMED: tl.constexpr,
-            dtype: tl.constexpr):
-    """qkv at `offsets` as `projected_at` reads it or, NORMED, the partials' sum times the input norm's 1 / rms of
-    the row (the split-K GEMV multiplied the un-normed rows), rounded to `dtype` as the projection's output is."""
-    if NORMED:
-        rows = (summed_slices(p_ptr, offsets, mask, slice_stride, SLICES) * scale).to(dtype)
-    else:
-        rows = projected_at(p_ptr, offsets, mask, slice_stride, SLICES, dtype)
-    return rows
 
 
 @triton.jit
@@ -64,9 +50,6 @@ def _rope_store_kv_kernel(
     x_st,
     x_sh,
     x_slice,
-    sq_ptr,
-    sq_slice,
-    hidden,
     cos_st,
     sin_st,
     kc_sb,
@@ -78,7 +61,6 @@ def _rope_store_kv_kernel(
     eps,
     w_offset,
     SLICES: tl.constexpr,
-    NORMED: tl.constexpr,
     HAS_NORM: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -102,19 +84,13 @@ def _rope_store_kv_kernel(
     mask = (is_q | is_k)[:, None] & jm[None, :]
     k_mask = (slot >= 0) & is_k[:, None] & jm[None, :]
     dtype = out_ptr.dtype.element_ty  # qkv's, or with split-K partials the projection's
-    scale = 1.0
-    if NORMED:  # the input norm's 1 / rms of this token, from its slices' sums of squares
-        squares = tl.load(sq_ptr + t)
-        for sl in tl.static_range(1, SLICES):
-            squares += tl.load(sq_ptr + sl * sq_slice + t)
-        scale = 1.0 / tl.sqrt(squares / hidden + eps)
     x_at = t * x_st + heads[:, None] * x_sh
     v_at = x_at + n_kv_heads * x_sh  # v head h of the cache sits n_kv_heads heads after k head h in qkv
-    x1 = _qkv_at(qkv_ptr, x_at + i1[None, :], mask, x_slice, scale, SLICES, NORMED, dtype).to(tl.float32)
-    x2 = _qkv_at(qkv_ptr, x_at + i2[None, :], mask, x_slice, scale, SLICES, NORMED, dtype).to(tl.float32)
+    x1 = projected_at(qkv_ptr, x_at + i1[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
+    x2 = projected_at(qkv_ptr, x_at + i2[None, :], mask, x_slice, SLICES, dtype).to(tl.float32)
     # with q and k: loads after a store would wait for it
-    v1 = _qkv_at(qkv_ptr, v_at + i1[None, :], k_mask, x_slice, scale, SLICES, NORMED, dtype)
-    v2 = _qkv_at(qkv_ptr, v_at + i2[None, :], k_mask, x_slice, scale, SLICES, NORMED, dtype)
+    v1 = projected_at(qkv_ptr, v_at + i1[None, :], k_mask, x_slice, SLICES, dtype)
+    v2 = projected_at(qkv_ptr, v_at + i2[None, :], k_mask, x_slice, SLICES, dtype)
     if HAS_NORM:
         # rms_norm of each head row, rounded to the input dtype as the unfused norm's output is before rope
         rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
@@ -172,35 +148,12 @@ def rope_store_kv_splitk(
                    slot_mapping, q_norm_weight, k_norm_weight, num_heads, eps, weight_offset, interleaved)
 
 
-def fused_add_rms_norm_rope_store_kv_splitk(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, proj: torch.Tensor, cos: torch.Tensor,
-    sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None, *, num_heads: int,
-    eps: float, weight_offset: float, interleaved: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """lz.fused_add_rms_norm_rope_store_kv for a decode step's few tokens, two kernels: the split-K GEMV adds
-    residual to x and multiplies the sum by the norm's weight as it reads its slice of K (the first column block
-    writes the sum and each slice's sum of squares), and this prologue scales the summed slices by each token's
-    1 / rms before rounding them. No add-and-norm kernel and no sum kernel run before the attention."""
-    head_dim, heads = key_cache.shape[3], check_projection(x, proj, key_cache)
-    partials, summed, squares = splitk_normed_partials(x, NormedInput(residual, weight, weight_offset), proj,
-                                                       FUSED_SPLITK_TILE)
-    split_heads(partials[0].view(x.shape[0], heads, head_dim), key_cache, num_heads)
-    slices, tokens, n = partials.shape
-    q = _launch(partials, tokens, x.dtype, (n, head_dim, tokens * n, slices), cos, sin, key_cache, value_cache,
-                slot_mapping, q_norm_weight, k_norm_weight, num_heads, eps, weight_offset, interleaved, squares,
-                x.shape[1])
-    return q, summed
-
-
 def _launch(rows: torch.Tensor, n_tokens: int, dtype: torch.dtype, layout: tuple[int, int, int, int], cos: torch.Tensor,
             sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
             q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, num_heads: int, eps: float,
-            weight_offset: float, interleaved: bool, squares: torch.Tensor | None = None, hidden: int = 0
-            ) -> torch.Tensor:
+            weight_offset: float, interleaved: bool) -> torch.Tensor:
     """The prologue over `rows` of n_tokens: qkv in `dtype`, or a projection's split-K partials; `layout`: (token
-    stride, head stride, slice stride, slices), slices 0 for qkv. With `squares` [slices, T] the partials are of
-    un-normed rows of `hidden` columns, whose norm the kernel finishes (`splitk_normed_partials`)."""
+    stride, head stride, slice stride, slices), slices 0 for qkv."""
     head_dim, (token_stride, head_stride, slice_stride, slices) = key_cache.shape[3], layout
     n_kv_heads, half = key_cache.shape[2], head_dim // 2
     if head_dim % 2 or cos.shape != (n_tokens, half) or sin.shape != (n_tokens, half):
@@ -239,9 +192,6 @@ def _launch(rows: torch.Tensor, n_tokens: int, dtype: torch.dtype, layout: tuple
         token_stride,
         head_stride,
         slice_stride,
-        rows if squares is None else squares,
-        n_tokens,
-        hidden,
         cos.stride(0),
         sin.stride(0),
         key_cache.stride(0),
@@ -253,7 +203,6 @@ def _launch(rows: torch.Tensor, n_tokens: int, dtype: torch.dtype, layout: tuple
         float(eps),
         float(weight_offset),
         SLICES=slices,
-        NORMED=squares is not None,
         HAS_NORM=has_norm,
         INTERLEAVED=interleaved,
         BLOCK_H=block_h,

@@ -298,17 +298,6 @@ def _folded_projection(ctx: SelectionContext) -> list[Reason]:
     return reasons
 
 
-def _normed_projection(ctx: SelectionContext) -> list[Reason]:
-    """The add-and-norm folded into the split-K GEMV's reads: `_folded_projection`, and a stream (the residual) in
-    x's dtype, which the GEMV writes the sum in."""
-    reasons = _folded_projection(ctx)
-    residual = ctx.param("residual_dtype")
-    if ctx.dtype is not None and residual != str(ctx.dtype).removeprefix("torch."):
-        reasons.append(Reason(R.CONSTRAINT_FAILED, f"a {residual} residual stream under {ctx.dtype} rows: the "
-                                                   "split-K GEMV writes the sum in the rows' dtype"))
-    return reasons
-
-
 def _reduce_norm_splitk(ctx: SelectionContext) -> list[Reason]:
     return _reduce_norm_fits(ctx) + _folded_projection(ctx)
 
@@ -440,9 +429,6 @@ def kernel_specs() -> list[KernelSpec]:
                    priority=PRIORITY, head_dim_multiple=2, **common, **kv),
         KernelSpec("triton.rope_store_kv_splitk", "rope_store_kv", impl=_lazy("rope_kv", "rope_store_kv_splitk"),
                    priority=FOLD_PRIORITY, head_dim_multiple=2, check=_folded_projection, **common, **kv),
-        KernelSpec("triton.fused_add_rms_norm_rope_store_kv_splitk", "fused_add_rms_norm_rope_store_kv",
-                   impl=_lazy("rope_kv", "fused_add_rms_norm_rope_store_kv_splitk"), priority=FOLD_PRIORITY,
-                   head_dim_multiple=2, check=_normed_projection, **common, **kv),
         KernelSpec("triton.paged_attention", "paged_attention", impl=_lazy("paged_attention", "paged_attention"),
                    priority=PRIORITY, launch=_paged_launch, **attention, **kv),
         KernelSpec("triton.paged_prefill_attention", "paged_prefill_attention",

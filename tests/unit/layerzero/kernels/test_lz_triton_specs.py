@@ -14,7 +14,7 @@ from layerzero.select.context import SelectionContext
 OPS = {"rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "store_kv_cache", "rope_store_kv",
        "paged_attention", "paged_prefill_attention", "varlen_attention", "linear_w8", "linear_int4", "linear",
        "argmax", "fused_moe", "fused_moe_w8", "moe_route", "moe_gate", "lora_shrink", "lora_expand",
-       "all_reduce_add_rms_norm", "fused_add_rms_norm_router", "fused_moe_routed", "fused_add_rms_norm_rope_store_kv"}
+       "all_reduce_add_rms_norm", "fused_add_rms_norm_router", "fused_moe_routed"}
 
 
 # an op's further kernels, for a regime the first serves badly (the *_splitk ones: with the op's projection folded in)
@@ -28,18 +28,14 @@ SECOND_KERNELS = {"triton.fused_moe_decode": "fused_moe", "triton.moe_gate_decod
                   "triton.all_reduce_add_rms_norm_splitk": "all_reduce_add_rms_norm"}
 # ops whose only Triton kernel serves a few tokens (more take the torch backend's composition of their parts)
 DECODE_ONLY = {"fused_add_rms_norm_router", "fused_moe_routed"}
-# ops whose only Triton kernel folds a projection (more rows, or none to fold: the torch backend's composition)
-FOLD_ONLY = {"triton.fused_add_rms_norm_rope_store_kv_splitk": "fused_add_rms_norm_rope_store_kv"}
 
 
 def test_one_spec_per_kernel_family(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     got = specs.kernel_specs()
-    assert {s.op for s in got} == OPS
-    assert len(got) == len(OPS) - len(DECODE_ONLY) - len(FOLD_ONLY) + len(SECOND_KERNELS) + len(FOLD_ONLY)
+    assert {s.op for s in got} == OPS and len(got) == len(OPS) - len(DECODE_ONLY) + len(SECOND_KERNELS)
     for spec in got:
-        assert spec.kernel_id in (f"triton.{spec.op}",
-                                  *(k for k, op in (SECOND_KERNELS | FOLD_ONLY).items() if op == spec.op))
+        assert spec.kernel_id in (f"triton.{spec.op}", *(k for k, op in SECOND_KERNELS.items() if op == spec.op))
         assert spec.backend == "triton"
         assert spec.platforms == {"cuda"} and spec.graph_safe
         assert spec.dtypes == {torch.float16, torch.bfloat16, torch.float32}
@@ -144,22 +140,5 @@ def test_reduce_norm_folds_a_projection_of_the_split_k_sizes(rows, proj, fits):
                            tokens=rows, hidden=4096, params=(("proj_rows", proj[0] if proj else 0),
                                                              ("proj_columns", columns), ("proj_dtype", "bfloat16")))
     reasons = specs._reduce_norm_splitk(ctx)
-    assert (not reasons) is fits, reasons
-    assert all(r.code == R.CONSTRAINT_FAILED for r in reasons)
-
-
-@pytest.mark.parametrize(("rows", "residual", "fits"), [
-    (1, "bfloat16", True),
-    (8, "bfloat16", True),
-    (9, "bfloat16", False),  # more rows than the split-K GEMV takes
-    (1, "float32", False),  # a float32 stream under bf16 rows: the GEMV writes the sum in the rows' dtype
-])
-def test_input_norm_folds_into_a_qkv_projection_of_the_split_k_sizes(rows, residual, fits):
-    """Qwen3-30B-A3B's QKV weight (5120 x 2048, 20 MiB) takes the add-and-norm in its split-K GEMV's reads for a
-    decode step's few rows whose stream is in their dtype."""
-    ctx = SelectionContext(op="fused_add_rms_norm_rope_store_kv", device="cuda", platform="cuda", dtype=torch.bfloat16,
-                           tokens=rows, hidden=128, params=(("proj_rows", 5120), ("proj_columns", 2048),
-                                                            ("proj_dtype", "bfloat16"), ("residual_dtype", residual)))
-    reasons = specs._normed_projection(ctx)
     assert (not reasons) is fits, reasons
     assert all(r.code == R.CONSTRAINT_FAILED for r in reasons)
