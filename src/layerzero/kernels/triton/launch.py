@@ -13,7 +13,10 @@ previous one wrote, since the previous kernel lets its dependents launch only on
 decode down projection loads the expert ids the router wrote, and its first weight tile, while the gate+up kernel runs;
 `rope_kv.py` the step's rope rows and slots; `paged_attention.py` the context lengths, block tables and the keys and
 values of earlier steps). Writes still come after the wait. Each such read takes a memory round trip off the kernel's
-critical path (benchmarks/reports/moe_round_trips_h200.md). `LAYERZERO_TRITON_PDL=0` launches every kernel plainly.
+critical path (benchmarks/reports/moe_round_trips_h200.md). A program with nothing to do may also return before the
+wait, having read only such memory and written nothing, as long as some program of the kernel always waits, so the
+kernel's completion still implies its predecessors' (`paged_attention.py`'s splits past a sequence's keys; its split
+0 always waits). `LAYERZERO_TRITON_PDL=0` launches every kernel plainly.
 """
 
 from __future__ import annotations

@@ -64,6 +64,20 @@ def _online_softmax_step(q, k, v, p_mask, m_i, l_i, acc, qk_scale, PRECISION: tl
     return m_new, l_i, acc
 
 
+@triton.jit
+def _split_span(ctx, window, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(first visible key, keys a split takes, splits that hold keys) of a sequence of `ctx` keys: the visible keys
+    cut into num_splits chunks of whole BLOCK_N tiles, so only the first `used` hold any. The split count follows
+    the step's capacity (a graph's is its bucket's), so at a short context most splits are empty: their programs
+    return at once and the merge skips them."""
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
+    used = tl.cdiv(ctx - lo, tl.maximum(chunk, 1))
+    return lo, chunk, used
+
+
 # the block-table row length and the split count follow the batch: one binary for all of them (a new
 # specialization would compile in the middle of serving). The tile (`_tile`) follows the batch too, in three
 # variants: graph capture compiles them, and without graphs the warm-up's large decode groups do
@@ -109,10 +123,9 @@ def _paged_decode_kernel(
     b = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(ctx - window, 0)
-    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
+    lo, chunk, used = _split_span(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
+    if (split > 0) & (split >= used):
+        return  # past the keys: the merge reads `used` splits only (split 0 always runs and waits, launch.py)
     start = lo + split * chunk
     end = tl.minimum(start + chunk, ctx)
 
@@ -177,29 +190,37 @@ def _merge_splits_kernel(
     max_ptr,
     sum_ptr,
     out_ptr,
+    ctx_ptr,
+    window,
     head_dim,
     o_sb,
     o_sh,
     num_splits,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    await_inputs(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    # the context length (written at the step's start) before the wait; the splits that hold keys, as the kernel
+    # before cut them (BLOCK_N: its tile)
+    _, _, used = _split_span(tl.load(ctx_ptr + b), window, num_splits, HAS_WINDOW, BLOCK_N)
+    await_inputs(PDL)
     sp = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
     first = (b * tl.num_programs(1) + h) * num_splits
-    m = tl.load(max_ptr + first + sp, mask=sp < num_splits, other=float("-inf"))
+    held = sp < used
+    m = tl.load(max_ptr + first + sp, mask=held, other=float("-inf"))
     m_all = tl.max(m, axis=0)
     m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # every split empty: keep exp2 finite
     w = tl.exp2(m - m_all)  # 0 for an empty split or past the last
-    total = tl.sum(w * tl.load(sum_ptr + first + sp, mask=sp < num_splits, other=0.0), axis=0)
+    total = tl.sum(w * tl.load(sum_ptr + first + sp, mask=held, other=0.0), axis=0)
     # every split's partial in one load (a loop over splits waits for each one's round trip)
-    acc = tl.load(acc_ptr + (first + sp)[:, None] * head_dim + d[None, :],
-                  mask=(sp < num_splits)[:, None] & d_mask[None, :], other=0.0)
+    acc = tl.load(acc_ptr + (first + sp)[:, None] * head_dim + d[None, :], mask=held[:, None] & d_mask[None, :],
+                  other=0.0)
     o = tl.sum(w[:, None] * acc, axis=0)
     o = o / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + b * o_sb + h * o_sh + d, o.to(out_ptr.dtype.element_ty), mask=d_mask)
@@ -313,10 +334,14 @@ def paged_attention(
             row_max,
             row_sum,
             out,
+            context_lens,
+            sliding_window or 0,
             head_dim,
             out.stride(0),
             out.stride(1),
             splits,
+            HAS_WINDOW=sliding_window is not None,
+            BLOCK_N=block_n,
             BLOCK_S=next_pow2(splits),
             BLOCK_D=block_d,
             num_warps=4,
