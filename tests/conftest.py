@@ -1,10 +1,12 @@
-"""Shared pytest fixtures: paths of the bundled GGUF checkpoints; on CUDA, a fixed KV cache per engine."""
+"""Shared pytest fixtures: paths of the bundled GGUF checkpoints; on CUDA, a fixed KV cache per engine; NaN-filled
+fresh tensors, for kernels that must not read what they did not write."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from infer.loader.gguf_file import bundled_gemma3_270m, bundled_smollm2
 
@@ -62,3 +64,16 @@ def _fixed_cuda_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
         return float(2**30) if cuda and config.kv_cache_memory_gb is None else sized(config, model)
 
     monkeypatch.setattr(rank_runner, "kv_cache_bytes", fixed)
+
+
+@pytest.fixture
+def nan_fresh_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torch.empty` returns floating tensors filled with NaN (others as they come), so a kernel's read of a slot no
+    kernel wrote shows in its output."""
+    real_empty = torch.empty
+
+    def nan_empty(*shape, **kw):  # type: ignore[no-untyped-def]
+        out = real_empty(*shape, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", nan_empty)

@@ -253,20 +253,13 @@ def test_graph_capture_replay_paged_attention(splits):
 
 
 @pytest.mark.parametrize("window", [None, 100])
-def test_paged_attention_skips_empty_splits_in_a_graph(monkeypatch, window):
+def test_paged_attention_skips_empty_splits_in_a_graph(nan_fresh_tensors, window):
     """A batch-1 decode's capacity of 1,152 keys (18 splits) over contexts of 1-300 keys, as a short sequence meets a
     long max_seq_len: the splits past the keys return before their wait and write nothing (the partials start as NaN
     here), the merge reads only those that hold keys; replayed from a graph with new context lengths, no host sync."""
-    real_empty = torch.empty
-
-    def nan_empty(*shape, **kw):
-        out = real_empty(*shape, **kw)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
     heads, kv_heads, d, capacity = 32, 4, 128, 1152
     q, kc, vc, tables, ctx = _paged_inputs(1, heads, kv_heads, d, torch.bfloat16, capacity)
     ctx.fill_(193)
-    monkeypatch.setattr(torch, "empty", nan_empty)
 
     def run():
         return paged_attention.paged_attention(q, kc, vc, block_tables=tables, context_lens=ctx, scale=d**-0.5,
