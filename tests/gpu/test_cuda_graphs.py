@@ -15,6 +15,7 @@ from infer.loader.model_loader import load_model
 from infer.runners.step import StepInput, StepKind
 from infer.runners.strict_sync import SyncInStepError
 from infer.sampling.slots import SlotState
+from infer.runners import torch_runner
 from infer.runners.torch_runner import TorchRunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -69,6 +70,22 @@ def test_batches_above_the_largest_bucket_run_eagerly(checkpoint):
 def test_graph_stats_report_buckets_time_and_memory(checkpoint):
     stats = _engine(checkpoint, "cuda", graphs=(1, 2, 4)).runner.graph_stats  # type: ignore[attr-defined]
     assert stats.batch_sizes == (1, 2, 4) and stats.capture_seconds > 0 and stats.memory_bytes >= 0
+
+
+def test_short_context_graphs_replay_while_every_context_fits(checkpoint, monkeypatch):
+    """With a 16-key short bound for buckets of up to 2 rows: those buckets get a second graph each, replayed while
+    every row's context fits (prompts of 5 and 8 tokens), the capacity's graphs after; tokens equal the CPU's."""
+    monkeypatch.setattr(torch_runner, "SHORT_CONTEXT", 16)
+    monkeypatch.setattr(torch_runner, "SHORT_CONTEXT_ROWS", 2)
+    monkeypatch.setenv("INFER_STRICT_SYNC", "1")
+    engine = _engine(checkpoint, "cuda", graphs=(1, 2, 4))
+    runner = engine.runner
+    assert runner.short_graph_stats.batch_sizes == (1, 2)  # type: ignore[attr-defined]
+    replays: dict[str, list[int]] = {"short": [], "full": []}
+    for name, graphs in (("short", runner.short_graphs), ("full", runner.graphs)):  # type: ignore[attr-defined]
+        monkeypatch.setattr(graphs, "replay", lambda size, r=graphs.replay, n=name: replays[n].append(size) or r(size))
+    assert _generate(engine, 2, GREEDY) == _generate(_engine(checkpoint, "cpu"), 2, GREEDY)
+    assert replays["short"] and set(replays["short"]) <= {1, 2} and replays["full"], replays
 
 
 def test_strict_sync_passes_on_the_real_path(checkpoint, monkeypatch):

@@ -12,6 +12,13 @@ from infer.runners.cuda_graphs import CudaGraphs
 
 Graphs = CudaGraphs[int, torch.Tensor] | CpuDecodeGraphs
 
+# CUDA decode graphs of the smallest batches are captured twice: bound to the capacity and to SHORT_CONTEXT keys. The
+# decode attention cuts each sequence's keys into a split count fixed by the bound it was captured with, so a short
+# context replayed in a long capacity's graph launches mostly empty splits (docs/gpu.md). The CPU attention reads
+# only the keys a sequence has, whatever its bound: no second set there.
+SHORT_CONTEXT = 512
+SHORT_CONTEXT_ROWS = 4  # above this many rows the attention's split count hardly follows the bound
+
 
 def decode_graphs(forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...], device: torch.device,
                   model: nn.Module, pool: tuple[int, int] | None = None) -> Graphs:

@@ -5,7 +5,8 @@ fills meanwhile), without any host synchronization: inputs go up through pinned 
 sampling runs on the device from per-slot parameters written when a request joins (sampling/slots.py),
 and the sampled ids come back through a pinned slot that is read only when the engine asks for the
 result (the step boundary). Decode steps run from fixed buffers, through a CUDA
-graph when one is captured for the batch's bucket; so do prefill and mixed steps, by token bucket and
+graph when one is captured for the batch's bucket (for the smallest buckets, one bound to a short context while the
+rows' contexts fit it: runners/graphs.py); so do prefill and mixed steps, by token bucket and
 sequence slots (runners/prefill_graphs.py). With INFER_STRICT_SYNC=1 any other sync raises.
 With a probe bank, taps at the probed layers' `resid_post` fill its score buffer during the forward (and
 inside the graphs); the rows a step's requests asked for travel back with the sampled ids.
@@ -29,7 +30,7 @@ from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.cuda_graphs import GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.drafter import Drafter, Drafts
-from infer.runners.graphs import Graphs, decode_graphs
+from infer.runners.graphs import SHORT_CONTEXT, SHORT_CONTEXT_ROWS, Graphs, decode_graphs
 from infer.runners.prefill_buffers import PrefillBuffers, PrefillInputs, PrefillShape
 from infer.runners.prefill_graphs import PrefillGraphs, prefill_shapes
 from infer.runners.step import StepInput, StepKind, StepResult
@@ -150,6 +151,7 @@ class TorchRunner:
         self._next_readback = 0
         self.graphs: Graphs | None = None
         self.base_graphs: Graphs | None = None  # with LoRA: decode graphs of steps on the base model only
+        self.short_graphs: Graphs | None = None  # the smallest buckets' bound to SHORT_CONTEXT keys (graphs.py)
         self.prefill_graphs: PrefillGraphs | None = None
         pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill's, then decode's
         if shapes:
@@ -162,10 +164,17 @@ class TorchRunner:
             if lora is not None:  # a step whose rows run no adapter replays graphs without the LoRA ops
                 self.base_graphs = decode_graphs(partial(self._decode_logits, adapters=False), sizes, self.device,
                                                  self.model, pool)
+            short = tuple(s for s in sizes if s <= SHORT_CONTEXT_ROWS)
+            if self.device.type == "cuda" and lora is None and short and max_seq_len > SHORT_CONTEXT:
+                self.short_graphs = decode_graphs(self._short_decode_logits, short, self.device, self.model, pool)
 
     @property
     def graph_stats(self) -> GraphStats | None:
         return self.graphs.stats if self.graphs is not None else None
+
+    @property
+    def short_graph_stats(self) -> GraphStats | None:
+        return self.short_graphs.stats if self.short_graphs is not None else None
 
     @property
     def prefill_graph_stats(self) -> GraphStats | None:
@@ -313,12 +322,14 @@ class TorchRunner:
         if drafted is not None:  # row b * width + j holds draft j (rows past a sequence's drafts are padding)
             self.buffers.token_ids(rows.num_rows).view(n, width)[:, 1:].copy_(drafted)
         slots = self.buffers.sampling_slots(rows.num_rows)[::width]
+        longest = int(np.max(step.context_lens))
         graphs = self.graphs if self.base_graphs is None or self._adapters_in_step else self.base_graphs
+        if self.short_graphs is not None and longest <= SHORT_CONTEXT and bucket in self.short_graphs.sizes:
+            graphs = self.short_graphs
         if bucket is not None and graphs is not None:
             logits = graphs.replay(bucket)[: rows.num_rows]
         else:
-            logits = self._decode_logits(rows.num_rows, self._attention_bound(int(np.max(step.context_lens))),
-                                         self._adapters_in_step)
+            logits = self._decode_logits(rows.num_rows, self._attention_bound(longest), self._adapters_in_step)
         return (logits if step.drafts is None else logits.view(n, width, -1)), slots
 
     def _attention_bound(self, longest: int) -> int:
@@ -340,6 +351,10 @@ class TorchRunner:
         previous = self.last_tokens[view.prev_rows.clamp(min=0)]
         token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
         return self.model.head_logits(self.model(token_ids, view.batch))
+
+    def _short_decode_logits(self, rows: int) -> torch.Tensor:
+        """What a short-context graph captures: the decode forward with attention bound to SHORT_CONTEXT keys."""
+        return self._decode_logits(rows, SHORT_CONTEXT)
 
     # prefill and mixed steps -------------------------------------------------------------------
 

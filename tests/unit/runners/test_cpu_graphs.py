@@ -152,3 +152,12 @@ def test_while_a_forward_hook_is_registered_every_decode_step_runs_eagerly(tmp_p
         handle.remove()
     assert seen == [3] + [1] * 11  # the prefill, then every decode step
     assert llm.generate_ids([[5, 6, 7]], params)[0].token_ids == want  # and replays again once it is gone
+
+
+def test_cpu_runners_capture_no_short_context_graphs(tmp_path) -> None:
+    """Short-context decode graphs are CUDA's (runners/graphs.py): the native CPU attention loops over each row's own
+    keys, whatever the bound its recording holds."""
+    llm = LLM(str(save_tiny_with_tokenizer("llama", tmp_path)), max_seq_len=1024, max_batch_size=2, block_size=4,
+              kv_cache_memory_gb=0.01)
+    assert isinstance(llm.engine.runner.graphs, CpuDecodeGraphs) and llm.engine.runner.short_graphs is None
+    assert llm.engine.runner.short_graph_stats is None
