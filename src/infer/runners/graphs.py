@@ -17,7 +17,8 @@ Graphs = CudaGraphs[int, torch.Tensor] | CpuDecodeGraphs
 # context replayed in a long capacity's graph launches mostly empty splits (docs/gpu.md). The CPU attention reads
 # only the keys a sequence has, whatever its bound: no second set there.
 SHORT_CONTEXT = 512
-SHORT_CONTEXT_ROWS = 4  # above this many rows the attention's split count hardly follows the bound
+# above this many rows the split count hardly follows the bound (8 rows of 4+ KV heads split at most 9 ways)
+SHORT_CONTEXT_ROWS = 4
 
 
 def decode_graphs(forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...], device: torch.device,
