@@ -12,10 +12,10 @@ from infer.engine.config import EngineConfig
 from infer.build.in_process import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import load_model
+from infer.runners import torch_runner
 from infer.runners.step import StepInput, StepKind
 from infer.runners.strict_sync import SyncInStepError
 from infer.sampling.slots import SlotState
-from infer.runners import torch_runner
 from infer.runners.torch_runner import TorchRunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
