@@ -322,14 +322,16 @@ class TorchRunner:
         if drafted is not None:  # row b * width + j holds draft j (rows past a sequence's drafts are padding)
             self.buffers.token_ids(rows.num_rows).view(n, width)[:, 1:].copy_(drafted)
         slots = self.buffers.sampling_slots(rows.num_rows)[::width]
-        longest = int(np.max(step.context_lens))
         graphs = self.graphs if self.base_graphs is None or self._adapters_in_step else self.base_graphs
-        if self.short_graphs is not None and longest <= SHORT_CONTEXT and bucket in self.short_graphs.sizes:
+        # the bucket first: a step of more rows than the short graphs hold never scans its context lengths for it
+        if (self.short_graphs is not None and bucket in self.short_graphs.sizes
+                and int(np.max(step.context_lens)) <= SHORT_CONTEXT):
             graphs = self.short_graphs
         if bucket is not None and graphs is not None:
             logits = graphs.replay(bucket)[: rows.num_rows]
         else:
-            logits = self._decode_logits(rows.num_rows, self._attention_bound(longest), self._adapters_in_step)
+            logits = self._decode_logits(rows.num_rows, self._attention_bound(int(np.max(step.context_lens))),
+                                         self._adapters_in_step)
         return (logits if step.drafts is None else logits.view(n, width, -1)), slots
 
     def _attention_bound(self, longest: int) -> int:
