@@ -66,32 +66,48 @@ _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int3
 
 
 class Readback:
-    """Sampled ids (and, when asked, probe score rows) copied to pinned host memory inside the step; read once
-    at the step boundary."""
+    """Sampled ids (and, when asked, probe score rows) copied to pinned host memory after the step; read once at
+    the step boundary.
+
+    On CUDA the copies run on a stream of their own, ordered after the step's sampling: the next step's input upload
+    and graph, queued behind the sampling on the main stream, do not wait for them (a decode step's boundary is
+    shorter by the copy and its gap). The copied tensors stay referenced until `read()`, so the allocator cannot
+    hand their memory to the next step while a copy may still read it."""
 
     def __init__(self, device: torch.device, max_rows: int, score_shape: tuple[int, int] | None = None) -> None:
         self.cuda = device.type == "cuda"
         self.host = torch.empty(max_rows, dtype=torch.int64, pin_memory=self.cuda)
         self.scores_host = torch.empty(score_shape, dtype=torch.float32, pin_memory=self.cuda) if score_shape else None
         self.event = torch.cuda.Event() if self.cuda else None
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.rows = 0
         self.score_rows: int | None = None  # rows of scores queued with the ids (None: none this step)
+        self._sources: tuple[torch.Tensor, torch.Tensor | None] | None = None  # what the copies read, until read()
 
     def start(self, token_ids: torch.Tensor, scores: torch.Tensor | None = None) -> None:
         """Queue the copies (no sync); the caller must read() before reusing this slot."""
         self.rows = token_ids.shape[0]
-        self.host[: self.rows].copy_(token_ids, non_blocking=self.cuda)
         self.score_rows = None
+        if self.stream is None or self.event is None:
+            self._copy(token_ids, scores)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        self._sources = (token_ids, scores)
+        with torch.cuda.stream(self.stream):
+            self._copy(token_ids, scores)
+            self.event.record(self.stream)
+
+    def _copy(self, token_ids: torch.Tensor, scores: torch.Tensor | None) -> None:
+        self.host[: self.rows].copy_(token_ids, non_blocking=self.cuda)
         if scores is not None and self.scores_host is not None:
             self.score_rows = scores.shape[0]
             self.scores_host[: self.score_rows].copy_(scores, non_blocking=self.cuda)
-        if self.event is not None:
-            self.event.record()
 
     def read(self) -> list[int]:
         """Wait for the copies (the step's one host sync) and return the ids."""
         if self.event is not None:
             self.event.synchronize()
+        self._sources = None
         return self.host[: self.rows].tolist()
 
     def read_scores(self) -> np.ndarray | None:

@@ -12,6 +12,7 @@ from infer.engine.config import EngineConfig
 from infer.build.in_process import Engine
 from infer.kv.kv_manager import KVCacheManager
 from infer.loader.model_loader import load_model
+from infer.runners import graphs as graphs_module
 from infer.runners import torch_runner
 from infer.runners.step import StepInput, StepKind
 from infer.runners.strict_sync import SyncInStepError
@@ -72,20 +73,25 @@ def test_graph_stats_report_buckets_time_and_memory(checkpoint):
     assert stats.batch_sizes == (1, 2, 4) and stats.capture_seconds > 0 and stats.memory_bytes >= 0
 
 
-def test_short_context_graphs_replay_while_every_context_fits(checkpoint, monkeypatch):
-    """With a 16-key short bound for buckets of up to 2 rows: those buckets get a second graph each, replayed while
-    every row's context fits (prompts of 5 and 8 tokens), the capacity's graphs after; tokens equal the CPU's."""
-    monkeypatch.setattr(torch_runner, "SHORT_CONTEXT", 16)
+def test_short_context_graphs_replay_the_smallest_bound_that_fits(checkpoint, monkeypatch):
+    """Short bounds of 8 and 16 keys for buckets of up to 2 rows (a 256-key capacity; 200 does not halve it: no set):
+    those buckets get a graph per bound, and a step replays the smallest bound every row's context fits (a 5-token
+    prompt decodes at 6-8 keys, then 9-16, then in the capacity's graphs); tokens equal the CPU's, strict sync."""
+    monkeypatch.setattr(graphs_module, "SHORT_CONTEXTS", (8, 16, 200))
     monkeypatch.setattr(torch_runner, "SHORT_CONTEXT_ROWS", 2)
     monkeypatch.setenv("INFER_STRICT_SYNC", "1")
     engine = _engine(checkpoint, "cuda", graphs=(1, 2, 4))
     runner = engine.runner
-    assert runner.short_graph_stats.batch_sizes == (1, 2)  # type: ignore[attr-defined]
-    replays: dict[str, list[int]] = {"short": [], "full": []}
-    for name, graphs in (("short", runner.short_graphs), ("full", runner.graphs)):  # type: ignore[attr-defined]
+    stats = runner.short_graph_stats  # type: ignore[attr-defined]
+    assert {bound: s.batch_sizes for bound, s in stats.items()} == {8: (1, 2), 16: (1, 2)}
+    replays: dict[str, list[int]] = {"8": [], "16": [], "full": []}
+    sets = {"8": runner.short_graphs[8], "16": runner.short_graphs[16], "full": runner.graphs}  # type: ignore[attr-defined]
+    for name, graphs in sets.items():
         monkeypatch.setattr(graphs, "replay", lambda size, r=graphs.replay, n=name: replays[n].append(size) or r(size))
-    assert _generate(engine, 2, GREEDY) == _generate(_engine(checkpoint, "cpu"), 2, GREEDY)
-    assert replays["short"] and set(replays["short"]) <= {1, 2} and replays["full"], replays
+    cpu = _engine(checkpoint, "cpu")
+    for n in (1, 2):
+        assert _generate(engine, n, GREEDY) == _generate(cpu, n, GREEDY)
+    assert set(replays["8"]) == {1} and set(replays["16"]) == {1, 2} and replays["full"], replays
 
 
 def test_strict_sync_passes_on_the_real_path(checkpoint, monkeypatch):

@@ -32,8 +32,8 @@ class Clock:
 
 def runner_phases(runner: TorchRunner, seconds: float) -> None:
     """The runner's construction as its phases: the KV cache and buffers, then each kind of graph it captured."""
-    kinds = (("prefill", runner.prefill_graph_stats), ("decode", runner.graph_stats),
-             ("short-context decode", runner.short_graph_stats))
+    kinds = [("prefill", runner.prefill_graph_stats), ("decode", runner.graph_stats),
+             *((f"{bound}-key decode", stats) for bound, stats in runner.short_graph_stats.items())]
     graphs = [(kind, stats) for kind, stats in kinds if stats is not None and stats.batch_sizes]
     captured = sum(stats.capture_seconds for _, stats in graphs)
     kv_bytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in runner.kv_caches)

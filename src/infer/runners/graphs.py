@@ -12,11 +12,12 @@ from infer.runners.cuda_graphs import CudaGraphs
 
 Graphs = CudaGraphs[int, torch.Tensor] | CpuDecodeGraphs
 
-# CUDA decode graphs of the smallest batches are captured twice: bound to the capacity and to SHORT_CONTEXT keys. The
-# decode attention cuts each sequence's keys into a split count fixed by the bound it was captured with, so a short
-# context replayed in a long capacity's graph launches mostly empty splits (docs/gpu.md). The CPU attention reads
-# only the keys a sequence has, whatever its bound: no second set there.
-SHORT_CONTEXT = 512
+# CUDA decode graphs of the smallest batches are captured again for each bound in SHORT_CONTEXTS that at most halves
+# the capacity, and a step replays the smallest bound its longest context fits. The decode attention cuts each
+# sequence's keys into a split count fixed by the bound it was captured with, so a short context replayed in a long
+# capacity's graph launches mostly empty splits (docs/gpu.md). The CPU attention reads only the keys a sequence has,
+# whatever its bound: no second set there.
+SHORT_CONTEXTS = (256, 2048)
 # above this many rows the split count hardly follows the bound (8 rows of 4+ KV heads split at most 9 ways)
 SHORT_CONTEXT_ROWS = 4
 
@@ -31,3 +32,8 @@ def decode_graphs(forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...]
     if device.type == "cpu":
         return CpuDecodeGraphs(forward, sizes, model)
     raise ValueError(f"decode graphs need a CUDA device or the CPU; the model is on {device}")
+
+
+def short_bounds(capacity: int) -> tuple[int, ...]:
+    """The short-context bounds worth a graph set under a capacity of `capacity` keys: those that at most halve it."""
+    return tuple(b for b in SHORT_CONTEXTS if 2 * b <= capacity)

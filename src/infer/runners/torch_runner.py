@@ -30,7 +30,7 @@ from infer.models.forward_batch import ForwardBatch, cu_seqlens
 from infer.runners.cuda_graphs import GraphStats
 from infer.runners.decode_buffers import DecodeBuffers, DecodeRows
 from infer.runners.drafter import Drafter, Drafts
-from infer.runners.graphs import SHORT_CONTEXT, SHORT_CONTEXT_ROWS, Graphs, decode_graphs
+from infer.runners.graphs import SHORT_CONTEXT_ROWS, Graphs, decode_graphs, short_bounds
 from infer.runners.prefill_buffers import PrefillBuffers, PrefillInputs, PrefillShape
 from infer.runners.prefill_graphs import PrefillGraphs, prefill_shapes
 from infer.runners.step import StepInput, StepKind, StepResult
@@ -151,7 +151,8 @@ class TorchRunner:
         self._next_readback = 0
         self.graphs: Graphs | None = None
         self.base_graphs: Graphs | None = None  # with LoRA: decode graphs of steps on the base model only
-        self.short_graphs: Graphs | None = None  # the smallest buckets' bound to SHORT_CONTEXT keys (graphs.py)
+        # the smallest buckets' graphs again, by a bound on the keys shorter than the capacity (graphs.py), smallest first
+        self.short_graphs: dict[int, Graphs] = {}
         self.prefill_graphs: PrefillGraphs | None = None
         pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill's, then decode's
         if shapes:
@@ -165,16 +166,18 @@ class TorchRunner:
                 self.base_graphs = decode_graphs(partial(self._decode_logits, adapters=False), sizes, self.device,
                                                  self.model, pool)
             short = tuple(s for s in sizes if s <= SHORT_CONTEXT_ROWS)
-            if self.device.type == "cuda" and lora is None and short and max_seq_len > SHORT_CONTEXT:
-                self.short_graphs = decode_graphs(self._short_decode_logits, short, self.device, self.model, pool)
+            if self.device.type == "cuda" and lora is None and short:
+                self.short_graphs = {bound: decode_graphs(partial(self._decode_logits, max_context_len=bound), short,
+                                                          self.device, self.model, pool)
+                                     for bound in short_bounds(max_seq_len)}
 
     @property
     def graph_stats(self) -> GraphStats | None:
         return self.graphs.stats if self.graphs is not None else None
 
     @property
-    def short_graph_stats(self) -> GraphStats | None:
-        return self.short_graphs.stats if self.short_graphs is not None else None
+    def short_graph_stats(self) -> dict[int, GraphStats]:
+        return {bound: graphs.stats for bound, graphs in self.short_graphs.items()}
 
     @property
     def prefill_graph_stats(self) -> GraphStats | None:
@@ -323,10 +326,9 @@ class TorchRunner:
             self.buffers.token_ids(rows.num_rows).view(n, width)[:, 1:].copy_(drafted)
         slots = self.buffers.sampling_slots(rows.num_rows)[::width]
         graphs = self.graphs if self.base_graphs is None or self._adapters_in_step else self.base_graphs
-        # the bucket first: a step of more rows than the short graphs hold never scans its context lengths for it
-        if (self.short_graphs is not None and bucket in self.short_graphs.sizes
-                and int(np.max(step.context_lens)) <= SHORT_CONTEXT):
-            graphs = self.short_graphs
+        # the bucket first: a step of more rows than the short graphs hold never scans its context lengths for them
+        if self.short_graphs and bucket is not None and bucket <= SHORT_CONTEXT_ROWS:
+            graphs = self._short_graphs(int(np.max(step.context_lens)), graphs)
         if bucket is not None and graphs is not None:
             logits = graphs.replay(bucket)[: rows.num_rows]
         else:
@@ -354,9 +356,12 @@ class TorchRunner:
         token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
         return self.model.head_logits(self.model(token_ids, view.batch))
 
-    def _short_decode_logits(self, rows: int) -> torch.Tensor:
-        """What a short-context graph captures: the decode forward with attention bound to SHORT_CONTEXT keys."""
-        return self._decode_logits(rows, SHORT_CONTEXT)
+    def _short_graphs(self, longest: int, graphs: Graphs | None) -> Graphs | None:
+        """The graphs of the smallest short-context bound that `longest` keys fit, else `graphs`."""
+        for bound, short in self.short_graphs.items():
+            if longest <= bound:
+                return short
+        return graphs
 
     # prefill and mixed steps -------------------------------------------------------------------
 

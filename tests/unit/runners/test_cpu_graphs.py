@@ -159,5 +159,5 @@ def test_cpu_runners_capture_no_short_context_graphs(tmp_path) -> None:
     keys, whatever the bound its recording holds."""
     llm = LLM(str(save_tiny_with_tokenizer("llama", tmp_path)), max_seq_len=1024, max_batch_size=2, block_size=4,
               kv_cache_memory_gb=0.01)
-    assert isinstance(llm.engine.runner.graphs, CpuDecodeGraphs) and llm.engine.runner.short_graphs is None
-    assert llm.engine.runner.short_graph_stats is None
+    assert isinstance(llm.engine.runner.graphs, CpuDecodeGraphs) and llm.engine.runner.short_graphs == {}
+    assert llm.engine.runner.short_graph_stats == {}
