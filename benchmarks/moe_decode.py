@@ -169,6 +169,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--prefill", type=int, default=1024)
     parser.add_argument("--kv-gb", type=float, default=8.0)
+    parser.add_argument("--max-batch-size", type=int, default=None,
+                        help="the engine's max_batch_size (default: the largest of --batches)")
     parser.add_argument("--quantization", default="auto", choices=["auto", "fp8"],
                         help="fp8: projections, head and experts float8 e4m3 at load")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
@@ -209,7 +211,7 @@ def main() -> None:
     free(args.device)
     with tempfile.TemporaryDirectory() as root:
         llm = LLM(str(ms.write_model_dir(args.shape, Path(root))), load_format="dummy", dtype=args.dtype,
-                  device=args.device, max_batch_size=max(batches), kv_cache_memory_gb=args.kv_gb,
+                  device=args.device, max_batch_size=args.max_batch_size or max(batches), kv_cache_memory_gb=args.kv_gb,
                   max_seq_len=max(args.prompt_len + args.tokens, args.prefill) + 128, use_prefix_caching=False,
                   prefill_chunk_size=args.prefill, quantization=args.quantization)
         print(f"loaded in {llm.load_seconds:.1f} s", flush=True)

@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--graph", action="store_true", help="profile the replayed CUDA graph (critical path by kernel)")
     p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (the profile is rank 0's)")
+    p.add_argument("--max-batch-size", type=int, default=4, help="the engine's (moe_decode.py's headline: 256)")
+    p.add_argument("--max-seq-len", type=int, default=512, help="the engine's (moe_decode.py's headline: 1152)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     cfg = ms.model_config(args.shape)
@@ -74,7 +76,8 @@ def main() -> None:
     bound_s = ms.active_weight_bytes(cfg, ms.expected_experts(cfg, 1), 2) / bw / args.tp
     with tempfile.TemporaryDirectory() as root:
         llm = LLM(str(ms.write_model_dir(args.shape, Path(root))), load_format="dummy", dtype="bfloat16",
-                  max_batch_size=4, kv_cache_memory_gb=4.0, max_seq_len=512, use_cuda_graphs=args.graph,
+                  max_batch_size=args.max_batch_size, kv_cache_memory_gb=4.0, max_seq_len=args.max_seq_len,
+                  use_cuda_graphs=args.graph,
                   use_prefix_caching=False, tensor_parallel_size=args.tp)
         ids = prompt_ids(llm.runner.vocab_size, 128, seed=1)
         decode_once(llm, ids, 8)  # warm-up: compiles, selections

@@ -7,7 +7,8 @@
 # (before, after); MOE_AB_ENV: extra environment for a row "env" (the after tree with it); MOE_AB_PATCH: Python run
 # before the benchmark for a row "patch" (the before tree, or the after one without BEFORE_SRC), e.g.
 # "import layerzero.kernels.triton.paged_attention as m; m._MIN_TOKENS_PER_SPLIT = 4096"; MOE_AB_PATCH_<NAME>: more
-# such rows, one per variable, each named NAME; MOE_AB_TREES: more trees, a row each, named by their folders under
+# such rows, one per variable, each named NAME; MOE_AB_MAX_BATCH: the engines' max_batch_size (default: 1, the batch
+# measured; the headline run's engine takes 256); MOE_AB_TREES: more trees, a row each, named by their folders under
 # .ab_trees/ (each holds an edited copy of src, e.g. a kernel variant; git-ignored, carried). Usage (device tool,
 # carrying .whl and .ab_before):  BEFORE_SRC=.ab_before/src bash scripts/gpu_moe_ab.sh
 set -uo pipefail
@@ -18,11 +19,12 @@ if [ -n "${MOE_AB_TESTS:-}" ]; then
 fi
 run() {  # name, PYTHONPATH prefix, extra env, Python to run first
   env $3 PYTHONPATH="$2:tests:benchmarks:/tmp/site" timeout "${MOE_AB_S:-170}" python3 - "$4" "$out/moe_$1" \
-    "${MOE_AB_BATCHES:-1}" "${MOE_AB_PREFILL:-256}" > "$out/moe_$1.log" 2>&1 <<'PY'
+    "${MOE_AB_BATCHES:-1}" "${MOE_AB_PREFILL:-256}" "${MOE_AB_MAX_BATCH:-}" > "$out/moe_$1.log" 2>&1 <<'PY'
 import runpy, sys
 exec(sys.argv[1])
+most = ["--max-batch-size", sys.argv[5]] if sys.argv[5] else []
 sys.argv = ["moe_decode.py", "--batches", sys.argv[3], "--prefill", sys.argv[4], "--no-peer", "--repeats", "3",
-            "--out", sys.argv[2]]
+            "--out", sys.argv[2], *most]
 runpy.run_path("benchmarks/moe_decode.py", run_name="__main__")
 PY
   echo "$1: exit $? $(grep -E '^\| infer \(decode_once\)' "$out/moe_$1.log" | head -1)"
