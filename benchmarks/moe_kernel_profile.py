@@ -77,8 +77,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         llm = LLM(str(ms.write_model_dir(args.shape, Path(root))), load_format="dummy", dtype="bfloat16",
                   max_batch_size=args.max_batch_size, kv_cache_memory_gb=4.0, max_seq_len=args.max_seq_len,
-                  use_cuda_graphs=args.graph,
-                  use_prefix_caching=False, tensor_parallel_size=args.tp)
+                  use_cuda_graphs=args.graph, use_prefix_caching=False, tensor_parallel_size=args.tp)
         ids = prompt_ids(llm.runner.vocab_size, 128, seed=1)
         decode_once(llm, ids, 8)  # warm-up: compiles, selections
         llm.engine.add_request(ids, greedy(args.steps + 8))

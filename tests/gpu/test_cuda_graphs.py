@@ -85,7 +85,8 @@ def test_short_context_graphs_replay_the_smallest_bound_that_fits(checkpoint, mo
     stats = runner.short_graph_stats  # type: ignore[attr-defined]
     assert {bound: s.batch_sizes for bound, s in stats.items()} == {8: (1, 2), 16: (1, 2)}
     replays: dict[str, list[int]] = {"8": [], "16": [], "full": []}
-    sets = {"8": runner.short_graphs[8], "16": runner.short_graphs[16], "full": runner.graphs}  # type: ignore[attr-defined]
+    short = runner.short_graphs  # type: ignore[attr-defined]
+    sets = {"8": short[8], "16": short[16], "full": runner.graphs}  # type: ignore[attr-defined]
     for name, graphs in sets.items():
         monkeypatch.setattr(graphs, "replay", lambda size, r=graphs.replay, n=name: replays[n].append(size) or r(size))
     cpu = _engine(checkpoint, "cpu")

@@ -151,7 +151,7 @@ class TorchRunner:
         self._next_readback = 0
         self.graphs: Graphs | None = None
         self.base_graphs: Graphs | None = None  # with LoRA: decode graphs of steps on the base model only
-        # the smallest buckets' graphs again, by a bound on the keys shorter than the capacity (graphs.py), smallest first
+        # the smallest buckets' graphs again, by a key bound below the capacity (graphs.py), smallest first
         self.short_graphs: dict[int, Graphs] = {}
         self.prefill_graphs: PrefillGraphs | None = None
         pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None  # prefill's, then decode's
