@@ -6,6 +6,11 @@ token from the previous step's device output, and the rows' sampling slots) live
 The host writes the next step into one of two pinned staging buffers (double buffering: a buffer is
 rewritten only after the step that used it has been read back) and one asynchronous copy moves it.
 Rows past the live batch are padding: slot -1 (the KV store skips it) and context length 0.
+
+The layout follows the step's padded row count (its graph bucket): a bucket of r rows packs its inputs into the
+buffer's first bytes, so a batch-1 step uploads ~350 bytes whatever max_batch is. A layout laid out for max_batch
+rows made a 1-row step copy 13 KiB at 256 rows, which the device ran ~13 µs slower (a copy-engine transfer and its
+hand-off to the graph, against an inline copy: docs/gpu.md). Each bucket's graph reads its own layout's addresses.
 """
 
 from __future__ import annotations
@@ -58,32 +63,54 @@ class DecodeView:
     batch: ForwardBatch
 
 
+class _Layout(NamedTuple):
+    """Byte offsets of a `rows`-row step's inputs: int64 [6, stride], context lengths, block tables; every section
+    and every int64 row starts 16-byte aligned (Triton specializes a pointer on it)."""
+
+    stride: int  # int64 elements per int row: rows rounded up to 2
+    ctx: int
+    tables: int
+    end: int
+
+    @classmethod
+    def of(cls, rows: int, max_blocks: int) -> _Layout:
+        stride = rows + rows % 2
+        ctx = len(_INT64_ROWS) * stride * 8
+        tables = ctx + -(-rows * 4 // 16) * 16
+        return cls(stride, ctx, tables, tables + rows * max_blocks * 4)
+
+
 class DecodeBuffers:
     def __init__(self, device: torch.device, max_batch: int, max_blocks: int, max_context_len: int) -> None:
         self.device, self.max_batch, self.max_blocks = device, max_batch, max_blocks
         self.max_context_len = max_context_len
-        self._int64_bytes = len(_INT64_ROWS) * max_batch * 8
-        self._ctx_bytes = max_batch * 4
-        total = self._int64_bytes + self._ctx_bytes + max_batch * max_blocks * 4
+        total = _Layout.of(max_batch, max_blocks).end
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(total, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
-        self._tables_written: list[list[list[int]]] = [[], []]  # per staging buffer: the table each row holds
+        # per staging buffer: the row count of the layout it holds and the table each of its rows holds
+        self._staged_rows = [0, 0]
+        self._tables_written: list[list[list[int]]] = [[], []]
         self._next = 0
-        self._device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)  # context lengths 0
+        self._rows = max_batch  # the layout of the last fill (what token_ids and sampling_slots read)
+        self._device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
         self._cu = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
-        ints = self._views(self._device_bytes, max_batch)[0]
-        ints.copy_(torch.from_numpy(_PADDING).expand_as(ints))
 
     def _views(self, raw: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(int64 [5, max_batch], context_lens [rows], block_tables [rows, max_blocks]) over raw bytes."""
-        ints = raw[: self._int64_bytes].view(torch.int64).view(len(_INT64_ROWS), self.max_batch)
-        ctx = raw[self._int64_bytes : self._int64_bytes + self._ctx_bytes].view(torch.int32)[:rows]
-        start = self._int64_bytes + self._ctx_bytes
-        tables = raw[start : start + rows * self.max_blocks * 4].view(torch.int32).view(rows, self.max_blocks)
+        """(int64 [6, rows], context_lens [rows], block_tables [rows, max_blocks]) of the `rows`-row layout."""
+        at = _Layout.of(rows, self.max_blocks)
+        ints = raw[: at.ctx].view(torch.int64).view(len(_INT64_ROWS), at.stride)[:, :rows]
+        ctx = raw[at.ctx : at.ctx + rows * 4].view(torch.int32)
+        tables = raw[at.tables : at.end].view(torch.int32).view(rows, self.max_blocks)
         return ints, ctx, tables
 
+    def pad(self, rows: int) -> None:
+        """Make the device's `rows`-row layout all padding (before a graph's warm-up runs the forward on it)."""
+        ints, ctx, _ = self._views(self._device_bytes, rows)
+        ints.copy_(torch.from_numpy(_PADDING).expand_as(ints))
+        ctx.zero_()
+
     def view(self, kv_caches: list[KVCache], rows: int, max_context_len: int | None = None) -> DecodeView:
-        """The device buffers' first `rows` rows; the same tensors (addresses) every call.
+        """The device buffers' `rows`-row layout (what a fill for `rows` wrote); the same addresses every call.
 
         max_context_len bounds the attention's work: a captured graph must take the buffers' capacity
         (it serves every later step), an eager step passes its own longest context.
@@ -105,12 +132,13 @@ class DecodeBuffers:
                           lora_ids=ints[5, :rows], batch=batch)
 
     def token_ids(self, rows: int) -> torch.Tensor:
-        """The device view of the first `rows` rows' token ids (written in place after a fill: drafter drafts)."""
-        return self._views(self._device_bytes, rows)[0][0, :rows]
+        """The device view of the last fill's first `rows` rows' token ids (written in place after a fill: drafter
+        drafts)."""
+        return self._views(self._device_bytes, self._rows)[0][0, :rows]
 
     def sampling_slots(self, rows: int) -> torch.Tensor:
-        """The device view of the first `rows` rows' sampling slots."""
-        return self._views(self._device_bytes, rows)[0][4, :rows]
+        """The device view of the last fill's first `rows` rows' sampling slots."""
+        return self._views(self._device_bytes, self._rows)[0][4, :rows]
 
     def fill(self, step: DecodeRows, rows: int, lora_ids: np.ndarray | None = None) -> None:
         """Write `step`'s rows (padded to `rows`) and their LoRA adapter slots (None: none) into the device buffers:
@@ -119,7 +147,11 @@ class DecodeBuffers:
         if not n <= rows <= self.max_batch:
             raise ValueError(f"decode batch of {n} rows padded to {rows} rows; the buffers hold {self.max_batch}")
         staging, written = self._staging[self._next], self._tables_written[self._next]
+        if self._staged_rows[self._next] != rows:  # another layout: the rows' tables sit elsewhere
+            written.clear()
+            self._staged_rows[self._next] = rows
         self._next ^= 1
+        self._rows = rows
         ints, ctx, tables = (t.numpy() for t in self._views(staging, rows))
         ints[:, n:rows] = _PADDING
         ctx[n:rows] = 0
@@ -150,6 +182,10 @@ class DecodeBuffers:
             written[i] = table
         self._copy(staging, rows)
 
+    def upload_bytes(self, rows: int) -> int:
+        """The bytes a fill for `rows` rows copies to the device."""
+        return _Layout.of(rows, self.max_blocks).end
+
     def _copy(self, staging: torch.Tensor, rows: int) -> None:
-        used = self._int64_bytes + self._ctx_bytes + rows * self.max_blocks * 4
+        used = self.upload_bytes(rows)
         self._device_bytes[:used].copy_(staging[:used], non_blocking=self.device.type == "cuda")

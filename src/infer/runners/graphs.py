@@ -23,12 +23,14 @@ SHORT_CONTEXT_ROWS = 4
 
 
 def decode_graphs(forward: Callable[[int], torch.Tensor], sizes: tuple[int, ...], device: torch.device,
-                  model: nn.Module, pool: tuple[int, int] | None = None) -> Graphs:
+                  model: nn.Module, pool: tuple[int, int] | None = None,
+                  pad: Callable[[int], None] | None = None) -> Graphs:
     """Graphs of `forward` (`model`'s decode forward over fixed buffers, by padded batch size) for each size in
-    `sizes`; on CUDA in `pool` when given (the runner's prefill graphs share it)."""
+    `sizes`; on CUDA in `pool` when given (the runner's prefill graphs share it), `pad(size)` making the buffers
+    all padding before a size's warm-up and capture run the forward (the CPU records a step's real inputs)."""
     if device.type == "cuda":
         with torch.inference_mode():
-            return CudaGraphs(forward, sizes, device, pool)
+            return CudaGraphs(forward, sizes, device, pool, pad)
     if device.type == "cpu":
         return CpuDecodeGraphs(forward, sizes, model)
     raise ValueError(f"decode graphs need a CUDA device or the CPU; the model is on {device}")

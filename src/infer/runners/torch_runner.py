@@ -161,14 +161,15 @@ class TorchRunner:
             if max(graph_batch_sizes) > self.decode_rows:
                 raise ValueError(f"graph batch sizes {graph_batch_sizes} exceed the {self.decode_rows} rows of a decode step")
             sizes = tuple(sorted(graph_batch_sizes))
-            self.graphs = decode_graphs(self._decode_logits, sizes, self.device, self.model, pool)
+            pad = self.buffers.pad
+            self.graphs = decode_graphs(self._decode_logits, sizes, self.device, self.model, pool, pad)
             if lora is not None:  # a step whose rows run no adapter replays graphs without the LoRA ops
                 self.base_graphs = decode_graphs(partial(self._decode_logits, adapters=False), sizes, self.device,
-                                                 self.model, pool)
+                                                 self.model, pool, pad)
             short = tuple(s for s in sizes if s <= SHORT_CONTEXT_ROWS)
             if self.device.type == "cuda" and lora is None and short:
                 self.short_graphs = {bound: decode_graphs(partial(self._decode_logits, max_context_len=bound), short,
-                                                          self.device, self.model, pool)
+                                                          self.device, self.model, pool, pad)
                                      for bound in short_bounds(max_seq_len)}
 
     @property

@@ -50,3 +50,30 @@ def test_buffers_hold_each_step_exactly(steps: list[list[list[int]]], seed: int)
         assert view.batch.context_lens.tolist() == step.context_lens + [0] * (rows - n)
         for i, table in enumerate(step.block_tables):
             assert view.batch.block_tables[i, : len(table)].tolist() == table
+
+
+def test_a_small_step_uploads_only_its_own_layout() -> None:
+    """A 1-row step's inputs sit in the buffer's first bytes, laid out alike whatever max_batch is: its copy does
+    not grow with max_batch (the copy is what a decode step waits for at its boundary)."""
+    small = DecodeBuffers(torch.device("cpu"), 1, MAX_BLOCKS, MAX_BLOCKS * 4)
+    large = DecodeBuffers(torch.device("cpu"), 256, MAX_BLOCKS, MAX_BLOCKS * 4)
+    assert small.upload_bytes(1) == large.upload_bytes(1) == 6 * 2 * 8 + 16 + MAX_BLOCKS * 4
+    step = decode_step([[1, 2]], random.Random(0))
+    for buffers in (small, large):
+        buffers.fill(DecodeRows.of(step), 1)
+        assert buffers.view([], 1).token_ids.tolist() == step.token_ids
+    assert torch.equal(small._device_bytes, large._device_bytes[: small._device_bytes.numel()])
+
+
+def test_pad_makes_a_layout_all_padding() -> None:
+    """Before a graph's warm-up runs the forward on the buffers, every row of its layout is padding: KV slot -1
+    (the store skips it), context length 0, token ids from token_ids (prev_rows -1)."""
+    buffers = DecodeBuffers(torch.device("cpu"), MAX_BATCH, MAX_BLOCKS, MAX_BLOCKS * 4)
+    buffers.fill(DecodeRows.of(decode_step([[1]] * MAX_BATCH, random.Random(1))), MAX_BATCH)
+    for rows in (1, 3, MAX_BATCH):
+        buffers.pad(rows)
+        view = buffers.view([], rows)
+        assert view.batch.slot_mapping.tolist() == [-1] * rows
+        assert view.prev_rows.tolist() == [-1] * rows
+        assert view.lora_ids.tolist() == [-1] * rows
+        assert view.batch.context_lens.tolist() == [0] * rows
