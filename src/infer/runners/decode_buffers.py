@@ -8,9 +8,9 @@ rewritten only after the step that used it has been read back) and one asynchron
 Rows past the live batch are padding: slot -1 (the KV store skips it) and context length 0.
 
 The layout follows the step's padded row count (its graph bucket): a bucket of r rows packs its inputs into the
-buffer's first bytes, so a batch-1 step uploads ~350 bytes whatever max_batch is. A layout laid out for max_batch
-rows made a 1-row step copy 13 KiB at 256 rows, which the device ran ~13 µs slower (a copy-engine transfer and its
-hand-off to the graph, against an inline copy: docs/gpu.md). Each bucket's graph reads its own layout's addresses.
+buffer's first bytes, so a batch-1 step uploads a few hundred bytes whatever max_batch is. Laid out for max_batch rows,
+a 1-row step copied 13 KiB at 256 rows, which cost the step boundary ~13 µs (docs/gpu.md). Each bucket's graph reads
+its own layout's addresses.
 """
 
 from __future__ import annotations
