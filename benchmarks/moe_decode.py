@@ -205,7 +205,7 @@ def main() -> None:
         bound = batch * bw / step_bytes
         row("decode", {"engine": engine, "batch": batch, "experts_read": experts, "step_bytes": step_bytes,
                        "bound_tok_s": bound, "tok_s": rate, "fraction": rate / bound},
-            f"| {engine} | {batch} | {experts:.1f} | {bound:.0f} | {rate:.1f} | {rate / bound:.2f} |")
+            f"| {engine} | {batch} | {experts:.1f} | {bound:.0f} | {rate:.1f} | {rate / bound:.3f} |")
 
     moe_rate, moe_s = moe_flop_rate(cfg, args.prefill, args.device, dtype, fp8)
     free(args.device)

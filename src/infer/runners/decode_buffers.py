@@ -1,8 +1,10 @@
 """Fixed-address device inputs of a decode step, filled in place from pinned host staging with one copy.
 
 CUDA graphs replay kernels with the pointers they were captured with, so every per-step input of a
-decode step (token ids, positions, KV slots, context lengths, block tables, which rows take their
-token from the previous step's device output, and the rows' sampling slots) lives in one device byte buffer with typed views.
+decode step (token ids, positions, KV slots, context lengths, block tables, where each row's input token sits, and
+the rows' sampling slots) lives in one device byte buffer with typed views. The previous step's sampled ids live in
+the same buffer (`last_tokens`, written on the device), so a row's input token is one gather from either: its own
+id, uploaded, or the id the previous step sampled for its sequence, which the host has not read yet.
 The host writes the next step into one of two pinned staging buffers (double buffering: a buffer is
 rewritten only after the step that used it has been read back) and one asynchronous copy moves it.
 Rows past the live batch are padding: slot -1 (the KV store skips it) and context length 0.
@@ -24,10 +26,11 @@ import torch
 from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.runners.step import Ints, StepInput
 
-_INT64_ROWS = ("token_ids", "positions", "slot_mapping", "prev_rows", "sampling_slots", "lora_ids")
-# A padding row: token 0 at position 0, KV slot -1 (the KV store skips it), prev_rows -1 (take token_ids),
-# sampling slot 0 (padding rows are never sampled), no LoRA adapter.
-_PADDING = np.array([[0], [0], [-1], [-1], [0], [-1]], dtype=np.int64)
+_INT64_ROWS = ("token_ids", "positions", "slot_mapping", "sources", "sampling_slots", "lora_ids")
+_SOURCES = _INT64_ROWS.index("sources")
+# A padding row: token 0 at position 0, KV slot -1 (the KV store skips it), sampling slot 0 (padding rows are never
+# sampled), no LoRA adapter; its source (its own token id) depends on the row, written apart.
+_PADDING = np.array([[0], [0], [-1], [0], [0], [-1]], dtype=np.int64)
 
 
 class DecodeRows(NamedTuple):
@@ -56,11 +59,15 @@ class DecodeRows(NamedTuple):
 class DecodeView:
     """The first `rows` rows of the buffers as a model input."""
 
-    token_ids: torch.Tensor  # [rows] int64 (valid where prev_rows < 0)
-    prev_rows: torch.Tensor  # [rows] int64: row of the previous step's sampled ids, or -1
+    tokens: torch.Tensor  # the whole buffer as int64: the rows' own token ids and the previous step's sampled ids
+    sources: torch.Tensor  # [rows] int64: where in `tokens` each row's input token sits
     sampling_slots: torch.Tensor  # [rows] int64: each row's slot of sampling state
     lora_ids: torch.Tensor  # [rows] int64: each row's LoRA adapter slot, or -1
     batch: ForwardBatch
+
+    def input_ids(self) -> torch.Tensor:
+        """The rows' input token ids [rows] on the device: one gather (queued, not read)."""
+        return self.tokens[self.sources]
 
 
 class _Layout(NamedTuple):
@@ -84,15 +91,20 @@ class DecodeBuffers:
     def __init__(self, device: torch.device, max_batch: int, max_blocks: int, max_context_len: int) -> None:
         self.device, self.max_batch, self.max_blocks = device, max_batch, max_blocks
         self.max_context_len = max_context_len
-        total = _Layout.of(max_batch, max_blocks).end
+        staged = _Layout.of(max_batch, max_blocks).end
+        carried_at = -(-staged // 16) * 16  # the sampled ids' bytes, past every layout (never uploaded)
         pinned = device.type == "cuda"
-        self._staging = [torch.zeros(total, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+        self._staging = [torch.zeros(staged, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
         # per staging buffer: the row count of the layout it holds and the table each of its rows holds
         self._staged_rows = [0, 0]
         self._tables_written: list[list[list[int]]] = [[], []]
         self._next = 0
         self._rows = max_batch  # the layout of the last fill (what token_ids and sampling_slots read)
-        self._device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
+        self._device_bytes = torch.zeros(carried_at + max_batch * 8, dtype=torch.uint8, device=device)
+        self._tokens = self._device_bytes.view(torch.int64)
+        self._carried = carried_at // 8
+        # per sequence row of a step: the id it sampled, where the next step's rows that continue it read their input
+        self.last_tokens = self._tokens[self._carried :]
         self._cu = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
 
     def _views(self, raw: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -107,6 +119,7 @@ class DecodeBuffers:
         """Make the device's `rows`-row layout all padding (before a graph's warm-up runs the forward on it)."""
         ints, ctx, _ = self._views(self._device_bytes, rows)
         ints.copy_(torch.from_numpy(_PADDING).expand_as(ints))
+        ints[_SOURCES].copy_(torch.arange(rows))
         ctx.zero_()
 
     def view(self, kv_caches: list[KVCache], rows: int, max_context_len: int | None = None) -> DecodeView:
@@ -128,8 +141,8 @@ class DecodeBuffers:
             slot_mapping=ints[2, :rows],
             kv_caches=kv_caches,
         )
-        return DecodeView(token_ids=ints[0, :rows], prev_rows=ints[3, :rows], sampling_slots=ints[4, :rows],
-                          lora_ids=ints[5, :rows], batch=batch)
+        return DecodeView(tokens=self._tokens, sources=ints[_SOURCES], sampling_slots=ints[4], lora_ids=ints[5],
+                          batch=batch)
 
     def token_ids(self, rows: int) -> torch.Tensor:
         """The device view of the last fill's first `rows` rows' token ids (written in place after a fill: drafter
@@ -158,7 +171,10 @@ class DecodeBuffers:
         ints[0, :n] = step.token_ids
         ints[1, :n] = step.positions
         ints[2, :n] = step.slot_mapping
-        ints[3, :n] = step.prev_rows
+        # a row's input: the id its sequence sampled last step (prev_rows >= 0), else its own (row 0 starts at byte 0)
+        prev = np.asarray(step.prev_rows, dtype=np.int64)
+        ints[_SOURCES, :n] = np.where(prev >= 0, self._carried + prev, np.arange(n))
+        ints[_SOURCES, n:rows] = np.arange(n, rows)
         ints[4, :n] = step.sampling_slots
         ints[5, :n] = -1 if lora_ids is None else lora_ids
         ctx[:n] = step.context_lens

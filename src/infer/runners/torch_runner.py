@@ -143,7 +143,7 @@ class TorchRunner:
         largest = PrefillShape(max(s.tokens for s in shapes), max(s.seqs for s in shapes)) if shapes else None
         self.prefill_buffers = PrefillBuffers(self.device, self.kv_caches, max_blocks, max_seq_len, largest)
         self.sampling_slots = SamplingSlots(max_batch_size, cfg.vocab_size, self.device)
-        self.last_tokens = torch.zeros(max(max_batch_size, 1), dtype=torch.int64, device=self.device)
+        self.last_tokens = self.buffers.last_tokens[: max(max_batch_size, 1)]  # the sampled ids decode rows read
         scores = (probes.scores.shape[0] + max_batch_size, probes.scores.shape[1]) if probes is not None else None
         # one per step in flight; a verify step reads back max_drafts + 1 tokens and a count per row
         readback_rows = max_batch_size * (max_drafts + 2 if max_drafts else 1)
@@ -353,9 +353,7 @@ class TorchRunner:
         view = self.buffers.view(self.kv_caches, rows, max_context_len)
         if self.lora is not None and adapters:
             view.batch.lora_ids = view.lora_ids
-        previous = self.last_tokens[view.prev_rows.clamp(min=0)]
-        token_ids = torch.where(view.prev_rows >= 0, previous, view.token_ids)
-        return self.model.head_logits(self.model(token_ids, view.batch))
+        return self.model.head_logits(self.model(view.input_ids(), view.batch))
 
     def _short_graphs(self, longest: int, graphs: Graphs | None) -> Graphs | None:
         """The graphs of the smallest short-context bound that `longest` keys fit, else `graphs`."""

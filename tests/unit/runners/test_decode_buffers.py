@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import torch
 from hypothesis import given, settings
@@ -39,11 +40,14 @@ def test_buffers_hold_each_step_exactly(steps: list[list[list[int]]], seed: int)
     for tables in steps:
         step = decode_step(tables, rng)
         rows = rng.randint(step.num_seqs, MAX_BATCH)
+        sampled = [rng.randrange(1000, 2000) for _ in range(MAX_BATCH)]  # what the previous step sampled
+        buffers.last_tokens.copy_(torch.tensor(sampled))
         buffers.fill(DecodeRows.of(step), rows)
         view = buffers.view([], rows)
         n = step.num_seqs
-        assert view.token_ids[:n].tolist() == step.token_ids
-        assert view.prev_rows[:n].tolist() == step.prev_rows
+        assert step.prev_rows is not None
+        inputs = [sampled[p] if p >= 0 else t for t, p in zip(step.token_ids, step.prev_rows)]
+        assert view.input_ids().tolist() == inputs + [0] * (rows - n)  # padding rows: token 0
         assert view.sampling_slots[:n].tolist() == buffers.sampling_slots(n).tolist() == step.sampling_slots
         assert view.batch.positions[:n].tolist() == step.positions
         assert view.batch.slot_mapping.tolist() == step.slot_mapping + [-1] * (rows - n)
@@ -58,22 +62,24 @@ def test_a_small_step_uploads_only_its_own_layout() -> None:
     small = DecodeBuffers(torch.device("cpu"), 1, MAX_BLOCKS, MAX_BLOCKS * 4)
     large = DecodeBuffers(torch.device("cpu"), 256, MAX_BLOCKS, MAX_BLOCKS * 4)
     assert small.upload_bytes(1) == large.upload_bytes(1) == 6 * 2 * 8 + 16 + MAX_BLOCKS * 4
-    step = decode_step([[1, 2]], random.Random(0))
+    step = replace(decode_step([[1, 2]], random.Random(0)), prev_rows=[-1])  # (a sampled id's place differs)
     for buffers in (small, large):
         buffers.fill(DecodeRows.of(step), 1)
-        assert buffers.view([], 1).token_ids.tolist() == step.token_ids
-    assert torch.equal(small._device_bytes, large._device_bytes[: small._device_bytes.numel()])
+        assert buffers.view([], 1).batch.positions.tolist() == step.positions
+    used = small.upload_bytes(1)
+    assert torch.equal(small._device_bytes[:used], large._device_bytes[:used])
 
 
 def test_pad_makes_a_layout_all_padding() -> None:
     """Before a graph's warm-up runs the forward on the buffers, every row of its layout is padding: KV slot -1
-    (the store skips it), context length 0, token ids from token_ids (prev_rows -1)."""
+    (the store skips it), context length 0, token 0 of its own (not a sampled id)."""
     buffers = DecodeBuffers(torch.device("cpu"), MAX_BATCH, MAX_BLOCKS, MAX_BLOCKS * 4)
+    buffers.last_tokens.fill_(7)
     buffers.fill(DecodeRows.of(decode_step([[1]] * MAX_BATCH, random.Random(1))), MAX_BATCH)
     for rows in (1, 3, MAX_BATCH):
         buffers.pad(rows)
         view = buffers.view([], rows)
         assert view.batch.slot_mapping.tolist() == [-1] * rows
-        assert view.prev_rows.tolist() == [-1] * rows
+        assert view.input_ids().tolist() == [0] * rows
         assert view.lora_ids.tolist() == [-1] * rows
         assert view.batch.context_lens.tolist() == [0] * rows
