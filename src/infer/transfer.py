@@ -17,6 +17,11 @@ def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tens
 ALIGN = 16
 
 
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to ALIGN: where the next array of a shared byte buffer may start."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 class StagedUpload:
     """Several host arrays to the device in one asynchronous copy through pinned staging memory.
 
@@ -40,7 +45,7 @@ class StagedUpload:
             offsets.append(end)
             # every array starts 16-byte aligned: Triton specializes a pointer on it, so a misaligned view would
             # compile a kernel anew in the middle of serving (and lose its vector loads)
-            end += -(-a.nbytes // ALIGN) * ALIGN
+            end += aligned(a.nbytes)
         staging = self._staging[self._next]
         if staging.numel() < end:
             staging = torch.empty(max(end, 2 * staging.numel()), dtype=torch.uint8, pin_memory=self._pinned)

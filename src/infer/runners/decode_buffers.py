@@ -25,6 +25,7 @@ import torch
 
 from infer.models.forward_batch import ForwardBatch, KVCache
 from infer.runners.step import Ints, StepInput
+from infer.transfer import aligned
 
 _INT64_ROWS = ("token_ids", "positions", "slot_mapping", "sources", "sampling_slots", "lora_ids")
 _SOURCES = _INT64_ROWS.index("sources")
@@ -72,7 +73,7 @@ class DecodeView:
 
 class _Layout(NamedTuple):
     """Byte offsets of a `rows`-row step's inputs: int64 [6, stride], context lengths, block tables; every section
-    and every int64 row starts 16-byte aligned (Triton specializes a pointer on it)."""
+    and every int64 row starts aligned (transfer.ALIGN: Triton specializes a pointer on it)."""
 
     stride: int  # int64 elements per int row: rows rounded up to 2
     ctx: int
@@ -83,7 +84,7 @@ class _Layout(NamedTuple):
     def of(cls, rows: int, max_blocks: int) -> _Layout:
         stride = rows + rows % 2
         ctx = len(_INT64_ROWS) * stride * 8
-        tables = ctx + -(-rows * 4 // 16) * 16
+        tables = ctx + aligned(rows * 4)
         return cls(stride, ctx, tables, tables + rows * max_blocks * 4)
 
 
@@ -92,14 +93,13 @@ class DecodeBuffers:
         self.device, self.max_batch, self.max_blocks = device, max_batch, max_blocks
         self.max_context_len = max_context_len
         staged = _Layout.of(max_batch, max_blocks).end
-        carried_at = -(-staged // 16) * 16  # the sampled ids' bytes, past every layout (never uploaded)
+        carried_at = aligned(staged)  # the sampled ids' bytes, past every layout (never uploaded)
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(staged, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
         # per staging buffer: the row count of the layout it holds and the table each of its rows holds
         self._staged_rows = [0, 0]
         self._tables_written: list[list[list[int]]] = [[], []]
         self._next = 0
-        self._rows = max_batch  # the layout of the last fill (what token_ids and sampling_slots read)
         self._device_bytes = torch.zeros(carried_at + max_batch * 8, dtype=torch.uint8, device=device)
         self._tokens = self._device_bytes.view(torch.int64)
         self._carried = carried_at // 8
@@ -116,11 +116,14 @@ class DecodeBuffers:
         return ints, ctx, tables
 
     def pad(self, rows: int) -> None:
-        """Make the device's `rows`-row layout all padding (before a graph's warm-up runs the forward on it)."""
-        ints, ctx, _ = self._views(self._device_bytes, rows)
-        ints.copy_(torch.from_numpy(_PADDING).expand_as(ints))
-        ints[_SOURCES].copy_(torch.arange(rows))
-        ctx.zero_()
+        """Make the device's `rows`-row layout all padding (before a graph's warm-up runs the forward on it): a fill
+        of no rows."""
+        self.fill(DecodeRows([], [], [], [], [], [], []), rows)
+
+    @property
+    def _filled_rows(self) -> int:
+        """The row count of the last fill's layout (held by the staging buffer it used)."""
+        return self._staged_rows[self._next ^ 1]
 
     def view(self, kv_caches: list[KVCache], rows: int, max_context_len: int | None = None) -> DecodeView:
         """The device buffers' `rows`-row layout (what a fill for `rows` wrote); the same addresses every call.
@@ -147,11 +150,11 @@ class DecodeBuffers:
     def token_ids(self, rows: int) -> torch.Tensor:
         """The device view of the last fill's first `rows` rows' token ids (written in place after a fill: drafter
         drafts)."""
-        return self._views(self._device_bytes, self._rows)[0][0, :rows]
+        return self._views(self._device_bytes, self._filled_rows)[0][0, :rows]
 
     def sampling_slots(self, rows: int) -> torch.Tensor:
         """The device view of the last fill's first `rows` rows' sampling slots."""
-        return self._views(self._device_bytes, self._rows)[0][4, :rows]
+        return self._views(self._device_bytes, self._filled_rows)[0][4, :rows]
 
     def fill(self, step: DecodeRows, rows: int, lora_ids: np.ndarray | None = None) -> None:
         """Write `step`'s rows (padded to `rows`) and their LoRA adapter slots (None: none) into the device buffers:
@@ -164,7 +167,6 @@ class DecodeBuffers:
             written.clear()
             self._staged_rows[self._next] = rows
         self._next ^= 1
-        self._rows = rows
         ints, ctx, tables = (t.numpy() for t in self._views(staging, rows))
         ints[:, n:rows] = _PADDING
         ctx[n:rows] = 0

@@ -17,7 +17,7 @@ import torch
 
 from infer.models.forward_batch import ForwardBatch, KVCache, cu_seqlens
 from infer.runners.step import StepInput, StepKind, block_table_array
-from infer.transfer import ALIGN, StagedUpload
+from infer.transfer import StagedUpload, aligned
 
 
 class PrefillShape(NamedTuple):
@@ -52,7 +52,7 @@ class PrefillBuffers:
         if largest is not None:
             t, b = largest
             sizes = [8 * t] * 5 + [4 * (b + 1), 4 * b, 4 * b * max_blocks, 8 * b, 8 * b]
-            self._fixed = torch.zeros(sum(-(-n // ALIGN) * ALIGN for n in sizes), dtype=torch.uint8, device=device)
+            self._fixed = torch.zeros(sum(aligned(n) for n in sizes), dtype=torch.uint8, device=device)
 
     def fill(self, step: StepInput, shape: PrefillShape | None, advancing: list[int],
              lora_ids: np.ndarray | None = None) -> PrefillInputs:
