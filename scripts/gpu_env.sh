@@ -8,3 +8,7 @@ fi
 export PYTHONPATH="${SRC_DIR:-src}:tests:benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
   LAYERZERO_PERFDB_PATH=/tmp/lz_perfdb.sqlite
 out="${OUT:-/tmp}"
+# the card in report names, as serve_vs_offline names its own: h100, h200, ...
+gpu_tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[abhlg][0-9]+' | head -1 \
+  | tr '[:upper:]' '[:lower:]')
+gpu_tag="${gpu_tag:-gpu}"

@@ -5,7 +5,7 @@
 # Usage (device tool, carrying .whl and .peers):  bash scripts/gpu_moe_model.sh
 set -uo pipefail
 source scripts/gpu_env.sh
-timeout 240 python3 benchmarks/moe_decode.py --peer .peers/gptfast_moe --out "$out/moe_decode_h200" \
+timeout 240 python3 benchmarks/moe_decode.py --peer .peers/gptfast_moe --out "$out/moe_decode_$gpu_tag" \
   > "$out/moe_decode.log" 2>&1
 echo "moe_decode exit $?"
 tail -16 "$out/moe_decode.log"
