@@ -81,15 +81,15 @@ def test_generate_with_a_draft_model_gives_the_plain_answer():
 
 
 def test_lora_flags_take_vllm_forms_and_refuse_a_name_twice(tmp_path):
-    from infer.cli import _lora_options
+    from infer.cli.flags import lora_options
 
     args = _serve_args("--enable-lora", "--lora-modules", f"a={tmp_path}", '{"name": "b", "path": "%s"}' % tmp_path,
                        "--max-loras", "3", "--max-lora-rank", "32", "--max-cpu-loras", "5")
-    assert _lora_options(args) == dict(enable_lora=True, max_loras=3, max_lora_rank=32, max_cpu_loras=5,
+    assert lora_options(args) == dict(enable_lora=True, max_loras=3, max_lora_rank=32, max_cpu_loras=5,
                                        lora_modules={"a": str(tmp_path), "b": str(tmp_path)})
-    assert _lora_options(_serve_args())["enable_lora"] is False
+    assert lora_options(_serve_args())["enable_lora"] is False
     with pytest.raises(ValueError, match="--lora-modules names a more than once"):
-        _lora_options(_serve_args("--lora-modules", f"a={tmp_path}", f"a={tmp_path}"))
+        lora_options(_serve_args("--lora-modules", f"a={tmp_path}", f"a={tmp_path}"))
     bad = _run("serve", "--lora-modules", "no-equals-sign")
     assert bad.returncode != 0 and "NAME=PATH" in bad.stderr
 
@@ -115,24 +115,24 @@ def _serve_args(*flags: str):
 
 
 def test_access_flags_take_lists_as_commas_repeats_or_json(monkeypatch):
-    from infer.cli import _access
+    from infer.cli.serve import access_policy
 
     monkeypatch.delenv("INFER_API_KEY", raising=False)
     args = _serve_args("--allowed-origins", "http://a.example,https://b.example:8443", "--allowed-origins",
                        '["http://c.example"]', "--allowed-hosts", "box.lan", "--api-key", "k1")
-    policy = _access(args)
+    policy = access_policy(args)
     assert policy.allowed_origins == ("http://a.example", "https://b.example:8443", "http://c.example")
     assert policy.allowed_hosts == ("box.lan",) and policy.api_key == "k1" and policy.bind_host == "127.0.0.1"
 
 
 def test_the_api_key_comes_from_infer_api_key_unless_the_flag_gives_one(monkeypatch):
-    from infer.cli import _access
+    from infer.cli.serve import access_policy
 
     monkeypatch.setenv("INFER_API_KEY", "from-env")
-    assert _access(_serve_args()).api_key == "from-env"
-    assert _access(_serve_args("--api-key", "from-flag")).api_key == "from-flag"
+    assert access_policy(_serve_args()).api_key == "from-env"
+    assert access_policy(_serve_args("--api-key", "from-flag")).api_key == "from-flag"
     monkeypatch.setenv("INFER_API_KEY", "")
-    assert _access(_serve_args()).api_key is None
+    assert access_policy(_serve_args()).api_key is None
 
 
 @pytest.mark.parametrize(("flags", "warned"), [
@@ -141,10 +141,10 @@ def test_the_api_key_comes_from_infer_api_key_unless_the_flag_gives_one(monkeypa
     (["--host", "::1"], False),
 ])
 def test_a_public_host_without_a_key_logs_one_warning(monkeypatch, capsys, flags, warned):
-    from infer.cli import _access
+    from infer.cli.serve import access_policy
 
     monkeypatch.delenv("INFER_API_KEY", raising=False)
-    _access(_serve_args(*flags))
+    access_policy(_serve_args(*flags))
     err = capsys.readouterr().err
     assert err.count("warning") == (1 if warned else 0), err
     if warned:
@@ -152,7 +152,7 @@ def test_a_public_host_without_a_key_logs_one_warning(monkeypatch, capsys, flags
 
 
 def test_vllm_flag_names_are_aliases_of_ours(tmp_path):
-    from infer.cli import ENGINE_FLAGS
+    from infer.cli.flags import ENGINE_FLAGS
     from infer.engine.config import EngineConfig
 
     template = tmp_path / "t.jinja"
@@ -176,14 +176,14 @@ def test_vllm_flag_names_are_aliases_of_ours(tmp_path):
 
 
 def test_serve_prints_the_sampling_defaults_a_generation_config_gives(tmp_path, capsys):
-    from infer.cli import _show_sampling_defaults
+    from infer.cli.serve import show_sampling_defaults
     from infer.engine.config import EngineConfig
 
     (tmp_path / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.95, "eos_token_id": 2}')
-    _show_sampling_defaults(EngineConfig(generation_config=str(tmp_path)))
+    show_sampling_defaults(EngineConfig(generation_config=str(tmp_path)))
     err = capsys.readouterr().err
     assert "temperature=0.6, top_p=0.95" in err and str(tmp_path / "generation_config.json") in err
-    _show_sampling_defaults(EngineConfig())  # the bundled GGUF has no generation config: nothing to say
+    show_sampling_defaults(EngineConfig())  # the bundled GGUF has no generation config: nothing to say
     assert capsys.readouterr().err == ""
 
 

@@ -349,8 +349,9 @@ def test_the_api_server_modules_import_without_torch() -> None:
 def test_the_model_s_sampling_defaults_are_read_without_torch() -> None:
     """Resolving the model's path (the bundled GGUF when none is named) and reading its generation config, which
     `infer serve` does before it starts the core, import no torch (the rank runner did, for the path: 2 s)."""
-    code = ("import sys; from infer.cli import _show_sampling_defaults; from infer.engine.config import EngineConfig; "
-            "_show_sampling_defaults(EngineConfig(device='cpu')); print('torch' in sys.modules)")
+    code = ("import sys; from infer.cli.serve import show_sampling_defaults; "
+            "from infer.engine.config import EngineConfig; show_sampling_defaults(EngineConfig(device='cpu')); "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -358,8 +359,9 @@ def test_the_model_s_sampling_defaults_are_read_without_torch() -> None:
 def test_the_cli_s_parser_and_a_node_0_launch_import_no_torch() -> None:
     """`infer --help` and the launcher's checks before the core starts read EngineConfig's defaults for the CPU and
     skip the distributed stack on node 0: no torch (~2 s of every command, and the launcher hosts API server 0)."""
-    code = ("import sys; from infer.cli import _headless, build_parser; from infer.engine.config import EngineConfig; "
-            "build_parser(); print(_headless(EngineConfig(device='cpu')), 'torch' in sys.modules)")
+    code = ("import sys; from infer.cli import build_parser; from infer.cli.nodes import headless_node; "
+            "from infer.engine.config import EngineConfig; build_parser(); "
+            "print(headless_node(EngineConfig(device='cpu')), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={k: v for k, v in os.environ.items() if k != "RANK"}).stdout
     assert out.split() == ["False", "False"]

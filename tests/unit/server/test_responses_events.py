@@ -11,7 +11,8 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from infer.cli import HTTP_FLAGS, build_parser
+from infer.cli import build_parser
+from infer.cli.flags import HTTP_FLAGS
 from infer.server.chat_output import ChatShape
 from infer.server.errors import APIError
 from infer.server.limits import ServerLimits
