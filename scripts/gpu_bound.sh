@@ -9,6 +9,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/unit/layerzero/dispatch tests/integration/test_bound_sites.py \
   tests/unit/engine/test_overlap.py 2>&1 | tail -30 > "$out/gpu_tests.log"
 unset INFER_STRICT_SYNC
-timeout 100 python3 benchmarks/layerzero_dispatch.py --out "$out/layerzero_dispatch_h100" > "$out/dispatch.log" 2>&1
-timeout 150 python3 benchmarks/layerzero_prefill.py --out "$out/layerzero_prefill_h100" > "$out/prefill.log" 2>&1
+timeout 100 python3 benchmarks/layerzero_dispatch.py --out "$out/layerzero_dispatch_$gpu_tag" > "$out/dispatch.log" 2>&1
+timeout 150 python3 benchmarks/layerzero_prefill.py --out "$out/layerzero_prefill_$gpu_tag" > "$out/prefill.log" 2>&1
 tail -3 "$out/gpu_tests.log"; tail -12 "$out/dispatch.log"; tail -8 "$out/prefill.log"
